@@ -1,0 +1,3 @@
+from fwk.cli import main
+
+main()

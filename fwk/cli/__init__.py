@@ -1,0 +1,35 @@
+"""The `fwk` command line. Nothing here imports torch: `fwk --help` must start fast."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from fwk.cli.train import train
+from fwk.errors import UserError
+
+app = typer.Typer(
+    name="fwk",
+    help="Train PyTorch models from composable recipes: fwk train recipe=NAME key=value ...",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command(
+    context_settings={"allow_extra_args": False, "ignore_unknown_options": True},
+)(train)
+
+
+@app.callback()
+def _root() -> None:
+    """fwk: a training launcher for PyTorch."""
+
+
+def main() -> None:
+    """Console entry point: a user's mistake is one line on stderr and exit 2, not a traceback."""
+    try:
+        app()
+    except UserError as exc:
+        print(f"fwk: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,54 @@
+"""`fwk train`: compose the config, resolve the run, launch the workers."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+
+def train(
+    overrides: Optional[list[str]] = typer.Argument(
+        None,
+        help="Hydra overrides: recipe=NAME, group=option, a.b=value, +new=x, ~key.",
+        show_default=False,
+    ),
+    cfg: bool = typer.Option(False, "--cfg", help="Print the resolved config and exit."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the run id and what would be launched, then exit."),
+) -> None:
+    """Train a model. Runs the default recipe (digits_cnn) when given no overrides.
+
+    The same command on the same code is the same run: it resumes from its latest
+    checkpoint, or shows the summary of a run that already finished.
+    """
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+    from omegaconf import OmegaConf
+
+    raw = compose(list(overrides or []))
+    config = to_typed(raw)
+    config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    config_yaml = OmegaConf.to_yaml(config_dict)
+    if cfg:
+        typer.echo(config_yaml, nl=False)
+        return
+
+    from fwk.launch.launcher import launch, plan
+
+    p = plan(config, config_dict)
+    if dry_run:
+        typer.echo(p.describe())
+        return
+    from fwk.track.store import RunDir
+    from fwk.cli.report import already_complete, finished
+
+    done = RunDir(p.run_dir).read_summary()
+    if done is not None:
+        typer.echo(already_complete(done, p.run_dir))
+        return
+    status, run = launch(p, config_yaml, config.parallel.nnodes)
+    summary = run.read_summary()
+    if status == 0 and summary is not None:
+        typer.echo(finished(summary, run.path))
+    sys.exit(status)

@@ -1,0 +1,97 @@
+"""Compose the config with Hydra's compose API: conf/ groups, a recipe, the user's overrides.
+
+This is the only place fwk calls Hydra. The launcher resolves the config once and writes
+it to the run dir; workers read that file and never compose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fwk.errors import UserError
+
+# `recipe=NAME` on the command line selects recipes/NAME.yaml. Hydra names a config group
+# after its folder, so the group is called "recipes"; users only ever see "recipe".
+_USER_GROUP, _HYDRA_GROUP = "recipe", "recipes"
+
+
+def resources_root() -> Path:
+    """The folder holding conf/ and recipes/: bundled in a wheel, else the source tree."""
+    package = Path(__file__).resolve().parents[1]
+    bundled = package / "_resources"
+    return bundled if (bundled / "conf").is_dir() else package.parent
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in (resources_root() / "recipes").glob("*.yaml"))
+
+
+def _to_hydra(override: str) -> str:
+    """Rewrite `recipe=X` (and `+recipe=X`) to the Hydra group name."""
+    head, sep, value = override.partition("=")
+    if sep and head.lstrip("+~") == _USER_GROUP:
+        return head.replace(_USER_GROUP, _HYDRA_GROUP) + sep + value
+    return override
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split("\n")[0].split())
+
+
+def compose(overrides: list[str]) -> dict[str, Any]:
+    """Compose and resolve the config; a user's mistake raises UserError with one line."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import MissingConfigException, HydraException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hydra.core.config_store import ConfigStore
+
+    from fwk.config.schema import Config
+
+    # conf/config.yaml lists `fwk_schema` first: Hydra then type-checks every override
+    # against the dataclasses and knows every key (train.max_steps=5 needs no `+`).
+    store = ConfigStore.instance()
+    store.store(name="fwk_schema", node=Config)
+    # conf/<group>/<name>.yaml of model, data and optim start from `/schema/<group>/<name>`:
+    # the registered builder's config dataclass, so its keys need no `+` and are type-checked.
+    from fwk.config.validate import registries
+
+    for group, registry in registries().items():
+        for name in registry.names():
+            store.store(group=f"schema/{group}", name=name, node=registry.get(name).config)
+    root = resources_root()
+    hydra_overrides = [_to_hydra(o) for o in overrides]
+    try:
+        with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3", job_name="fwk"):
+            cfg = hydra_compose(
+                "config",
+                overrides=[*hydra_overrides, f"hydra.searchpath=[file://{root}]"],
+                return_hydra_config=True,  # for runtime.choices: which recipe was picked
+            )
+    except MissingConfigException as exc:
+        group, _, option = (exc.missing_cfg_file or "").rpartition("/")
+        if not group:  # not a config-group option: a file Hydra could not find
+            raise UserError(_one_line(exc)) from None
+        group = _USER_GROUP if group == _HYDRA_GROUP else group
+        options = ", ".join(exc.options or []) or "none"
+        raise UserError(f"unknown {group} '{option}'; choose one of: {options} (e.g. {group}={(exc.options or ['?'])[0]})") from None
+    except HydraException as exc:
+        cause = exc.__cause__
+        detail = f": {_one_line(cause)}" if cause is not None else ""
+        raise UserError(f"{_one_line(exc)}{detail}".replace("\n", " ")) from None
+    except OmegaConfBaseException as exc:
+        raise UserError(f"bad override: {_one_line(exc)}") from None
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise UserError(f"cannot resolve config: {_one_line(exc)}") from None
+    assert isinstance(resolved, dict)
+    resolved["recipe"] = choices.get(_HYDRA_GROUP) or resolved.get("recipe", "")
+    return resolved
+

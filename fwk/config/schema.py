@@ -1,0 +1,117 @@
+"""The typed schema of the resolved config: one dataclass per section, a doc per field.
+
+Sections that pick an implementation by name (``model``, ``data``, ``optim``) are typed
+by the config dataclass that their registry entry declares (see ``fwk/registry.py``);
+``validate.py`` applies them. This module imports neither torch nor Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fwk.registry import doc
+
+PRECISIONS = ("fp32", "bf16")
+PARALLELS = ("auto", "none", "ddp")
+MEMORIES = ("none",)
+DECAYS = ("cosine", "linear", "constant")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop: how long, how big, how often to evaluate and log."""
+
+    max_steps: int = doc(1000, "optimizer steps to train for")
+    batch_size: int = doc(64, "global batch size in samples, split evenly across ranks")
+    eval_every: int = doc(100, "evaluate every N steps (and at the end); 0 = only at the end")
+    eval_batches: int = doc(0, "cap on validation batches per evaluation; 0 = the whole set")
+    log_every: int = doc(10, "log loss, lr, samples/s and data-wait fraction every N steps")
+    label_smoothing: float = doc(0.0, "cross-entropy label smoothing in [0, 1)")
+    grad_clip: float = doc(0.0, "clip the global gradient norm to this value; 0 = off")
+    device: str = doc("auto", "'auto' (cuda if available, else cpu), 'cpu' or 'cuda'")
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule: linear warmup, then decay to min_lr_ratio * lr."""
+
+    warmup_steps: int = doc(0, "steps of linear warmup from 0 to optim.lr")
+    decay: str = doc("cosine", "decay after warmup: cosine, linear or constant")
+    min_lr_ratio: float = doc(0.0, "final lr as a fraction of optim.lr")
+
+
+@dataclass
+class LoaderConfig:
+    """DataLoader settings shared by every data set."""
+
+    num_workers: int = doc(0, "DataLoader worker processes per rank; 0 = load in the main process")
+    pin_memory: bool = doc(True, "pin host memory for faster copies to the GPU (ignored on CPU)")
+    prefetch_factor: int = doc(2, "batches each worker loads ahead (only with num_workers > 0)")
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and how many are kept."""
+
+    every: int = doc(0, "save every N steps; 0 = only at the end (and on interrupt)")
+    keep: int = doc(2, "keep the last K checkpoints; older ones are deleted")
+
+
+@dataclass
+class PrecisionConfig:
+    """Numeric precision of the forward pass."""
+
+    name: str = doc("fp32", "fp32 (no autocast) or bf16 (autocast to bfloat16)")
+
+
+@dataclass
+class ParallelConfig:
+    """How many processes train and how they talk (torchrun's settings)."""
+
+    name: str = doc("auto", "auto (ddp when more than one process), none, or ddp")
+    nproc_per_node: int = doc(1, "worker processes on each machine (GPUs per node on CUDA)")
+    nnodes: int = doc(1, "number of machines")
+    node_rank: int = doc(0, "this machine's rank, 0..nnodes-1 (ignored with rdzv_backend=c10d)")
+    rdzv_backend: str = doc("c10d", "torchrun rendezvous backend (c10d or static)")
+    rdzv_endpoint: str = doc("localhost:29500", "host:port of the rendezvous (node 0) for multi-node runs")
+    backend: str = doc("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl")
+    find_unused_parameters: bool = doc(False, "let DDP tolerate parameters that get no gradient")
+
+
+@dataclass
+class MemoryConfig:
+    """Memory-saving strategies (activation checkpointing and offload come later)."""
+
+    name: str = doc("none", "none: keep every activation in memory")
+
+
+@dataclass
+class PathsConfig:
+    """Where runs live. Not part of the run id: moving runs does not change it."""
+
+    runs: str = doc("runs", "root folder of run dirs (default: $FWK_RUNS, else ./runs)")
+
+
+@dataclass
+class Config:
+    """The whole resolved config, as written to ``runs/<id>/config.yaml``."""
+
+    recipe: str = doc("digits_cnn", "name of the recipe this config was composed from")
+    seed: int = doc(0, "seed of model init, data order and augmentation")
+    model: Any = doc({}, "model section: name of a registered model, or _target_ of your own class")
+    data: Any = doc({}, "data section: name of a registered data set, or _target_ of your own builder")
+    optim: Any = doc({}, "optimizer section: name of a registered optimizer and its settings")
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig, metadata={"doc": "learning-rate schedule"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": "training loop"})
+    loader: LoaderConfig = field(default_factory=LoaderConfig, metadata={"doc": "data loading"})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "checkpoints"})
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig, metadata={"doc": "numeric precision"})
+    parallel: ParallelConfig = field(default_factory=ParallelConfig, metadata={"doc": "processes and parallelism"})
+    memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "memory strategies"})
+    paths: PathsConfig = field(default_factory=PathsConfig, metadata={"doc": "where runs are stored"})
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.nproc_per_node * self.parallel.nnodes

@@ -1,0 +1,114 @@
+"""Turn a composed (or stored) config into the typed ``Config``, or one clear error line.
+
+Used by the launcher after composing, and by every worker on the stored config.yaml;
+it imports the registries (and so torch) but never Hydra's composition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from fwk.config.schema import BACKENDS, DECAYS, MEMORIES, PARALLELS, PRECISIONS, Config
+from fwk.errors import UserError
+
+
+def invalid(key: str, value: Any, allowed: str) -> UserError:
+    return UserError(f"{key}={value!r} is not allowed: expected {allowed} (fix it with {key}=...)")
+
+
+def registries() -> dict[str, Any]:
+    from fwk.data import DATA
+    from fwk.models import MODELS
+    from fwk.optim import OPTIMIZERS
+
+    return {"model": MODELS, "data": DATA, "optim": OPTIMIZERS}
+
+
+def _merge(schema: Any, values: Any, prefix: str) -> DictConfig:
+    """Merge values into a structured schema; unknown keys and bad types become UserError."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), values)
+    except ConfigKeyError as exc:
+        key = f"{prefix}{exc.full_key}" if exc.full_key else prefix.rstrip(".")
+        fields = ", ".join(OmegaConf.structured(schema).keys())
+        raise UserError(f"unknown key '{key}'; valid keys here: {fields}") from None
+    except OmegaConfBaseException as exc:
+        key = f"{prefix}{exc.full_key}"
+        raise UserError(f"{key}: {str(exc.msg).splitlines()[0]}") from None
+
+
+def _typed_section(name: str, section: Any, registry: Any) -> Any:
+    """A registry section becomes its config dataclass; a `_target_` section stays a dict."""
+    if not isinstance(section, (dict, DictConfig)):
+        raise invalid(name, section, f"a mapping with a 'name' ({', '.join(registry.names())}) or a '_target_'")
+    if "_target_" in section.keys():
+        if OmegaConf.is_missing(section, "_target_") if isinstance(section, DictConfig) else section["_target_"] == "???":
+            raise UserError(f"{name}._target_ is not set; give your class, e.g. {name}._target_=my_pkg.MyClass")
+        return OmegaConf.to_container(OmegaConf.create(section), resolve=True)
+    choice = section.get("name")
+    if choice not in registry:
+        raise UserError(
+            f"{name}.name={choice!r} is not a registered {registry.kind}; choose one of: "
+            f"{', '.join(registry.names())} (or set {name}._target_=your.module.Class)"
+        )
+    return OmegaConf.to_object(_merge(registry.get(choice).config, section, f"{name}."))
+
+
+def to_typed(raw: dict[str, Any] | DictConfig) -> Config:
+    """Validate and type a resolved config. Raises UserError naming the bad key."""
+    raw = OmegaConf.create(raw) if isinstance(raw, dict) else raw
+    sections = {key: raw.get(key, {}) for key in registries()}
+    rest = {k: v for k, v in raw.items() if k not in sections}
+    cfg: Config = OmegaConf.to_object(_merge(Config, rest, ""))
+    for key, registry in registries().items():
+        setattr(cfg, key, _typed_section(key, sections[key], registry))
+    for ok, key, value, allowed in _rules(cfg):
+        if not ok:
+            raise invalid(key, value, allowed)
+    return cfg
+
+
+def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    """(holds, key, value, what is allowed) for every cross-field and range check."""
+    world = c.world_size
+    t, p = c.train, c.parallel
+    yield t.max_steps > 0, "train.max_steps", t.max_steps, "an integer > 0"
+    yield t.batch_size > 0, "train.batch_size", t.batch_size, "an integer > 0"
+    yield (
+        t.batch_size % world == 0,
+        "train.batch_size",
+        t.batch_size,
+        f"a multiple of the world size {world} (nproc_per_node x nnodes)",
+    )
+    yield t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0"
+    yield t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "an integer >= 0"
+    yield t.log_every > 0, "train.log_every", t.log_every, "an integer > 0"
+    yield 0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)"
+    yield t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)"
+    yield t.device in ("auto", "cpu", "cuda"), "train.device", t.device, "one of auto, cpu, cuda"
+    lr = getattr(c.optim, "lr", None) if not isinstance(c.optim, dict) else c.optim.get("lr")
+    yield lr is None or lr > 0, "optim.lr", lr, "a number > 0"
+    s = c.schedule
+    yield s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "an integer >= 0"
+    yield s.decay in DECAYS, "schedule.decay", s.decay, f"one of {', '.join(DECAYS)}"
+    yield 0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]"
+    yield c.loader.num_workers >= 0, "loader.num_workers", c.loader.num_workers, "an integer >= 0"
+    yield c.loader.prefetch_factor >= 1, "loader.prefetch_factor", c.loader.prefetch_factor, "an integer >= 1"
+    yield c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every, "an integer >= 0 (0 = only at the end)"
+    yield c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an integer >= 1"
+    yield c.precision.name in PRECISIONS, "precision.name", c.precision.name, f"one of {', '.join(PRECISIONS)}"
+    yield c.memory.name in MEMORIES, "memory.name", c.memory.name, f"one of {', '.join(MEMORIES)}"
+    yield p.name in PARALLELS, "parallel.name", p.name, f"one of {', '.join(PARALLELS)}"
+    yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
+    yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
+    yield 0 <= p.node_rank < p.nnodes, "parallel.node_rank", p.node_rank, f"an integer in [0, {p.nnodes - 1}]"
+    yield p.backend in BACKENDS, "parallel.backend", p.backend, f"one of {', '.join(BACKENDS)}"
+    yield (
+        not (p.name == "none" and world > 1),
+        "parallel.name",
+        p.name,
+        f"ddp or auto when {world} processes train (parallel=none runs a single process)",
+    )

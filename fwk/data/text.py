@@ -1,0 +1,123 @@
+"""Byte-level language-modelling data: the Python standard library's own source code.
+
+Every machine with Python has it, so the LM recipes need no download. Files are taken in
+sorted order of their path relative to the stdlib root and split into train/val by file
+(every ``val_every``-th file goes to val), so a function never straddles the split. Note
+that the text is the stdlib of the Python running fwk: another Python version gives other
+bytes, so compare losses only between runs on the same Python.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from fwk.data.base import DataBundle, register_data
+from fwk.errors import UserError
+from fwk.registry import doc
+
+# Directories skipped anywhere below the stdlib root: third-party code, the test suites
+# (huge and repetitive), IDLE and lib2to3 (unusual style, fixtures), and bytecode caches.
+EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
+FILE_SEPARATOR = b"\n"
+
+
+@dataclass
+class StdlibTextConfig:
+    name: str = doc("stdlib_text", "registry name")
+    seq_len: int = doc(128, "tokens (bytes) per example; items are non-overlapping windows of this length")
+    val_every: int = doc(20, "every val_every-th file of the sorted file list goes to val (>= 2)")
+    max_bytes: int = doc(0, "cap on train bytes, taken from the start of the sorted concatenation (0 = no cap)")
+    val_max_bytes: int = doc(262144, "cap on val bytes so evaluation stays quick (0 = no cap)")
+
+
+def stdlib_root() -> Path:
+    """Directory of the running Python's standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def source_files(root: Path) -> list[Path]:
+    """All ``*.py`` files under ``root`` outside EXCLUDED_DIRS, sorted by relative posix path."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]  # prune: never walk into them
+        found.extend(Path(dirpath, f) for f in filenames if f.endswith(".py"))
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def split_files(files: list[Path], val_every: int) -> tuple[list[Path], list[Path]]:
+    """(train, val): file i (0-based) goes to val when (i + 1) % val_every == 0."""
+    val = [f for i, f in enumerate(files) if (i + 1) % val_every == 0]
+    train = [f for i, f in enumerate(files) if (i + 1) % val_every != 0]
+    return train, val
+
+
+def concat_bytes(files: list[Path], max_bytes: int = 0) -> torch.Tensor:
+    """The files' bytes joined by FILE_SEPARATOR, cut to ``max_bytes`` (0 = all): (N,) uint8.
+
+    Stops reading once the cap is reached, so a small cap is fast.
+    """
+    buf = bytearray()
+    for i, path in enumerate(files):
+        if i:
+            buf += FILE_SEPARATOR
+        buf += path.read_bytes()
+        if max_bytes and len(buf) >= max_bytes:
+            break
+    if max_bytes:
+        del buf[max_bytes:]
+    # clone: frombuffer shares memory with buf; own the storage instead
+    return torch.frombuffer(buf, dtype=torch.uint8).clone() if buf else torch.zeros(0, dtype=torch.uint8)
+
+
+class ByteWindows(Dataset):
+    """Non-overlapping next-byte windows: item i = (x, y), x = data[i*T : i*T+T], y = x shifted by one.
+
+    Both are (T,) int64; a DataLoader stacks them to (B, T).
+    """
+
+    def __init__(self, data: torch.Tensor, seq_len: int) -> None:
+        self.data = data
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        # the last window needs one byte past its end for its target
+        return max(0, (len(self.data) - 1) // self.seq_len)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"window {i} out of range [0, {len(self)})")
+        start = i * self.seq_len
+        chunk = self.data[start : start + self.seq_len + 1].long()  # (T + 1,)
+        return chunk[:-1], chunk[1:]  # (T,), (T,)
+
+
+@register_data(StdlibTextConfig)
+def stdlib_text(cfg: StdlibTextConfig, *, seed: int) -> DataBundle:
+    """``seed`` is unused: the data and split are fixed; the loader shuffles with the run's seed."""
+    del seed
+    if cfg.seq_len < 1:
+        raise UserError(f"data.seq_len={cfg.seq_len} must be >= 1")
+    if cfg.val_every < 2:
+        raise UserError(f"data.val_every={cfg.val_every} must be >= 2 (1 would leave no training files)")
+    root = stdlib_root()
+    files = source_files(root)
+    if not files:
+        raise UserError(f"no .py files found in the standard library at {root}; use a Python with its stdlib sources")
+    train_files, val_files = split_files(files, cfg.val_every)
+    if not val_files:
+        raise UserError(f"data.val_every={cfg.val_every} leaves no val file ({len(files)} files); lower it")
+    train = ByteWindows(concat_bytes(train_files, cfg.max_bytes), cfg.seq_len)
+    val = ByteWindows(concat_bytes(val_files, cfg.val_max_bytes), cfg.seq_len)
+    for split, ds, cap in (("train", train, "max_bytes"), ("val", val, "val_max_bytes")):
+        if len(ds) == 0:
+            raise UserError(
+                f"the {split} text has {len(ds.data)} bytes, too few for one window of seq_len={cfg.seq_len}; "
+                f"raise data.{cap} or lower data.seq_len"
+            )
+    return DataBundle(train=train, val=val, task="lm", num_classes=256)

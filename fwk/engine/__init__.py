@@ -1,0 +1,1 @@
+"""The engine every worker runs: build, apply strategies, loop."""

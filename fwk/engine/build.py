@@ -1,0 +1,55 @@
+"""Config sections -> objects: registry builders, or the user's own class by ``_target_``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fwk.data import DATA, DataBundle
+from fwk.errors import UserError
+from fwk.models import MODELS
+
+
+def _instantiate(section: dict[str, Any], **kwargs: Any) -> Any:
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(section, **kwargs)
+    except Exception as exc:  # the user's class failed to import or construct
+        cause = exc.__cause__ or exc
+        raise UserError(f"cannot build {section['_target_']}: {type(cause).__name__}: {cause}") from None
+
+
+def build_data(cfg: Any, seed: int) -> DataBundle:
+    """A registered data set, or ``_target_``: a callable returning a DataBundle (seed passed in)."""
+    if isinstance(cfg, dict):
+        bundle = _instantiate(cfg, seed=seed)
+        if not isinstance(bundle, DataBundle):
+            raise UserError(f"data._target_={cfg['_target_']} must return fwk.data.DataBundle, got {type(bundle).__name__}")
+        return bundle
+    return DATA.get(cfg.name).builder(cfg, seed=seed)
+
+
+def _output_size(model: nn.Module, data: DataBundle) -> int:
+    x, _ = data.train[0]
+    model.eval()
+    with torch.no_grad():
+        out = model(x.unsqueeze(0))
+    model.train()
+    return int(out.shape[-1])
+
+
+def build_model(cfg: Any, data: DataBundle) -> nn.Module:
+    """A registered model or ``_target_`` class; its output size must match the data's classes."""
+    model = _instantiate(cfg) if isinstance(cfg, dict) else MODELS.get(cfg.name).builder(cfg)
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model._target_ must build a torch.nn.Module, got {type(model).__name__}")
+    expected = data.num_classes
+    declared = getattr(cfg, "num_classes", None) or getattr(cfg, "vocab_size", None)
+    size = declared if declared is not None else _output_size(model, data)
+    if size != expected:
+        key = "model.vocab_size" if hasattr(cfg, "vocab_size") else "model.num_classes"
+        raise UserError(f"{key}={size} but the data has {expected} classes; set {key}={expected}")
+    return model

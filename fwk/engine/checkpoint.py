@@ -1,0 +1,143 @@
+"""Checkpoints that resume exactly: atomic, checksummed, the last K kept.
+
+Layout of one checkpoint: ``checkpoints/step-00000400/`` holding ``state.pt`` (model,
+optimizer, scheduler, data position, step), ``rng-rank<R>.pt`` (every rank's RNG
+states) and ``manifest.json`` (step, world size, sha256 of each file). It is written
+into a temp dir, fsynced, then renamed: a crash leaves the previous checkpoint intact.
+Files are loaded with ``weights_only=True``: a checkpoint cannot run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fwk.engine.parallel import Dist
+from fwk.errors import UserError
+
+_PREFIX = "step-"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from, as tensors and plain Python values."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    def __init__(self, root: Path, d: Dist, keep: int) -> None:
+        self.root, self.d, self.keep = root, d, keep
+
+    def _final(self, step: int) -> Path:
+        return self.root / f"{_PREFIX}{step:08d}"
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Collective: every rank calls it at the same step. Returns the checkpoint dir."""
+        final = self._final(step)
+        tmp = self.root / f".tmp-{final.name}"
+        if self.d.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        self.d.barrier()
+        rng_file = tmp / f"rng-rank{self.d.rank}.pt"
+        torch.save(rng_state(), rng_file)
+        _fsync_file(rng_file)
+        self.d.barrier()
+        if self.d.is_main:
+            torch.save(state, tmp / "state.pt")
+            _fsync_file(tmp / "state.pt")
+            files = sorted(p.name for p in tmp.iterdir())
+            manifest = {"step": step, "world_size": self.d.world_size, "sha256": {f: _sha256(tmp / f) for f in files}}
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            _fsync_file(tmp / "manifest.json")
+            _fsync_dir(tmp)
+            if final.exists():  # a re-save of the same step (e.g. the final one): replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+            self._prune()
+        self.d.barrier()
+        return final
+
+    def _prune(self) -> None:
+        for old in self.all()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def all(self) -> list[Path]:
+        """Complete checkpoints (those with a manifest), oldest first."""
+        if not self.root.exists():
+            return []
+        done = [p for p in self.root.glob(f"{_PREFIX}*") if (p / "manifest.json").exists()]
+        return sorted(done, key=lambda p: int(p.name[len(_PREFIX):]))
+
+    def latest(self) -> Path | None:
+        found = self.all()
+        return found[-1] if found else None
+
+    def load(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state, this rank's RNG state), after checking every checksum."""
+        hint = f"move {path} out of {self.root} to resume from the checkpoint before it"
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            raise UserError(f"checkpoint {path} has an unreadable manifest.json; {hint}") from None
+        if manifest.get("world_size") != self.d.world_size:
+            raise UserError(
+                f"checkpoint {path} was written by {manifest.get('world_size')} processes, this run has "
+                f"{self.d.world_size}; resume with the same parallel settings"
+            )
+        rng_name = f"rng-rank{self.d.rank}.pt"
+        for name in ("state.pt", rng_name):
+            expected = manifest.get("sha256", {}).get(name)
+            if expected is None or not (path / name).exists() or _sha256(path / name) != expected:
+                raise UserError(f"checkpoint {path} is corrupt ({name}: missing or checksum mismatch); {hint}")
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        rng = torch.load(path / rng_name, map_location="cpu", weights_only=True)
+        return state, rng

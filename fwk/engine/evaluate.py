@@ -1,0 +1,44 @@
+"""Evaluation on this rank's validation shard, summed over ranks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from fwk.engine.parallel import Dist, all_reduce_sum
+from fwk.engine.precision import Precision
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, precision: Precision, task: str, d: Dist, max_batches: int) -> dict[str, float]:
+    """Mean loss per target (token or image), plus accuracy or perplexity.
+
+    ``model`` is the unwrapped module: ranks may hold shards that differ by one batch,
+    and DDP's forward would wait for a collective the shorter rank never joins.
+    """
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
+    correct = torch.zeros((), dtype=torch.float64, device=d.device)
+    count = 0
+    for i, (x, y) in enumerate(loader):
+        if max_batches and i >= max_batches:
+            break
+        x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+        with precision.autocast():
+            logits = model(x)
+        logits = logits.reshape(-1, logits.size(-1)).float()  # (N, classes): images or tokens
+        target = y.reshape(-1)
+        loss_sum += F.cross_entropy(logits, target, reduction="sum").double()
+        correct += (logits.argmax(-1) == target).sum().double()
+        count += target.numel()
+    total_loss, total_correct, total = all_reduce_sum([loss_sum.item(), correct.item(), float(count)], d)
+    model.train(was_training)
+    loss = total_loss / max(total, 1.0)
+    if task == "lm":
+        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+    return {"val_loss": loss, "val_acc": total_correct / max(total, 1.0)}

@@ -1,0 +1,94 @@
+"""Process group and data parallelism: config group ``parallel``.
+
+Read by the worker once at start (``init``) and to wrap the model (``wrap``). ``auto``
+chooses DDP when more than one process trains, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from fwk.config.schema import ParallelConfig
+
+log = logging.getLogger("fwk")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        from fwk.errors import UserError
+
+        raise UserError("train.device='cuda' but no CUDA device is visible; use train.device=auto or cpu")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init(cfg: ParallelConfig, device_choice: str) -> Dist:
+    """Join the process group torchrun set up (RANK/WORLD_SIZE in the environment), if any."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_choice, local_rank)
+    if world > 1 and not dist.is_initialized():
+        backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    return Dist(rank, local_rank, world, device)
+
+
+def wrap(model: nn.Module, cfg: ParallelConfig, d: Dist) -> nn.Module:
+    """Apply data parallelism on top of the plain model (last in the wrapping order)."""
+    strategy = cfg.name if cfg.name != "auto" else ("ddp" if d.distributed else "none")
+    if d.is_main and cfg.name == "auto":
+        log.info("parallel=auto chose %s: %d process(es)", strategy, d.world_size)
+    if strategy == "none" or not d.distributed:
+        return model
+    ids = [d.device.index] if d.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
+    """Sum floats over ranks (one small collective; a CPU-GPU sync point on CUDA)."""
+    if not d.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,159 @@
+"""The training loop: build -> apply strategies -> restore -> step / log / eval / save.
+
+Strategies are applied on top of plain single-device model code, in one fixed order
+(torchtitan's habit): memory (activation checkpointing, later) -> compile (later) ->
+data parallelism. The loop itself only calls small objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fwk.config.schema import Config
+from fwk.data.loader import TrainLoader, val_loader
+from fwk.engine import memory, parallel
+from fwk.engine.build import build_data, build_model
+from fwk.engine.checkpoint import Checkpointer, set_rng_state
+from fwk.engine.evaluate import evaluate
+from fwk.engine.metrics import Reporter, Window
+from fwk.engine.precision import Precision
+from fwk.optim import build_optimizer, build_schedule
+from fwk.track.store import RunDir
+
+log = logging.getLogger("fwk")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class StopSignal:
+    """SIGTERM/SIGINT ask the loop to save a checkpoint and stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def agreed(self, d: parallel.Dist) -> bool:
+        """True when any rank was asked to stop (a collective when distributed)."""
+        return parallel.all_reduce_sum([float(self.requested)], d)[0] > 0
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
+    """Train to ``train.max_steps`` (or until stopped); returns the summary when finished."""
+    started = time.perf_counter()
+    d = parallel.init(cfg.parallel, cfg.train.device)
+    seed_everything(cfg.seed)  # the same on every rank: identical initial weights
+    data = build_data(cfg.data, seed=cfg.seed)
+    model = build_model(cfg.model, data).to(d.device)
+    model = parallel.wrap(memory.apply(model, cfg.memory), cfg.parallel, d)
+    raw = parallel.unwrap(model)
+    optimizer = build_optimizer(cfg.optim, raw)
+    scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
+    precision = Precision(cfg.precision, d.device)
+
+    per_rank = cfg.train.batch_size // d.world_size
+    cuda = d.device.type == "cuda"
+    loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
+    val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
+    ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep)
+
+    step = 0
+    latest = ckpt.latest()
+    if latest is not None:
+        state, rng = ckpt.load(latest)
+        raw.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        loader.load_state_dict(state["loader"])
+        step = int(state["step"])
+        set_rng_state(rng)
+        if d.is_main:
+            run.truncate_metrics(after_step=step)
+    else:
+        seed_everything(cfg.seed + d.rank)  # per-rank streams for dropout and the like
+
+    def save() -> None:
+        ckpt.save(step, {
+            "model": raw.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "loader": loader.state_dict(), "step": step,
+        })
+
+    reporter = Reporter(run.metrics, d, cfg.train.max_steps, step)
+    if latest is not None:
+        reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")
+    stop = StopSignal()
+    window = Window(d.device)
+    train_time, train_samples, final_eval = 0.0, 0, {}
+    batches = iter(loader)
+    model.train()
+    try:
+        while step < cfg.train.max_steps:
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            t1 = time.perf_counter()
+            loss = train_step(model, x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True), precision, cfg)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step += 1
+            window.add(loss, t1 - t0)
+            train_samples += cfg.train.batch_size
+            train_time += time.perf_counter() - t0
+            if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
+                row = window.close(cfg.train.batch_size, d)
+                reporter.log(step, {"loss": row["loss"], "lr": scheduler.get_last_lr()[0], **row})
+                if stop.agreed(d):
+                    save()
+                    reporter.message(f"stopped at step {step}; checkpoint saved. Run the same command to resume.")
+                    return None
+            evaluating = cfg.train.eval_every and step % cfg.train.eval_every == 0
+            if evaluating or step == cfg.train.max_steps:
+                final_eval = evaluate(raw, val, precision, data.task, d, cfg.train.eval_batches)
+                reporter.log(step, final_eval, kind="eval")
+            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.train.max_steps:
+                save()
+    finally:
+        stop.restore()
+        reporter.close()
+    return {
+        "run_id": run.id,
+        "status": "complete",
+        "final_step": step,
+        "eval": final_eval,
+        "wall_time_s": time.perf_counter() - started,
+        "train_time_s": train_time,
+        "samples_per_s": train_samples / max(train_time, 1e-9),
+        "world_size": d.world_size,
+    }
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, cfg: Config) -> torch.Tensor:
+    """Forward, loss and backward; returns the detached loss. The optimizer steps outside."""
+    with precision.autocast():
+        logits = model(x)
+    # (N, classes) for images, (B*T, vocab) for tokens; the loss in fp32 for stability.
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), label_smoothing=cfg.train.label_smoothing
+    )
+    loss.backward()
+    if cfg.train.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    return loss.detach()

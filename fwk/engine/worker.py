@@ -1,0 +1,49 @@
+"""A worker: ``python -m fwk.engine.worker <run_dir>`` (what torchrun starts on every rank).
+
+It reads the resolved config from the run dir and never calls Hydra's composition.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from fwk.config.validate import to_typed
+from fwk.errors import UserError
+from fwk.track.store import RunDir
+
+
+def run_worker(run_dir: Path) -> int:
+    """Train the run in this process; 0 when finished or stopped cleanly."""
+    from fwk.engine import parallel
+    from fwk.engine.trainer import train
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    run = RunDir(Path(run_dir))
+    cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
+    try:
+        summary = train(cfg, run)
+        if summary is not None and os.environ.get("RANK", "0") == "0":
+            run.write_summary(summary)
+    finally:
+        parallel.shutdown()
+    return 0
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m fwk.engine.worker <run_dir>")
+    try:
+        sys.exit(run_worker(Path(sys.argv[1])))
+    except UserError as exc:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"fwk: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""Errors that are the user's to fix: the CLI prints them as one line and exits 2."""
+
+
+class UserError(Exception):
+    """A mistake in the user's input (config, paths, data). One line: what, and how to fix it."""
+
+    exit_code = 2

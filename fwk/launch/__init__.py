@@ -1,0 +1,1 @@
+"""Launching workers: in-process for one, torchrun for many."""

@@ -1,0 +1,50 @@
+"""From a validated config to running workers: the run dir, then in-process or torchrun."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fwk.config.schema import Config
+from fwk.launch.torchrun import torchrun_argv
+from fwk.track.run_id import code_version, run_id
+from fwk.track.store import RunDir, RunLock, open_run
+
+
+@dataclass
+class Plan:
+    """What a launch will do; ``--dry-run`` prints it and stops."""
+
+    run_id: str
+    run_dir: Path
+    code: str
+    world_size: int
+    argv: list[str] | None  # torchrun's command line, or None for one in-process worker
+
+    def describe(self) -> str:
+        how = shlex.join(self.argv) if self.argv else "in this process (1 worker)"
+        return f"run {self.run_id} -> {self.run_dir}\ncode {self.code}, world size {self.world_size}\nlaunch: {how}"
+
+
+def plan(cfg: Config, config_dict: dict[str, Any]) -> Plan:
+    code = code_version()
+    rid = run_id(config_dict, code)
+    run_dir = Path(cfg.paths.runs).expanduser().resolve() / rid
+    argv = torchrun_argv(cfg.parallel, run_dir, rid) if cfg.world_size > 1 else None
+    return Plan(rid, run_dir, code, cfg.world_size, argv)
+
+
+def launch(p: Plan, config_yaml: str, nnodes: int) -> tuple[int, RunDir]:
+    """Run the plan; returns (exit status, run dir). torchrun's status is passed through."""
+    run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size)
+    # Each node's launcher opens the same shared run dir in a multi-node run: lock one-node runs only.
+    with RunLock(run) if nnodes == 1 else nullcontext():
+        if p.argv is None:
+            from fwk.engine.worker import run_worker
+
+            return run_worker(run.path), run
+        return subprocess.call(p.argv), run

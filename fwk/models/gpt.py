@@ -1,0 +1,160 @@
+"""A small decoder-only GPT in plain PyTorch (nanoGPT style).
+
+Token + learned position embedding, pre-LN blocks (causal self-attention, 4x GELU MLP),
+final LayerNorm, and an lm head whose weight is tied to the token embedding. GPT-2 init:
+N(0, 0.02) everywhere, and residual output projections scaled by 1/sqrt(2 * n_layer) so
+the residual stream's variance does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fwk.models.registry import register_model
+from fwk.registry import doc
+
+
+@dataclass
+class GPTConfig:
+    name: str = doc("gpt", "registry name")
+    vocab_size: int = doc(256, "number of token ids (256 for bytes)")
+    block_size: int = doc(128, "longest context the model accepts, in tokens (size of the position table)")
+    n_layer: int = doc(4, "number of transformer blocks")
+    n_head: int = doc(4, "attention heads per block; must divide n_embd")
+    n_embd: int = doc(192, "width of the residual stream, in features")
+    dropout: float = doc(0.0, "dropout probability on embeddings, attention and residual branches (0 = off)")
+    bias: bool = doc(False, "use bias in Linear and LayerNorm layers (False is a little faster and as good)")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+        self.n_head = n_head
+        self.dropout = dropout
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.proj.is_residual_proj = True  # scaled at init, see GPT._init_weights
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension for the attention kernel
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.proj.is_residual_proj = True  # scaled at init, see GPT._init_weights
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LN block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd, dropout, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int,
+        n_layer: int,
+        n_head: int,
+        n_embd: int,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.n_layer = n_layer
+        self.tok_emb = nn.Embedding(vocab_size, n_embd)
+        self.pos_emb = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        # Weight tying: input and output token embeddings share one matrix (fewer
+        # parameters, and it trains as well or better at this size).
+        self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "is_residual_proj", False):
+                # Each block adds two residual branches: scale so the sum stays O(1) (GPT-2).
+                std = 0.02 / math.sqrt(2 * self.n_layer)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the position table (the token table is
+        shared with the lm head, so it counts as a weight)."""
+        n = sum(p.numel() for p in self.parameters())  # tied weight is counted once
+        if non_embedding:
+            n -= self.pos_emb.weight.numel()
+        return n
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: (B, T) int64 token ids -> logits (B, T, vocab_size)."""
+        T = idx.shape[1]
+        if T > self.block_size:
+            raise ValueError(
+                f"sequence length {T} is longer than block_size={self.block_size}; "
+                f"use seq_len <= {self.block_size} or raise model.block_size"
+            )
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C) + (T, C) -> (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        return self.lm_head(x)  # (B, T, vocab_size)
+
+
+@register_model(GPTConfig)
+def gpt(cfg: GPTConfig) -> nn.Module:
+    return GPT(
+        vocab_size=cfg.vocab_size,
+        block_size=cfg.block_size,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
+        dropout=cfg.dropout,
+        bias=cfg.bias,
+    )

@@ -1,0 +1,77 @@
+"""Optimizer registry and the learning-rate schedule.
+
+``optim.name`` in the config is a function name here. Weight decay applies to matrices
+and convolution kernels only (dim >= 2): biases and norm scales are not decayed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fwk.config.schema import ScheduleConfig
+from fwk.registry import Registry, doc
+
+OPTIMIZERS = Registry("optimizer")
+
+
+@dataclass
+class AdamWConfig:
+    name: str = doc("adamw", "registry name")
+    lr: float = doc(1e-3, "peak learning rate")
+    beta1: float = doc(0.9, "Adam beta1 (momentum of the gradient mean)")
+    beta2: float = doc(0.999, "Adam beta2 (momentum of the squared gradient)")
+    eps: float = doc(1e-8, "Adam epsilon added to the denominator")
+    weight_decay: float = doc(0.0, "decoupled weight decay on weights with dim >= 2")
+
+
+@dataclass
+class SGDConfig:
+    name: str = doc("sgd", "registry name")
+    lr: float = doc(0.1, "peak learning rate")
+    momentum: float = doc(0.9, "momentum factor")
+    nesterov: bool = doc(True, "use Nesterov momentum")
+    weight_decay: float = doc(0.0, "L2 weight decay on weights with dim >= 2")
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@OPTIMIZERS.register(AdamWConfig)
+def adamw(cfg: AdamWConfig, model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
+    )
+
+
+@OPTIMIZERS.register(SGDConfig)
+def sgd(cfg: SGDConfig, model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(
+        _param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov
+    )
+
+
+def build_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
+    return OPTIMIZERS.get(cfg.name).builder(cfg, model)
+
+
+def lr_factor(step: int, cfg: ScheduleConfig, max_steps: int) -> float:
+    """Multiplier of the peak lr at ``step``: linear warmup, then the chosen decay."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.decay == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps))
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.decay == "cosine" else 1.0 - progress
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_schedule(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, max_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, max_steps))

@@ -1,0 +1,1 @@
+"""Run ids, run dirs and their files."""

@@ -1,0 +1,46 @@
+"""Content-addressed run ids: the same config on the same code is the same run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import fwk
+
+# Folders whose content decides what a run computes; changes elsewhere (docs, tests) do not.
+_CODE_DIRS = ("fwk", "conf", "recipes")
+# Config sections that say where or how a run is stored, not what it computes.
+_NOT_HASHED = ("paths",)
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.decode(errors="replace")
+
+
+def code_version() -> str:
+    """`git:<commit>` plus a hash of uncommitted changes, or `fwk <version>` outside a checkout."""
+    repo = Path(fwk.__file__).resolve().parents[1]
+    commit = _git(repo, "rev-parse", "HEAD") if (repo / ".git").exists() else None
+    if not commit:
+        return f"fwk {fwk.__version__}"
+    digest = hashlib.sha256()
+    digest.update((_git(repo, "diff", "HEAD", "--binary", "--", *_CODE_DIRS) or "").encode())
+    untracked = (_git(repo, "ls-files", "--others", "--exclude-standard", "--", *_CODE_DIRS) or "").split()
+    for name in sorted(untracked):
+        digest.update(name.encode() + b"\0" + (repo / name).read_bytes())
+    dirty = bool(untracked) or bool(_git(repo, "diff", "HEAD", "--stat", "--", *_CODE_DIRS))
+    return f"git:{commit.strip()[:12]}" + (f"+dirty.{digest.hexdigest()[:10]}" if dirty else "")
+
+
+def run_id(config: dict[str, Any], code: str) -> str:
+    """A 10-hex-digit hash of the resolved config (minus storage paths), code version and seed."""
+    hashed = {k: v for k, v in config.items() if k not in _NOT_HASHED}
+    payload = json.dumps({"config": hashed, "code": code, "seed": config.get("seed")}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:10]

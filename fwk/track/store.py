@@ -1,0 +1,145 @@
+"""A run dir: ``runs/<id>/`` with config.yaml, meta.json, metrics.jsonl, summary.json, checkpoints/."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from fwk.errors import UserError
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that readers see the old content or the new, never half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def meta(self) -> Path:
+        return self.path / "meta.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def read_summary(self) -> dict[str, Any] | None:
+        """The summary of a finished run, or None while it has not finished."""
+        try:
+            return json.loads(self.summary.read_text())
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError:
+            raise UserError(f"{self.summary} is not valid JSON; delete it to re-run the last evaluation") from None
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_atomic(self.summary, json.dumps(summary, indent=2) + "\n")
+
+    def metrics_rows(self) -> Iterator[dict[str, Any]]:
+        if self.metrics.exists():
+            for line in self.metrics.read_text().splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """Drop rows logged after ``after_step``: a resumed run logs them again."""
+        if self.metrics.exists():
+            kept = [json.dumps(r) for r in self.metrics_rows() if r.get("step", 0) <= after_step]
+            write_atomic(self.metrics, "".join(line + "\n" for line in kept))
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("fwk", "torch", "torchvision", "hydra-core", "omegaconf", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def open_run(root: Path, run_id: str, config_yaml: str, code: str, world_size: int) -> RunDir:
+    """Create the run dir (or reopen it), and record this launch in meta.json."""
+    run = RunDir(root / run_id)
+    try:
+        run.path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create run dir {run.path}: {exc.strerror}; set paths.runs=... or FWK_RUNS") from None
+    if run.config.exists() and run.config.read_text() != config_yaml:
+        raise UserError(
+            f"{run.config} differs from this command's config though the run id matches; "
+            f"move {run.path} away (it was edited by hand) and run again"
+        )
+    if not run.config.exists():
+        write_atomic(run.config, config_yaml)
+    meta = json.loads(run.meta.read_text()) if run.meta.exists() else {
+        "run_id": run_id,
+        "code": code,
+        "versions": _versions(),
+        "world_size": world_size,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "launches": [],
+    }
+    meta["launches"].append(
+        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(), "argv": sys.argv}
+    )
+    write_atomic(run.meta, json.dumps(meta, indent=2) + "\n")
+    return run
+
+
+class RunLock:
+    """An exclusive lock on a run dir, so two launches of one run cannot interleave."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._file = None
+
+    def __enter__(self) -> "RunLock":
+        self._file = open(self.run.path / ".lock", "w")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise UserError(
+                f"run {self.run.id} is already running in another process ({self.run.path}); "
+                "wait for it to finish, or change a setting to start a different run"
+            ) from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._file is not None
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()

@@ -1,0 +1,32 @@
+import torch
+
+from fwk.data.digits import DigitsConfig, digits
+
+
+def test_sizes_and_types():
+    b = digits(DigitsConfig(), seed=0)
+    assert (len(b.train), len(b.val)) == (1497, 300)
+    assert (b.task, b.num_classes) == ("classification", 10)
+    x, y = b.train[0]
+    assert x.shape == (1, 8, 8) and x.dtype == torch.float32
+    assert y.dtype == torch.int64
+
+
+def test_split_ignores_run_seed_and_is_deterministic():
+    a, b = digits(DigitsConfig(), seed=0), digits(DigitsConfig(), seed=123)
+    for sa, sb in ((a.train, b.train), (a.val, b.val)):
+        for ta, tb in zip(sa.tensors, sb.tensors):
+            assert torch.equal(ta, tb)
+
+
+def test_split_seed_changes_split():
+    a, b = digits(DigitsConfig(split_seed=0), seed=0), digits(DigitsConfig(split_seed=1), seed=0)
+    assert not torch.equal(a.val.tensors[0], b.val.tensors[0])
+
+
+def test_unnormalized_range_and_normalized_stats():
+    raw = digits(DigitsConfig(normalize=False), seed=0)
+    assert raw.train.tensors[0].min() == 0 and raw.train.tensors[0].max() == 1
+    norm = digits(DigitsConfig(), seed=0).train.tensors[0]
+    # train stats are exactly what was subtracted/divided: 1e-4 covers float32 summation error
+    assert abs(norm.mean().item()) < 1e-4 and abs(norm.std().item() - 1) < 1e-4
