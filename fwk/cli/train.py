@@ -36,6 +36,9 @@ def train(
 
     from fwk.launch.launcher import launch, plan
 
+    for section in (config.model, config.data, config.optim):
+        if hasattr(section, "check"):  # cheap pre-flight checks (paths) before any run dir exists
+            section.check()
     p = plan(config, config_dict)
     if dry_run:
         typer.echo(p.describe())

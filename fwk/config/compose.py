@@ -39,6 +39,22 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split("\n")[0].split())
 
 
+def _check_grammar(overrides: list[str]) -> None:
+    """Parse each override alone, so an error names the one that is wrong."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException as exc:  # the parser raises it bare, not as OverrideParseException
+            reason = _one_line(exc)
+            raise UserError(
+                f"cannot parse override '{override}': {reason}; write key=value, group=option, +key=value or ~key"
+            ) from None
+
+
 def compose(overrides: list[str]) -> dict[str, Any]:
     """Compose and resolve the config; a user's mistake raises UserError with one line."""
     from hydra import compose as hydra_compose
@@ -64,6 +80,7 @@ def compose(overrides: list[str]) -> dict[str, Any]:
             store.store(group=f"schema/{group}", name=name, node=registry.get(name).config)
     root = resources_root()
     hydra_overrides = [_to_hydra(o) for o in overrides]
+    _check_grammar(hydra_overrides)
     try:
         with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3", job_name="fwk"):
             cfg = hydra_compose(

@@ -35,6 +35,10 @@ class ImageFolderConfig:
     min_scale: float = doc(0.08, "train: smallest RandomResizedCrop area, as a fraction of the image area")
     hflip: bool = doc(True, "train: flip half of the images left-right")
 
+    def check(self) -> None:
+        """Cheap checks the launcher runs before starting workers (no scan of the files)."""
+        check_layout(self.root)
+
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
     """Mix (seed, epoch, index) into one 63-bit seed; neighbouring items get unrelated streams.
@@ -179,20 +183,28 @@ def _scan(root: str, split: str, class_index: dict[str, int]) -> tuple[list[str]
     return paths, labels
 
 
+def check_layout(root: str) -> str:
+    """The expanded root, if it is a folder with train/ and val/ folders; else UserError."""
+    if not root:
+        raise UserError(f"data.root is not set; {_layout('<root>')}")
+    root = os.path.expanduser(root)
+    if not os.path.isdir(root):
+        raise UserError(f"data.root '{root}' is not a folder; {_layout(root)}")
+    if not os.path.isdir(os.path.join(root, "train")):
+        raise UserError(f"data.root '{root}' has no images (no train/ folder); {_layout(root)}")
+    if not os.path.isdir(os.path.join(root, "val")):
+        raise UserError(f"data.root '{root}' has no val/ folder; {_layout(root)}")
+    return root
+
+
 def find_images(root: str) -> tuple[list[str], tuple[list[str], list[int]], tuple[list[str], list[int]]]:
     """Classes (sorted train folder names), then (paths, labels) of train and of val.
 
     Raises UserError, one line naming the path and the expected layout, when the folder
     is missing, has no train or val images, or val has a class that train lacks.
     """
-    if not root:
-        raise UserError(f"data.root is not set; {_layout('<root>')}")
-    root = os.path.expanduser(root)
-    if not os.path.isdir(root):
-        raise UserError(f"data.root '{root}' is not a folder; {_layout(root)}")
+    root = check_layout(root)
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
-    if not os.path.isdir(train_dir):
-        raise UserError(f"data.root '{root}' has no images (no train/ folder); {_layout(root)}")
     classes = _class_dirs(train_dir)
     class_index = {name: i for i, name in enumerate(classes)}
     train = _scan(root, "train", class_index)

@@ -6,6 +6,7 @@ chooses DDP when more than one process trains, and says so.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -87,6 +88,18 @@ def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=d.device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def replicas_in_sync(model: nn.Module, d: Dist) -> bool:
+    """Whether every rank holds bit-identical parameters (a check for DDP desync bugs)."""
+    if not d.distributed:
+        return True
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    digests: list[str] = [""] * d.world_size
+    dist.all_gather_object(digests, digest.hexdigest())
+    return len(set(digests)) == 1
 
 
 def shutdown() -> None:

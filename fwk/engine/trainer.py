@@ -130,6 +130,8 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
                 reporter.log(step, final_eval, kind="eval")
             if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.train.max_steps:
                 save()
+        if not final_eval:  # resumed from the final checkpoint: the loop had nothing left to do
+            final_eval = evaluate(raw, val, precision, data.task, d, cfg.train.eval_batches)
     finally:
         stop.restore()
         reporter.close()
@@ -142,6 +144,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         "train_time_s": train_time,
         "samples_per_s": train_samples / max(train_time, 1e-9),
         "world_size": d.world_size,
+        "replicas_in_sync": parallel.replicas_in_sync(raw, d),
     }
 
 

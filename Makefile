@@ -1,0 +1,31 @@
+# `make train` and `make test` set everything up on a fresh machine, then run.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Pinned here, not in pyproject.toml: these builds lie on this machine's disk (a CUDA
+# build that also runs on CPU); GPU machines keep the torch they have.
+TORCH  := torch==2.14.1 torchvision==0.29.1
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup train test lint clean
+
+setup: $(STAMP)
+
+# Re-runs only when pyproject.toml or this file changes: `make test` is fast when set up.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch, torchvision" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+train: setup
+	$(BIN)/fwk train
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check fwk tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,100 @@
+"""End to end through the real `fwk train` command."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_fwk
+
+FAST = ["train.max_steps=150", "train.eval_every=75", "train.log_every=25"]
+
+
+def test_digits_trains_and_second_run_does_not_retrain(runs: Path) -> None:
+    out = run_fwk("train", *FAST, runs=runs)
+    assert out.returncode == 0, out.stderr
+    run_dirs = list(runs.iterdir())
+    assert len(run_dirs) == 1
+    run = run_dirs[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["run_id"] == run.name
+    assert summary["final_step"] == 150
+    assert summary["eval"]["val_acc"] >= 0.95
+    assert summary["samples_per_s"] > 0
+    assert f"run {run.name} complete" in out.stdout
+    for name in ("config.yaml", "meta.json", "metrics.jsonl"):
+        assert (run / name).exists()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["world_size"] == 1 and "torch" in meta["versions"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"] / 5
+    assert {"lr", "samples_per_s", "data_wait"} <= set(train_rows[0])
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [75, 150]
+
+    again = run_fwk("train", *FAST, runs=runs)
+    assert again.returncode == 0, again.stderr
+    assert "already complete" in again.stdout
+    assert (run / "metrics.jsonl").read_text().count("\n") == len(rows)  # nothing retrained
+
+
+def test_recipe_nope_lists_recipes_and_exits_2(runs: Path) -> None:
+    out = run_fwk("train", "recipe=nope", runs=runs)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "digits_cnn, gpt_stdlib, resnet50_imagenet" in lines[0]
+    assert not runs.exists()  # nothing written for a bad command
+
+
+@pytest.mark.parametrize("override", ["optim.lr=0", "train.nope=3", "seed=[1"])
+def test_bad_override_exits_2_without_traceback(runs: Path, override: str) -> None:
+    out = run_fwk("train", override, runs=runs)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stderr
+
+
+def test_cfg_prints_resolved_config(runs: Path) -> None:
+    out = run_fwk("train", "--cfg", "optim.lr=0.01", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert "lr: 0.01" in out.stdout and "recipe: digits_cnn" in out.stdout
+    assert not runs.exists()
+
+
+def test_dry_run_shows_torchrun_command(runs: Path) -> None:
+    out = run_fwk("train", "--dry-run", "parallel.nproc_per_node=2", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert "torch.distributed.run --nproc-per-node=2 --standalone -m fwk.engine.worker" in out.stdout
+    assert not runs.exists()
+
+
+def test_image_folder_missing_root_is_one_line(runs: Path, tmp_path: Path) -> None:
+    out = run_fwk("train", "recipe=resnet50_imagenet", f"data.root={tmp_path / 'nothing'}", runs=runs)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train/<class>" in lines[0], out.stderr
+
+
+def test_resnet50_recipe_on_a_tiny_jpeg_tree(runs: Path, tmp_path: Path) -> None:
+    from tests.data.test_imagefolder import write_tree
+
+    root = write_tree(tmp_path / "imagenet")
+    out = run_fwk(
+        "train", "recipe=resnet50_imagenet", f"data.root={root}", "model.num_classes=3", "data.image_size=32",
+        "data.val_resize=36", "train.batch_size=4", "train.max_steps=2", "schedule.warmup_steps=1",
+        "loader.num_workers=2", "precision=fp32", runs=runs,
+    )
+    assert out.returncode == 0, out.stderr
+    (run,) = runs.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_step"] == 2 and 0.0 <= summary["eval"]["val_acc"] <= 1.0
+
+
+def test_class_count_mismatch_is_one_line(runs: Path, tmp_path: Path) -> None:
+    from tests.data.test_imagefolder import write_tree
+
+    root = write_tree(tmp_path / "imagenet")
+    out = run_fwk("train", "recipe=resnet50_imagenet", f"data.root={root}", "train.max_steps=1", runs=runs)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "fwk: error: model.num_classes=1000 but the data has 3 classes; set model.num_classes=3"

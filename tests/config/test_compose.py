@@ -1,0 +1,82 @@
+"""Every recipe and every config option composes and validates; mistakes are one line."""
+
+from pathlib import Path
+
+import pytest
+
+from fwk.config.compose import compose, recipe_names, resources_root
+from fwk.config.validate import to_typed
+from fwk.errors import UserError
+
+GROUPS = ["model", "data", "optim", "precision", "parallel", "memory"]
+
+
+def test_recipes_exist() -> None:
+    assert {"digits_cnn", "gpt_stdlib", "resnet50_imagenet"} <= set(recipe_names())
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
+def test_every_recipe_composes(recipe: str) -> None:
+    cfg = to_typed(compose([f"recipe={recipe}", "data.root=/nonexistent"] if recipe == "resnet50_imagenet" else [f"recipe={recipe}"]))
+    assert cfg.recipe == recipe
+    assert cfg.train.max_steps > 0
+
+
+def _options() -> list[tuple[str, str]]:
+    conf = resources_root() / "conf"
+    return [(g, p.stem) for g in GROUPS for p in sorted((conf / g).glob("*.yaml")) if p.stem != "custom"]
+
+
+@pytest.mark.parametrize("group,option", _options(), ids=lambda x: str(x))
+def test_every_option_composes(group: str, option: str) -> None:
+    # a recipe fixes some keys of its own model/data; start from one that fits each option
+    overrides = [f"{group}={option}"]
+    if group in ("model", "data") and option in ("gpt", "stdlib_text"):
+        overrides.insert(0, "recipe=gpt_stdlib")
+    elif group in ("model", "data") and option in ("resnet50", "imagefolder", "synthetic"):
+        overrides.insert(0, "recipe=resnet50_imagenet")
+    cfg = to_typed(compose(overrides))
+    assert getattr(cfg, group).name == option
+
+
+def test_default_recipe_is_digits() -> None:
+    cfg = to_typed(compose([]))
+    assert (cfg.recipe, cfg.model.name, cfg.data.name) == ("digits_cnn", "small_cnn", "digits")
+
+
+def test_overrides_use_hydra_grammar() -> None:
+    cfg = to_typed(compose(["optim.lr=0.01", "model.channels1=8", "precision=bf16", "seed=7"]))
+    assert (cfg.optim.lr, cfg.model.channels1, cfg.precision.name, cfg.seed) == (0.01, 8, "bf16", 7)
+
+
+def test_custom_target_model() -> None:
+    cfg = to_typed(compose(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=64", "+model.out_features=10"]))
+    assert cfg.model == {"_target_": "torch.nn.Linear", "in_features": 64, "out_features": 10}
+
+
+def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FWK_RUNS", str(tmp_path))
+    assert to_typed(compose([])).paths.runs == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["recipe=nope"], "unknown recipe 'nope'; choose one of: digits_cnn, gpt_stdlib, resnet50_imagenet"),
+        (["model=nope"], "unknown model 'nope'"),
+        (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: expected a number > 0"),
+        (["train.batch_size=63", "parallel.nproc_per_node=2"], "train.batch_size=63 is not allowed: expected a multiple of the world size 2"),
+        (["model.channels1=abc"], "model.channels1=abc"),
+        (["train.nope=1"], "train.nope"),
+        (["precision.name=fp99"], "precision.name='fp99' is not allowed"),
+        (["parallel=none", "parallel.nproc_per_node=2"], "parallel.name='none' is not allowed"),
+        (["model=custom"], "model._target_ is not set"),
+        (["seed=[1"], "seed=[1"),
+    ],
+)
+def test_bad_overrides_are_one_line(overrides: list[str], expected: str) -> None:
+    with pytest.raises(UserError) as err:
+        to_typed(compose(overrides))
+    message = str(err.value)
+    assert expected in message
+    assert "\n" not in message

@@ -1,0 +1,70 @@
+"""Checkpoints: round trip, RNG restore, last-K pruning, corruption is a clear error."""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from fwk.engine.checkpoint import Checkpointer, rng_state, set_rng_state
+from fwk.engine.parallel import Dist
+from fwk.errors import UserError
+
+SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def _state(step: int) -> dict:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+
+
+def test_round_trip_and_rng(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
+    torch.manual_seed(3)
+    random.seed(3)
+    state = _state(10)
+    path = ckpt.save(10, state)
+    expected = (torch.rand(3), random.random())
+    loaded, rng = ckpt.load(path)
+    assert loaded["step"] == 10
+    for k, v in state["model"].items():
+        assert torch.equal(loaded["model"][k], v)
+    assert loaded["optimizer"]["state"][0]["exp_avg"].equal(state["optimizer"]["state"][0]["exp_avg"])
+    set_rng_state(rng)
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+def test_keeps_last_k_and_ignores_partial(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
+    for step in (1, 2, 3):
+        ckpt.save(step, _state(step))
+    (tmp_path / ".tmp-step-00000004").mkdir()  # a crash mid-save leaves only a temp dir
+    assert [p.name for p in ckpt.all()] == ["step-00000002", "step-00000003"]
+    assert ckpt.latest().name == "step-00000003"
+
+
+def test_corrupt_checkpoint_is_one_line_error(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
+    path = ckpt.save(5, _state(5))
+    data = bytearray((path / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / "state.pt").write_bytes(bytes(data))
+    with pytest.raises(UserError, match="corrupt .*state.pt.*checksum") as err:
+        ckpt.load(path)
+    assert "\n" not in str(err.value)
+    assert (path / "state.pt").exists()  # nothing deleted
+
+
+def test_world_size_mismatch(tmp_path: Path) -> None:
+    path = Checkpointer(tmp_path, SOLO, keep=1).save(1, _state(1))
+    other = Checkpointer(tmp_path, Dist(0, 0, 2, torch.device("cpu")), keep=1)
+    with pytest.raises(UserError, match="written by 1 processes"):
+        other.load(path)
+
+
+def test_rng_state_loads_with_weights_only(tmp_path: Path) -> None:
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))

@@ -1,0 +1,27 @@
+"""Run ids are content hashes: same config and code -> same id; storage paths don't count."""
+
+import re
+
+from fwk.track.run_id import code_version, run_id
+
+CFG = {"seed": 0, "optim": {"lr": 0.1}, "paths": {"runs": "/a"}}
+
+
+def test_same_config_same_id() -> None:
+    assert run_id(CFG, "git:abc") == run_id(dict(CFG), "git:abc")
+    assert re.fullmatch(r"[0-9a-f]{10}", run_id(CFG, "git:abc"))
+
+
+def test_paths_do_not_change_the_id() -> None:
+    assert run_id({**CFG, "paths": {"runs": "/b"}}, "git:abc") == run_id(CFG, "git:abc")
+
+
+def test_seed_config_and_code_change_the_id() -> None:
+    base = run_id(CFG, "git:abc")
+    assert run_id({**CFG, "seed": 1}, "git:abc") != base
+    assert run_id({**CFG, "optim": {"lr": 0.2}}, "git:abc") != base
+    assert run_id(CFG, "git:abd") != base
+
+
+def test_code_version_format() -> None:
+    assert re.fullmatch(r"git:[0-9a-f]{12}(\+dirty\.[0-9a-f]{10})?|fwk \S+", code_version())

@@ -1,0 +1,40 @@
+"""Run dirs: created once, reopened by the same config, locked while a launch runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fwk.errors import UserError
+from fwk.track.store import RunDir, RunLock, open_run
+
+
+def test_open_and_reopen(tmp_path: Path) -> None:
+    run = open_run(tmp_path, "abc123", "seed: 0\n", "git:x", 1)
+    assert run.config.read_text() == "seed: 0\n"
+    open_run(tmp_path, "abc123", "seed: 0\n", "git:x", 1)
+    meta = json.loads(run.meta.read_text())
+    assert meta["run_id"] == "abc123" and len(meta["launches"]) == 2
+
+
+def test_edited_config_is_not_overwritten(tmp_path: Path) -> None:
+    run = open_run(tmp_path, "abc123", "seed: 0\n", "git:x", 1)
+    run.config.write_text("seed: 5\n")
+    with pytest.raises(UserError, match="differs"):
+        open_run(tmp_path, "abc123", "seed: 0\n", "git:x", 1)
+    assert run.config.read_text() == "seed: 5\n"
+
+
+def test_lock_refuses_a_second_launch(tmp_path: Path) -> None:
+    run = open_run(tmp_path, "abc123", "seed: 0\n", "git:x", 1)
+    with RunLock(run):
+        with pytest.raises(UserError, match="already running"):
+            with RunLock(RunDir(run.path)):
+                pass
+
+
+def test_truncate_metrics(tmp_path: Path) -> None:
+    run = open_run(tmp_path, "r", "x: 1\n", "git:x", 1)
+    run.metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in (5, 10, 15)))
+    run.truncate_metrics(after_step=10)
+    assert [r["step"] for r in run.metrics_rows()] == [5, 10]
