@@ -46,6 +46,7 @@ class StopSignal:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
+        signal.signal(signum, self._previous[signum])  # a second Ctrl-C stops at once
 
     def agreed(self, d: parallel.Dist) -> bool:
         """True when any rank was asked to stop (a collective when distributed)."""
