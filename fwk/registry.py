@@ -8,8 +8,9 @@ the name of the function in the code (timm's ``@register_model`` habit).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 def doc(default: Any, text: str, **kwargs: Any) -> Any:

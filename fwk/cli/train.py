@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
 
 def train(
-    overrides: Optional[list[str]] = typer.Argument(
+    overrides: list[str] | None = typer.Argument(
         None,
         help="Hydra overrides: recipe=NAME, group=option, a.b=value, +new=x, ~key.",
         show_default=False,
@@ -22,9 +21,10 @@ def train(
     The same command on the same code is the same run: it resumes from its latest
     checkpoint, or shows the summary of a run that already finished.
     """
+    from omegaconf import OmegaConf
+
     from fwk.config.compose import compose
     from fwk.config.validate import to_typed
-    from omegaconf import OmegaConf
 
     raw = compose(list(overrides or []))
     config = to_typed(raw)
@@ -43,8 +43,8 @@ def train(
     if dry_run:
         typer.echo(p.describe())
         return
-    from fwk.track.store import RunDir
     from fwk.cli.report import already_complete, finished
+    from fwk.track.store import RunDir
 
     done = RunDir(p.run_dir).read_summary()
     if done is not None:

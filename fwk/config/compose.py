@@ -59,11 +59,10 @@ def compose(overrides: list[str]) -> dict[str, Any]:
     """Compose and resolve the config; a user's mistake raises UserError with one line."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.errors import MissingConfigException, HydraException
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
-
-    from hydra.core.config_store import ConfigStore
 
     from fwk.config.schema import Config
 
@@ -94,7 +93,9 @@ def compose(overrides: list[str]) -> dict[str, Any]:
             raise UserError(_one_line(exc)) from None
         group = _USER_GROUP if group == _HYDRA_GROUP else group
         options = ", ".join(exc.options or []) or "none"
-        raise UserError(f"unknown {group} '{option}'; choose one of: {options} (e.g. {group}={(exc.options or ['?'])[0]})") from None
+        raise UserError(
+            f"unknown {group} '{option}'; choose one of: {options} (e.g. {group}={(exc.options or ['?'])[0]})"
+        ) from None
     except HydraException as exc:
         cause = exc.__cause__
         detail = f": {_one_line(cause)}" if cause is not None else ""
@@ -111,4 +112,3 @@ def compose(overrides: list[str]) -> dict[str, Any]:
     assert isinstance(resolved, dict)
     resolved["recipe"] = choices.get(_HYDRA_GROUP) or resolved.get("recipe", "")
     return resolved
-

@@ -6,7 +6,8 @@ it imports the registries (and so torch) but never Hydra's composition.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -45,7 +46,11 @@ def _typed_section(name: str, section: Any, registry: Any) -> Any:
     if not isinstance(section, (dict, DictConfig)):
         raise invalid(name, section, f"a mapping with a 'name' ({', '.join(registry.names())}) or a '_target_'")
     if "_target_" in section.keys():
-        if OmegaConf.is_missing(section, "_target_") if isinstance(section, DictConfig) else section["_target_"] == "???":
+        if (
+            OmegaConf.is_missing(section, "_target_")
+            if isinstance(section, DictConfig)
+            else section["_target_"] == "???"
+        ):
             raise UserError(f"{name}._target_ is not set; give your class, e.g. {name}._target_=my_pkg.MyClass")
         return OmegaConf.to_container(OmegaConf.create(section), resolve=True)
     choice = section.get("name")

@@ -8,9 +8,9 @@ workers and whichever worker loads it, and a resumed run sees the same crops.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Callable
 
 import torch
 from torch.utils.data import Dataset
@@ -159,11 +159,7 @@ def _class_dirs(split_dir: str) -> list[str]:
 
 def _images(class_dir: str) -> list[str]:
     with os.scandir(class_dir) as entries:
-        return sorted(
-            e.name
-            for e in entries
-            if e.is_file() and os.path.splitext(e.name)[1].lower() in EXTENSIONS
-        )
+        return sorted(e.name for e in entries if e.is_file() and os.path.splitext(e.name)[1].lower() in EXTENSIONS)
 
 
 def _scan(root: str, split: str, class_index: dict[str, int]) -> tuple[list[str], list[int]]:
@@ -225,7 +221,5 @@ def imagefolder(cfg: ImageFolderConfig, *, seed: int) -> DataBundle:
     train = JpegFolder(
         os.path.join(root, "train"), train_paths, train_labels, train_transform(cfg), seed=seed, random=True
     )
-    val = JpegFolder(
-        os.path.join(root, "val"), val_paths, val_labels, val_transform(cfg), seed=seed, random=False
-    )
+    val = JpegFolder(os.path.join(root, "val"), val_paths, val_labels, val_transform(cfg), seed=seed, random=False)
     return DataBundle(train=train, val=val, task="classification", num_classes=len(classes))

@@ -8,7 +8,8 @@ sampler skips the indices of the batches already consumed, without loading them.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
@@ -43,7 +44,9 @@ class TrainLoader:
         self, dataset: Dataset, batch_size: int, rank: int, world_size: int, seed: int, cfg: LoaderConfig, cuda: bool
     ) -> None:
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
         self.kwargs = _loader_kwargs(cfg, cuda)
         self.epoch, self.batch_in_epoch = 0, 0
         if self.batches_per_epoch == 0:
@@ -86,7 +89,9 @@ class TrainLoader:
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
 
 
-def val_loader(dataset: Dataset, batch_size: int, rank: int, world_size: int, cfg: LoaderConfig, cuda: bool) -> DataLoader:
+def val_loader(
+    dataset: Dataset, batch_size: int, rank: int, world_size: int, cfg: LoaderConfig, cuda: bool
+) -> DataLoader:
     """This rank's strided shard of the validation set: no padding, no duplicates."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]
     return DataLoader(shard, batch_size=batch_size, shuffle=False, **_loader_kwargs(cfg, cuda))

@@ -27,7 +27,9 @@ def build_data(cfg: Any, seed: int) -> DataBundle:
     if isinstance(cfg, dict):
         bundle = _instantiate(cfg, seed=seed)
         if not isinstance(bundle, DataBundle):
-            raise UserError(f"data._target_={cfg['_target_']} must return fwk.data.DataBundle, got {type(bundle).__name__}")
+            raise UserError(
+                f"data._target_={cfg['_target_']} must return fwk.data.DataBundle, got {type(bundle).__name__}"
+            )
         return bundle
     return DATA.get(cfg.name).builder(cfg, seed=seed)
 

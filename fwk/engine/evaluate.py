@@ -14,7 +14,9 @@ from fwk.engine.precision import Precision
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, precision: Precision, task: str, d: Dist, max_batches: int) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, loader: DataLoader, precision: Precision, task: str, d: Dist, max_batches: int
+) -> dict[str, float]:
     """Mean loss per target (token or image), plus accuracy or perplexity.
 
     ``model`` is the unwrapped module: ranks may hold shards that differ by one batch,

@@ -68,8 +68,12 @@ class Reporter:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(), transient=False,
+                TextColumn("[bold]train"),
+                BarColumn(bar_width=24),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
             )
             self._task = self._bar.add_task("train", total=max_steps, completed=start_step, info="")
             self._bar.start()
@@ -81,8 +85,9 @@ class Reporter:
             f.write(json.dumps({"step": step, "kind": kind, **row}) + "\n")
         text = "  ".join(_fmt(k, v) for k, v in row.items())
         if self._bar is not None:
-            if kind == "train":
-                self._bar.update(self._task, completed=step, info=text)
+            if kind == "train":  # the bar shows the two numbers that fit a narrow terminal
+                info = f"loss {row['loss']:.4f}  {row['samples_per_s']:,.0f} samples/s"
+                self._bar.update(self._task, completed=step, info=info)
             else:
                 self._bar.console.print(f"step {step:>6}  eval  {text}")
         else:

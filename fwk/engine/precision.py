@@ -7,7 +7,7 @@ stay fp32, so no loss scaling is needed).
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -19,7 +19,7 @@ class Precision:
         self.name = cfg.name
         self.device = device
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> AbstractContextManager:
         if self.name == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()

@@ -92,10 +92,16 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         seed_everything(cfg.seed + d.rank)  # per-rank streams for dropout and the like
 
     def save() -> None:
-        ckpt.save(step, {
-            "model": raw.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "loader": loader.state_dict(), "step": step,
-        })
+        ckpt.save(
+            step,
+            {
+                "model": raw.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "loader": loader.state_dict(),
+                "step": step,
+            },
+        )
 
     reporter = Reporter(run.metrics, d, cfg.train.max_steps, step)
     if latest is not None:
@@ -110,7 +116,9 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
             t0 = time.perf_counter()
             x, y = next(batches)
             t1 = time.perf_counter()
-            loss = train_step(model, x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True), precision, cfg)
+            loss = train_step(
+                model, x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True), precision, cfg
+            )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
@@ -149,7 +157,9 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     }
 
 
-def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, cfg: Config) -> torch.Tensor:
+def train_step(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, cfg: Config
+) -> torch.Tensor:
     """Forward, loss and backward; returns the detached loss. The optimizer steps outside."""
     with precision.autocast():
         logits = model(x)

@@ -9,9 +9,10 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from fwk.errors import UserError
 
@@ -105,14 +106,18 @@ def open_run(root: Path, run_id: str, config_yaml: str, code: str, world_size: i
         )
     if not run.config.exists():
         write_atomic(run.config, config_yaml)
-    meta = json.loads(run.meta.read_text()) if run.meta.exists() else {
-        "run_id": run_id,
-        "code": code,
-        "versions": _versions(),
-        "world_size": world_size,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "launches": [],
-    }
+    meta = (
+        json.loads(run.meta.read_text())
+        if run.meta.exists()
+        else {
+            "run_id": run_id,
+            "code": code,
+            "versions": _versions(),
+            "world_size": world_size,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "launches": [],
+        }
+    )
     meta["launches"].append(
         {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(), "argv": sys.argv}
     )
@@ -127,7 +132,7 @@ class RunLock:
         self.run = run
         self._file = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         self._file = open(self.run.path / ".lock", "w")
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)

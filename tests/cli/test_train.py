@@ -81,9 +81,18 @@ def test_resnet50_recipe_on_a_tiny_jpeg_tree(runs: Path, tmp_path: Path) -> None
 
     root = write_tree(tmp_path / "imagenet")
     out = run_fwk(
-        "train", "recipe=resnet50_imagenet", f"data.root={root}", "model.num_classes=3", "data.image_size=32",
-        "data.val_resize=36", "train.batch_size=4", "train.max_steps=2", "schedule.warmup_steps=1",
-        "loader.num_workers=2", "precision=fp32", runs=runs,
+        "train",
+        "recipe=resnet50_imagenet",
+        f"data.root={root}",
+        "model.num_classes=3",
+        "data.image_size=32",
+        "data.val_resize=36",
+        "train.batch_size=4",
+        "train.max_steps=2",
+        "schedule.warmup_steps=1",
+        "loader.num_workers=2",
+        "precision=fp32",
+        runs=runs,
     )
     assert out.returncode == 0, out.stderr
     (run,) = runs.iterdir()
@@ -97,4 +106,6 @@ def test_class_count_mismatch_is_one_line(runs: Path, tmp_path: Path) -> None:
     root = write_tree(tmp_path / "imagenet")
     out = run_fwk("train", "recipe=resnet50_imagenet", f"data.root={root}", "train.max_steps=1", runs=runs)
     assert out.returncode == 2
-    assert out.stderr.strip() == "fwk: error: model.num_classes=1000 but the data has 3 classes; set model.num_classes=3"
+    assert (
+        out.stderr.strip() == "fwk: error: model.num_classes=1000 but the data has 3 classes; set model.num_classes=3"
+    )

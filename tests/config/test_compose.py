@@ -17,7 +17,11 @@ def test_recipes_exist() -> None:
 
 @pytest.mark.parametrize("recipe", recipe_names())
 def test_every_recipe_composes(recipe: str) -> None:
-    cfg = to_typed(compose([f"recipe={recipe}", "data.root=/nonexistent"] if recipe == "resnet50_imagenet" else [f"recipe={recipe}"]))
+    cfg = to_typed(
+        compose(
+            [f"recipe={recipe}", "data.root=/nonexistent"] if recipe == "resnet50_imagenet" else [f"recipe={recipe}"]
+        )
+    )
     assert cfg.recipe == recipe
     assert cfg.train.max_steps > 0
 
@@ -50,7 +54,9 @@ def test_overrides_use_hydra_grammar() -> None:
 
 
 def test_custom_target_model() -> None:
-    cfg = to_typed(compose(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=64", "+model.out_features=10"]))
+    cfg = to_typed(
+        compose(["model=custom", "model._target_=torch.nn.Linear", "+model.in_features=64", "+model.out_features=10"])
+    )
     assert cfg.model == {"_target_": "torch.nn.Linear", "in_features": 64, "out_features": 10}
 
 
@@ -65,7 +71,10 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["recipe=nope"], "unknown recipe 'nope'; choose one of: digits_cnn, gpt_stdlib, resnet50_imagenet"),
         (["model=nope"], "unknown model 'nope'"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: expected a number > 0"),
-        (["train.batch_size=63", "parallel.nproc_per_node=2"], "train.batch_size=63 is not allowed: expected a multiple of the world size 2"),
+        (
+            ["train.batch_size=63", "parallel.nproc_per_node=2"],
+            "train.batch_size=63 is not allowed: expected a multiple of the world size 2",
+        ),
         (["model.channels1=abc"], "model.channels1=abc"),
         (["train.nope=1"], "train.nope"),
         (["precision.name=fp99"], "precision.name='fp99' is not allowed"),

@@ -15,7 +15,7 @@ def test_sizes_and_types():
 def test_split_ignores_run_seed_and_is_deterministic():
     a, b = digits(DigitsConfig(), seed=0), digits(DigitsConfig(), seed=123)
     for sa, sb in ((a.train, b.train), (a.val, b.val)):
-        for ta, tb in zip(sa.tensors, sb.tensors):
+        for ta, tb in zip(sa.tensors, sb.tensors, strict=True):
             assert torch.equal(ta, tb)
 
 

@@ -11,8 +11,13 @@ from tests.conftest import require, run_fwk
 def test_two_process_ddp_digits(runs: Path) -> None:
     require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
     out = run_fwk(
-        "train", "parallel.nproc_per_node=2", "train.max_steps=60", "train.eval_every=60", "train.log_every=10",
-        runs=runs, timeout=600,
+        "train",
+        "parallel.nproc_per_node=2",
+        "train.max_steps=60",
+        "train.eval_every=60",
+        "train.log_every=10",
+        runs=runs,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     (run,) = runs.iterdir()

@@ -1,10 +1,10 @@
 """A run stopped at step k and resumed ends with bit-identical weights (CPU, fp32)."""
 
+import os
 import signal
 import subprocess
 import sys
 import time
-import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,14 @@ import torch
 
 from tests.conftest import run_fwk
 
-ARGS = ["train", "train.max_steps=120", "train.eval_every=60", "train.log_every=5", "checkpoint.every=20", "checkpoint.keep=10"]
+ARGS = [
+    "train",
+    "train.max_steps=120",
+    "train.eval_every=60",
+    "train.log_every=5",
+    "checkpoint.every=20",
+    "checkpoint.keep=10",
+]
 
 
 def _final_weights(runs: Path) -> dict[str, torch.Tensor]:
@@ -24,7 +31,9 @@ def _final_weights(runs: Path) -> dict[str, torch.Tensor]:
 
 def _start(runs: Path) -> subprocess.Popen:
     env = {**os.environ, "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "fwk", *ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fwk", *ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_checkpoint(runs: Path, proc: subprocess.Popen, timeout: float = 120) -> None:

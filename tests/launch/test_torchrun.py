@@ -9,7 +9,13 @@ from fwk.launch.torchrun import torchrun_argv
 def test_single_node_is_standalone() -> None:
     argv = torchrun_argv(ParallelConfig(nproc_per_node=4), Path("/runs/abc"), "abc")
     assert argv[1:] == [
-        "-m", "torch.distributed.run", "--nproc-per-node=4", "--standalone", "-m", "fwk.engine.worker", "/runs/abc"
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=4",
+        "--standalone",
+        "-m",
+        "fwk.engine.worker",
+        "/runs/abc",
     ]
 
 
