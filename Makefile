@@ -21,11 +21,11 @@ $(STAMP): pyproject.toml Makefile
 train: setup
 	$(BIN)/fwk train
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check fwk tests
+	$(BIN)/ruff check fwk tests scripts
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

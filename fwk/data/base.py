@@ -9,6 +9,8 @@ from torch.utils.data import Dataset
 
 from fwk.registry import Registry
 
+_MASK64 = (1 << 64) - 1
+
 DATA = Registry("data")
 register_data = DATA.register
 
@@ -29,3 +31,18 @@ class DataBundle:
     val: Dataset
     task: Literal["classification", "lm"]
     num_classes: int
+
+
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """Mix (seed, epoch, index) into one 63-bit seed; neighbouring items get unrelated streams.
+
+    splitmix64 finalizer applied in a chain: a plain ``seed + index`` would make item i of
+    epoch e+1 reuse a stream of epoch e.
+    """
+    h = 0
+    for value in (seed, epoch, index):
+        h = ((h ^ (value & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h >> 1  # torch.manual_seed takes any int, but keep it positive and < 2**63

@@ -15,15 +15,13 @@ from itertools import accumulate
 import torch
 from torch.utils.data import Dataset
 
-from fwk.data.base import DataBundle, register_data
+from fwk.data.base import DataBundle, item_seed, register_data
 from fwk.errors import UserError
 from fwk.registry import doc
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 EXTENSIONS = (".jpeg", ".jpg")  # compared lower-cased: ImageNet ships ".JPEG"
-
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass
@@ -38,21 +36,6 @@ class ImageFolderConfig:
     def check(self) -> None:
         """Cheap checks the launcher runs before starting workers (no scan of the files)."""
         check_layout(self.root)
-
-
-def item_seed(seed: int, epoch: int, index: int) -> int:
-    """Mix (seed, epoch, index) into one 63-bit seed; neighbouring items get unrelated streams.
-
-    splitmix64 finalizer applied in a chain: a plain ``seed + index`` would make item i of
-    epoch e+1 reuse a stream of epoch e.
-    """
-    h = 0
-    for value in (seed, epoch, index):
-        h = ((h ^ (value & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
-        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h ^= h >> 31
-    return h >> 1  # torch.manual_seed takes any int, but keep it positive and < 2**63
 
 
 class JpegFolder(Dataset):

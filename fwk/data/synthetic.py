@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
-from fwk.data.base import DataBundle, register_data
-from fwk.data.imagefolder import item_seed
+from fwk.data.base import DataBundle, item_seed, register_data
 from fwk.registry import doc
 
 _TRAIN, _VAL = 0, 1  # stream ids, so that val item i is not train item i
