@@ -94,6 +94,8 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield 0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)"
     yield t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)"
     yield t.device in ("auto", "cpu", "cuda"), "train.device", t.device, "one of auto, cpu, cuda"
+    block, seq = getattr(c.model, "block_size", None), getattr(c.data, "seq_len", None)
+    yield block is None or seq is None or seq <= block, "data.seq_len", seq, f"at most model.block_size={block}"
     lr = getattr(c.optim, "lr", None) if not isinstance(c.optim, dict) else c.optim.get("lr")
     yield lr is None or lr > 0, "optim.lr", lr, "a number > 0"
     s = c.schedule

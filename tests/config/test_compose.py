@@ -80,6 +80,10 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["precision.name=fp99"], "precision.name='fp99' is not allowed"),
         (["parallel=none", "parallel.nproc_per_node=2"], "parallel.name='none' is not allowed"),
         (["model=custom"], "model._target_ is not set"),
+        (
+            ["recipe=gpt_stdlib", "data.seq_len=256"],
+            "data.seq_len=256 is not allowed: expected at most model.block_size=128",
+        ),
         (["seed=[1"], "seed=[1"),
     ],
 )
