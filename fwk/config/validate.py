@@ -45,14 +45,11 @@ def _typed_section(name: str, section: Any, registry: Any) -> Any:
     """A registry section becomes its config dataclass; a `_target_` section stays a dict."""
     if not isinstance(section, (dict, DictConfig)):
         raise invalid(name, section, f"a mapping with a 'name' ({', '.join(registry.names())}) or a '_target_'")
+    section = OmegaConf.create(section) if isinstance(section, dict) else section
     if "_target_" in section.keys():
-        if (
-            OmegaConf.is_missing(section, "_target_")
-            if isinstance(section, DictConfig)
-            else section["_target_"] == "???"
-        ):
+        if OmegaConf.is_missing(section, "_target_"):
             raise UserError(f"{name}._target_ is not set; give your class, e.g. {name}._target_=my_pkg.MyClass")
-        return OmegaConf.to_container(OmegaConf.create(section), resolve=True)
+        return OmegaConf.to_container(section, resolve=True)
     choice = section.get("name")
     if choice not in registry:
         raise UserError(

@@ -128,7 +128,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
             train_time += time.perf_counter() - t0
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 row = window.close(cfg.train.batch_size, d)
-                reporter.log(step, {"loss": row["loss"], "lr": scheduler.get_last_lr()[0], **row})
+                reporter.log(step, {"loss": row.pop("loss"), "lr": scheduler.get_last_lr()[0], **row})
                 if stop.agreed(d):
                     save()
                     reporter.message(f"stopped at step {step}; checkpoint saved. Run the same command to resume.")
