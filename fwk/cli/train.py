@@ -34,11 +34,13 @@ def train(
         typer.echo(config_yaml, nl=False)
         return
 
+    from fwk.engine.build import preflight
     from fwk.launch.launcher import launch, plan
 
     for section in (config.model, config.data, config.optim):
         if hasattr(section, "check"):  # cheap pre-flight checks (paths) before any run dir exists
             section.check()
+    preflight(config)
     p = plan(config, config_dict)
     if dry_run:
         typer.echo(p.describe())

@@ -12,9 +12,11 @@ from typing import Any
 
 from fwk.registry import doc
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "staged")
+AMP_DTYPES = ("auto", "bf16", "fp16")
+SWITCHES = ("auto", "true", "false")
 PARALLELS = ("auto", "none", "ddp")
-MEMORIES = ("none",)
+MEMORIES = ("none", "checkpoint", "offload", "microbatch", "auto")
 DECAYS = ("cosine", "linear", "constant")
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -30,6 +32,7 @@ class TrainConfig:
     log_every: int = doc(10, "log loss, lr, samples/s and data-wait fraction every N steps")
     label_smoothing: float = doc(0.0, "cross-entropy label smoothing in [0, 1)")
     grad_clip: float = doc(0.0, "clip the global gradient norm to this value; 0 = off")
+    accum_steps: int = doc(1, "loader batches whose gradients are summed into one optimizer step (1 = none)")
     device: str = doc("auto", "'auto' (cuda if available, else cpu), 'cpu' or 'cuda'")
 
 
@@ -61,9 +64,26 @@ class CheckpointConfig:
 
 @dataclass
 class PrecisionConfig:
-    """Numeric precision of the forward pass."""
+    """Numeric precision: autocast format, fp32 islands, loss scaling, staged phases."""
 
-    name: str = doc("fp32", "fp32 (no autocast) or bf16 (autocast to bfloat16)")
+    name: str = doc("auto", "auto (from the hardware), fp32, bf16, fp16 (with loss scaling) or staged")
+    keep_fp32: list[str] = doc(
+        [], "modules that always run in fp32 under autocast: globs on named_modules() names, or type names"
+    )
+    channels_last: str = doc("auto", "channels-last memory format: auto (on with AMP on conv nets), true, false")
+    dtype: str = doc("auto", "staged: the format of the main phase, auto (from the hardware), bf16 or fp16")
+    warmup_frac: float = doc(0.05, "staged: fraction of train.max_steps run in fp32 first")
+    warmup_steps: int = doc(0, "staged: fp32 warm-up length in steps; > 0 overrides warmup_frac")
+    final_frac: float = doc(0.05, "staged: fraction of train.max_steps at the end in which final_fp32 runs in fp32")
+    final_fp32: list[str] = doc([], "staged: patterns back in fp32 in the final phase; empty = the last Linear layer")
+    init_scale: float = doc(65536.0, "fp16: initial loss scale")
+    growth_factor: float = doc(2.0, "fp16: the loss scale is multiplied by this after growth_interval clean steps")
+    backoff_factor: float = doc(0.5, "fp16: the loss scale is multiplied by this when a step has inf/NaN gradients")
+    growth_interval: int = doc(2000, "fp16: clean steps in a row before the loss scale grows")
+    probe_steps: int = doc(10, "auto: first steps in which per-module value ranges are recorded (fp32 under fp16)")
+    fp16_headroom: float = doc(
+        16.0, "auto: under fp16, modules whose largest |value| exceeds 65504 / this join keep_fp32"
+    )
 
 
 @dataclass
@@ -82,9 +102,13 @@ class ParallelConfig:
 
 @dataclass
 class MemoryConfig:
-    """Memory-saving strategies (activation checkpointing and offload come later)."""
+    """Memory-saving strategies: activation checkpointing, offload, micro-batching, auto."""
 
-    name: str = doc("none", "none: keep every activation in memory")
+    name: str = doc("none", "none, checkpoint, offload, microbatch or auto (fastest that fits budget_gb)")
+    every: int = doc(1, "checkpoint: checkpoint every k-th block (1 = all of them)")
+    modules: list[str] = doc([], "checkpoint: module names (globs) to checkpoint; empty = the model's blocks")
+    micro_batches: int = doc(4, "microbatch: split each rank's batch into this many micro-batches")
+    budget_gb: float = doc(0.0, "auto: memory budget per process in GB; 0 = free device memory (CUDA only)")
 
 
 @dataclass

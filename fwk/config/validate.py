@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from fwk.config.schema import BACKENDS, DECAYS, MEMORIES, PARALLELS, PRECISIONS, Config
+from fwk.config.schema import AMP_DTYPES, BACKENDS, DECAYS, MEMORIES, PARALLELS, PRECISIONS, SWITCHES, Config
 from fwk.errors import UserError
 
 
@@ -103,8 +103,9 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.loader.prefetch_factor >= 1, "loader.prefetch_factor", c.loader.prefetch_factor, "an integer >= 1"
     yield c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every, "an integer >= 0 (0 = only at the end)"
     yield c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an integer >= 1"
-    yield c.precision.name in PRECISIONS, "precision.name", c.precision.name, f"one of {', '.join(PRECISIONS)}"
-    yield c.memory.name in MEMORIES, "memory.name", c.memory.name, f"one of {', '.join(MEMORIES)}"
+    yield t.accum_steps >= 1, "train.accum_steps", t.accum_steps, "an integer >= 1 (1 = no accumulation)"
+    yield from _precision_rules(c)
+    yield from _memory_rules(c)
     yield p.name in PARALLELS, "parallel.name", p.name, f"one of {', '.join(PARALLELS)}"
     yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
     yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
@@ -115,4 +116,45 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         "parallel.name",
         p.name,
         f"ddp or auto when {world} processes train (parallel=none runs a single process)",
+    )
+
+
+def _precision_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    pr = c.precision
+    yield pr.name in PRECISIONS, "precision.name", pr.name, f"one of {', '.join(PRECISIONS)}"
+    yield pr.dtype in AMP_DTYPES, "precision.dtype", pr.dtype, f"one of {', '.join(AMP_DTYPES)}"
+    switch = pr.channels_last.lower()
+    yield switch in SWITCHES, "precision.channels_last", pr.channels_last, f"one of {', '.join(SWITCHES)}"
+    yield 0 <= pr.warmup_frac < 1, "precision.warmup_frac", pr.warmup_frac, "a number in [0, 1)"
+    yield 0 <= pr.final_frac < 1, "precision.final_frac", pr.final_frac, "a number in [0, 1)"
+    yield pr.warmup_steps >= 0, "precision.warmup_steps", pr.warmup_steps, "an integer >= 0 (0 = use warmup_frac)"
+    if pr.name == "staged":
+        if pr.warmup_steps:
+            final = round(pr.final_frac * c.train.max_steps)
+            allowed = f"fewer than train.max_steps - final phase = {c.train.max_steps - final}"
+            yield pr.warmup_steps + final < c.train.max_steps, "precision.warmup_steps", pr.warmup_steps, allowed
+        else:
+            total = pr.warmup_frac + pr.final_frac
+            allowed = f"warmup_frac + final_frac < 1 (now {total:g}): lower one of them"
+            yield total < 1, "precision.warmup_frac", pr.warmup_frac, allowed
+    yield pr.init_scale > 0, "precision.init_scale", pr.init_scale, "a number > 0"
+    yield pr.growth_factor > 1, "precision.growth_factor", pr.growth_factor, "a number > 1"
+    yield 0 < pr.backoff_factor < 1, "precision.backoff_factor", pr.backoff_factor, "a number in (0, 1)"
+    yield pr.growth_interval >= 1, "precision.growth_interval", pr.growth_interval, "an integer >= 1"
+    yield pr.probe_steps >= 0, "precision.probe_steps", pr.probe_steps, "an integer >= 0 (0 = no range probe)"
+    yield pr.fp16_headroom >= 1, "precision.fp16_headroom", pr.fp16_headroom, "a number >= 1"
+
+
+def _memory_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    m = c.memory
+    per_rank = c.train.batch_size // c.world_size
+    yield m.name in MEMORIES, "memory.name", m.name, f"one of {', '.join(MEMORIES)}"
+    yield m.every >= 1, "memory.every", m.every, "an integer >= 1 (1 = every block)"
+    yield m.micro_batches >= 1, "memory.micro_batches", m.micro_batches, "an integer >= 1"
+    yield m.budget_gb >= 0, "memory.budget_gb", m.budget_gb, "a number >= 0 (0 = free device memory)"
+    yield (
+        m.name != "microbatch" or per_rank % m.micro_batches == 0,
+        "memory.micro_batches",
+        m.micro_batches,
+        f"a divisor of the per-rank batch {per_rank} (train.batch_size / world size)",
     )

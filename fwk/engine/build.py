@@ -55,3 +55,24 @@ def build_model(cfg: Any, data: DataBundle) -> nn.Module:
         key = "model.vocab_size" if hasattr(cfg, "vocab_size") else "model.num_classes"
         raise UserError(f"{key}={size} but the data has {expected} classes; set {key}={expected}")
     return model
+
+
+def preflight(cfg: Any) -> None:
+    """Checks that need the model's structure, run before any run dir exists: the module
+    patterns of precision and memory match, and the device runs the asked format.
+
+    The model is built on the meta device: its structure without allocating its weights.
+    """
+    from fwk.engine import memory, precision
+
+    p, m = cfg.precision, cfg.memory
+    wants_fp16 = p.name == "fp16" or (p.name == "staged" and p.dtype == "fp16")
+    if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16):
+        return
+    with torch.device("meta"):
+        model = (
+            _instantiate(cfg.model) if isinstance(cfg.model, dict) else MODELS.get(cfg.model.name).builder(cfg.model)
+        )
+    cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    precision.check(p, model, torch.device("cuda" if cuda else "cpu"))
+    memory.check(m, model)

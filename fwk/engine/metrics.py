@@ -51,6 +51,8 @@ def _fmt(key: str, value: Any) -> str:
         return f"lr {value:.2e}"
     if key in ("data_wait",):
         return f"data-wait {value:.0%}"
+    if key == "loss_scale":
+        return f"scale {value:.0f}"
     if key == "samples_per_s":
         return f"{value:,.0f} samples/s"
     return f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
@@ -59,11 +61,14 @@ def _fmt(key: str, value: Any) -> str:
 class Reporter:
     """Writes metrics.jsonl and shows progress; a no-op on ranks other than 0."""
 
-    def __init__(self, path: Path, d: Dist, max_steps: int, start_step: int) -> None:
+    def __init__(self, path: Path, d: Dist, max_steps: int) -> None:
         self.enabled = d.is_main
         self.path, self.max_steps = path, max_steps
         self.tty = self.enabled and sys.stdout.isatty()
         self._bar = None
+
+    def start(self, step: int) -> None:
+        """Show the progress bar from ``step`` on (a TTY only); messages before it print plainly."""
         if self.tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -75,7 +80,7 @@ class Reporter:
                 TimeRemainingColumn(),
                 transient=False,
             )
-            self._task = self._bar.add_task("train", total=max_steps, completed=start_step, info="")
+            self._task = self._bar.add_task("train", total=self.max_steps, completed=step, info="")
             self._bar.start()
 
     def log(self, step: int, row: dict[str, Any], kind: str = "train") -> None:

@@ -105,3 +105,12 @@ def replicas_in_sync(model: nn.Module, d: Dist) -> bool:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def all_reduce_max(values: list[float], d: Dist) -> list[float]:
+    """Elementwise max of floats over ranks, so every rank takes the same decision."""
+    if not d.distributed or not values:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()

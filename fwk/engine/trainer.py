@@ -1,8 +1,9 @@
 """The training loop: build -> apply strategies -> restore -> step / log / eval / save.
 
 Strategies are applied on top of plain single-device model code, in one fixed order
-(torchtitan's habit): memory (activation checkpointing, later) -> compile (later) ->
-data parallelism. The loop itself only calls small objects.
+(torchtitan's habit): precision (fp32 islands, channels-last) -> memory (activation
+checkpointing) -> compile (later) -> data parallelism. The loop itself only calls small
+objects; one optimizer step (accumulation, micro-batches, loss scaling) is ``TrainStep``.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fwk.config.schema import Config
 from fwk.data.loader import TrainLoader, val_loader
-from fwk.engine import memory, parallel
+from fwk.engine import parallel
 from fwk.engine.build import build_data, build_model
 from fwk.engine.checkpoint import Checkpointer, set_rng_state
 from fwk.engine.evaluate import evaluate
+from fwk.engine.memory import Memory
 from fwk.engine.metrics import Reporter, Window
 from fwk.engine.precision import Precision
+from fwk.engine.step import TrainStep
 from fwk.optim import build_optimizer, build_schedule
 from fwk.track.store import RunDir
 
@@ -63,14 +65,16 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     d = parallel.init(cfg.parallel, cfg.train.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
+    per_rank = cfg.train.batch_size // d.world_size
+    reporter = Reporter(run.metrics, d, cfg.train.max_steps)
+    precision = Precision(cfg.precision, d, cfg.train.max_steps, reporter.message)
+    memory = Memory(cfg.memory, d, per_rank, reporter.message)
     model = build_model(cfg.model, data).to(d.device)
-    model = parallel.wrap(memory.apply(model, cfg.memory), cfg.parallel, d)
+    model = parallel.wrap(memory.apply(precision.prepare(model)), cfg.parallel, d)
     raw = parallel.unwrap(model)
     optimizer = build_optimizer(cfg.optim, raw)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
-    precision = Precision(cfg.precision, d.device)
-
-    per_rank = cfg.train.batch_size // d.world_size
+    train_step = TrainStep(model, optimizer, precision, memory, cfg.train, d)
     cuda = d.device.type == "cuda"
     loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
     val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
@@ -84,6 +88,8 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["loader"])
+        precision.load_state_dict(state["precision"])
+        memory.load_state_dict(state["memory"])
         step = int(state["step"])
         set_rng_state(rng)
         if d.is_main:
@@ -99,36 +105,36 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "loader": loader.state_dict(),
+                "precision": precision.state_dict(),
+                "memory": memory.state_dict(),
                 "step": step,
             },
         )
 
-    reporter = Reporter(run.metrics, d, cfg.train.max_steps, step)
+    reporter.start(step)
     if latest is not None:
         reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")
     stop = StopSignal()
     window = Window(d.device)
     train_time, train_samples, final_eval = 0.0, 0, {}
+    samples_per_step = cfg.train.batch_size * cfg.train.accum_steps
     batches = iter(loader)
     model.train()
     try:
         while step < cfg.train.max_steps:
             t0 = time.perf_counter()
-            x, y = next(batches)
+            step_batches = [next(batches) for _ in range(cfg.train.accum_steps)]
             t1 = time.perf_counter()
-            loss = train_step(
-                model, x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True), precision, cfg
-            )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss = train_step(step, step_batches)
             scheduler.step()
             step += 1
             window.add(loss, t1 - t0)
-            train_samples += cfg.train.batch_size
+            train_samples += samples_per_step
             train_time += time.perf_counter() - t0
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
-                row = window.close(cfg.train.batch_size, d)
-                reporter.log(step, {"loss": row.pop("loss"), "lr": scheduler.get_last_lr()[0], **row})
+                row = window.close(samples_per_step, d)
+                lr = scheduler.get_last_lr()[0]
+                reporter.log(step, {"loss": row.pop("loss"), "lr": lr, **row, **precision.metrics()})
                 if stop.agreed(d):
                     save()
                     reporter.message(f"stopped at step {step}; checkpoint saved. Run the same command to resume.")
@@ -153,21 +159,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         "train_time_s": train_time,
         "samples_per_s": train_samples / max(train_time, 1e-9),
         "world_size": d.world_size,
+        **precision.summary(),
+        **memory.summary(),
         "replicas_in_sync": parallel.replicas_in_sync(raw, d),
     }
-
-
-def train_step(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, cfg: Config
-) -> torch.Tensor:
-    """Forward, loss and backward; returns the detached loss. The optimizer steps outside."""
-    with precision.autocast():
-        logits = model(x)
-    # (N, classes) for images, (B*T, vocab) for tokens; the loss in fp32 for stability.
-    loss = F.cross_entropy(
-        logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), label_smoothing=cfg.train.label_smoothing
-    )
-    loss.backward()
-    if cfg.train.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-    return loss.detach()

@@ -109,3 +109,22 @@ def test_class_count_mismatch_is_one_line(runs: Path, tmp_path: Path) -> None:
     assert (
         out.stderr.strip() == "fwk: error: model.num_classes=1000 but the data has 3 classes; set model.num_classes=3"
     )
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            ["precision.keep_fp32=[head.9]"],
+            "precision.keep_fp32: 'head.9' matches no module of the model; closest: head",
+        ),
+        (["memory=checkpoint", "memory.modules=[layer9]"], "memory.modules: 'layer9' matches no module"),
+        (["memory=microbatch", "memory.micro_batches=5"], "memory.micro_batches=5 is not allowed"),
+    ],
+)
+def test_bad_strategy_settings_fail_before_any_run_dir(runs: Path, overrides: list[str], expected: str) -> None:
+    out = run_fwk("train", *overrides, runs=runs)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith(f"fwk: error: {expected}")
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not runs.exists()

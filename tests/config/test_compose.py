@@ -85,6 +85,25 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
             "data.seq_len=256 is not allowed: expected at most model.block_size=128",
         ),
         (["seed=[1"], "seed=[1"),
+        (["precision=fp99"], "unknown precision 'fp99'; choose one of: auto, bf16, fp16, fp32, staged"),
+        (["memory=swap"], "unknown memory 'swap'; choose one of: auto, checkpoint, microbatch, none, offload"),
+        (
+            ["precision=staged", "precision.warmup_frac=0.6", "precision.final_frac=0.4"],
+            "precision.warmup_frac=0.6 is not allowed: expected warmup_frac + final_frac < 1 (now 1)",
+        ),
+        (
+            ["precision=staged", "precision.warmup_steps=290"],
+            "precision.warmup_steps=290 is not allowed: expected fewer than train.max_steps - final phase = 285",
+        ),
+        (
+            ["memory=microbatch", "memory.micro_batches=3"],
+            "memory.micro_batches=3 is not allowed: expected a divisor of the per-rank batch 64",
+        ),
+        (["precision.channels_last=maybe"], "precision.channels_last='maybe' is not allowed: expected one of auto"),
+        (["precision.dtype=fp8"], "precision.dtype='fp8' is not allowed: expected one of auto, bf16, fp16"),
+        (["precision.backoff_factor=1.5"], "precision.backoff_factor=1.5 is not allowed: expected a number in (0, 1)"),
+        (["train.accum_steps=0"], "train.accum_steps=0 is not allowed"),
+        (["memory.budget_gb=-1"], "memory.budget_gb=-1.0 is not allowed"),
     ],
 )
 def test_bad_overrides_are_one_line(overrides: list[str], expected: str) -> None:

@@ -1,6 +1,8 @@
 """A run stopped at step k and resumed ends with bit-identical weights (CPU, fp32)."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,3 +75,43 @@ def test_resume_is_bit_identical(tmp_path: Path, sig: signal.Signals) -> None:
     # the resumed metrics have no duplicate steps
     steps = [line for line in (run / "metrics.jsonl").read_text().splitlines() if '"kind": "train"' in line]
     assert len(steps) == 120 // 5
+
+
+STAGED = [
+    "train",
+    "train.max_steps=60",
+    "train.eval_every=0",
+    "train.log_every=5",
+    "checkpoint.every=10",
+    "checkpoint.keep=10",
+    "precision=staged",
+    "precision.dtype=fp16",  # exercises the loss scaler's state too
+    "precision.warmup_steps=15",
+    "precision.final_frac=0.25",  # phases: warmup 0-14, main 15-44, final 45-59
+]
+
+
+def test_staged_resumes_mid_phase_exactly(tmp_path: Path) -> None:
+    straight = run_fwk(*STAGED, runs=tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    assert "step 15: precision phase warmup -> main (fp16 autocast)" in straight.stdout
+    assert "step 45: precision phase main -> final (fp16, final layers fp32)" in straight.stdout
+    (run,) = (tmp_path / "straight").iterdir()
+    expected = torch.load(run / "checkpoints/step-00000060/state.pt", weights_only=True)
+    for resume_at, phase in ((50, "final"), (30, "main")):  # as if the run had died after that checkpoint
+        (run / "summary.json").unlink()
+        for ckpt in (run / "checkpoints").glob("step-*"):
+            if int(ckpt.name[5:]) > resume_at:
+                shutil.rmtree(ckpt)
+        resumed = run_fwk(*STAGED, runs=tmp_path / "straight")
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"from step-{resume_at:08d} (step {resume_at})" in resumed.stdout
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["phase"] for r in rows if r["kind"] == "train" and r["step"] in (resume_at + 5, 60)] == [
+            phase,
+            "final",
+        ]
+        got = torch.load(run / "checkpoints/step-00000060/state.pt", weights_only=True)
+        for name, tensor in expected["model"].items():
+            assert torch.equal(got["model"][name], tensor), (resume_at, name)
+        assert got["precision"] == expected["precision"]  # loss scale and skipped-step count

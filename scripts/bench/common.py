@@ -1,0 +1,92 @@
+"""Shared by the benchmarks: build a workload through fwk's own config and engine objects,
+and time steps side by side (interleaved rounds, medians), as the issue's method asks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from fwk.config.compose import compose
+from fwk.config.validate import to_typed
+from fwk.engine.memory import Memory
+from fwk.engine.parallel import Dist
+from fwk.engine.precision import Precision
+from fwk.engine.step import TrainStep
+from fwk.models import MODELS
+from fwk.optim import build_optimizer
+
+
+def config(workload: str, batch: int, image_size: int, extra: list[str]):
+    """The recipe's config at benchmark size: resnet50 on synthetic images, or a GPT."""
+    if workload == "resnet50":
+        base = ["recipe=resnet50_imagenet", "data=synthetic", f"data.image_size={image_size}"]
+    elif workload == "gpt":
+        base = ["recipe=gpt_stdlib"]
+    elif workload == "gpt8":  # the recipe's GPT at 8 layers: memory is dominated by activations
+        base = ["recipe=gpt_stdlib", "model.n_layer=8"]
+    else:
+        raise SystemExit(f"unknown workload {workload}")
+    return to_typed(compose([*base, f"train.batch_size={batch}", *extra]))
+
+
+def batch_for(cfg, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    if cfg.model.name == "gpt":
+        t = cfg.data.seq_len
+        x = torch.randint(0, cfg.model.vocab_size, (batch, t), generator=g)
+        y = torch.randint(0, cfg.model.vocab_size, (batch, t), generator=g)
+    else:
+        s = cfg.data.image_size
+        x = torch.randn(batch, 3, s, s, generator=g)
+        y = torch.randint(0, cfg.model.num_classes, (batch,), generator=g)
+    return x.to(device), y.to(device)
+
+
+def engine_step(cfg, device: torch.device, batch: int) -> tuple[TrainStep, Precision, Memory]:
+    """The same objects the trainer builds, in the same order, for one process."""
+    d = Dist(rank=0, local_rank=0, world_size=1, device=device)
+    torch.manual_seed(cfg.seed)
+    quiet = lambda text: None  # noqa: E731
+    precision = Precision(cfg.precision, d, cfg.train.max_steps, quiet)
+    memory = Memory(cfg.memory, d, batch, quiet)
+    model = MODELS.get(cfg.model.name).builder(cfg.model).to(device)
+    model = memory.apply(precision.prepare(model))
+    model.train()
+    optimizer = build_optimizer(cfg.optim, model)
+    return TrainStep(model, optimizer, precision, memory, cfg.train, d), precision, memory
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved(steps: dict[str, Callable[[], None]], rounds: int, device: torch.device) -> dict[str, float]:
+    """Median seconds of one call of each, timed in round-robin order so drift hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def device_arg(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    from fwk.engine.hardware import probe
+
+    return f"{probe(device).text}, {torch.get_num_threads()} threads, torch {torch.__version__}"

@@ -1,0 +1,147 @@
+"""Activation memory and step time of each memory strategy, as ratios to none.
+
+    .venv/bin/python scripts/bench/memory.py [--rounds 5] [--image-size 64] [--batch 16]
+    .venv/bin/python scripts/bench/memory.py --device cuda --image-size 224 --batch 128
+
+Workloads: ResNet-50 on synthetic images and the gpt_stdlib GPT at 8 layers. Per strategy:
+- saved: activation bytes autograd keeps for backward on the device (saved tensors counted
+  once per storage with saved_tensors_hooks, the model's parameters left out, plus the
+  inputs checkpointed blocks keep), the largest micro-batch's under microbatch;
+- peak: a step's peak memory above what was held before it (after one warm-up step), each
+  strategy in a fresh process: on CUDA the peak allocated memory, on CPU the resident set
+  size polled by a thread, with glibc told to return every block over 64 KiB to the system
+  on free (MALLOC_MMAP_THRESHOLD_), so that RSS follows live memory. It includes the
+  gradients, the same for every strategy;
+- ms/step: median of ``rounds`` interleaved steps, all strategies in one process.
+Targets: checkpoint <= 0.5x the saved bytes of none at <= 1.35x the step time; microbatch
+(n=4) <= 0.3x the saved bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+from common import batch_for, config, device_arg, engine_step, interleaved, machine
+
+STRATEGIES = {
+    "none": ["memory=none"],
+    "checkpoint": ["memory=checkpoint"],
+    "offload": ["memory=offload"],
+    "microbatch": ["memory=microbatch", "memory.micro_batches=4"],
+}
+
+
+def _setup(workload: str, strategy: str, args: argparse.Namespace):
+    device = device_arg(args.device)
+    batch = args.batch if workload == "resnet50" else args.gpt_batch
+    extra = [*STRATEGIES[strategy], "precision=fp32", f"train.device={device.type}"]
+    cfg = config(workload, batch, args.image_size, extra)
+    step, _, memory = engine_step(cfg, device, batch)
+    return device, step, memory, batch_for(cfg, batch, device)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _peak_rss_during(fn) -> int:
+    """The largest resident set size while fn runs, polled every 0.5 ms by a thread
+    (torch's kernels release the GIL, so the thread samples during them)."""
+    peak, done = [_rss()], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        thread.join()
+    return max(peak[0], _rss())
+
+
+def peak(workload: str, strategy: str, args: argparse.Namespace) -> int:
+    """In a fresh process: a step's peak memory above what was held before it."""
+    device, step, memory, (x, y) = _setup(workload, strategy, args)
+    step(0, [(x, y)])  # optimizer state exists from here on
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step(1, [(x, y)])
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    before = _rss()
+    return _peak_rss_during(lambda: step(1, [(x, y)])) - before
+
+
+def bench(workload: str, args: argparse.Namespace) -> None:
+    steps, saved, peaks = {}, {}, {}
+    for strategy in STRATEGIES:
+        device, step, memory, (x, y) = _setup(workload, strategy, args)
+        saved[strategy] = measure_saved(step, memory, x, y)
+        step(0, [(x, y)])  # warm-up
+        steps[strategy] = lambda step=step, x=x, y=y: step(1, [(x, y)])
+        argv = [sys.executable, __file__, "--peak-of", f"{workload}:{strategy}", *sys.argv[1:]]
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout
+        peaks[strategy] = json.loads(out)
+    medians = interleaved(steps, args.rounds, device)
+    batch = args.batch if workload == "resnet50" else args.gpt_batch
+    size = f"{args.image_size} px, batch {batch}" if workload == "resnet50" else f"8 layers, seq 128, batch {batch}"
+    what = "peak alloc" if device.type == "cuda" else "peak RSS"
+    print(f"\n{workload} ({size}), {machine(device)}; median of {args.rounds} interleaved steps")
+    ratio = f"{'vs none':>8}"
+    print(f"{'strategy':<11} {'saved MB':>9} {ratio} {what + ' MB':>14} {ratio} {'ms/step':>9} {ratio}")
+    for s in STRATEGIES:
+        print(
+            f"{s:<11} {saved[s] / 1e6:9.1f} {saved[s] / saved['none']:7.2f}x {peaks[s] / 1e6:14.1f} "
+            f"{peaks[s] / max(peaks['none'], 1):7.2f}x {medians[s] * 1000:9.1f} {medians[s] / medians['none']:7.2f}x"
+        )
+
+
+def measure_saved(step, memory, x, y) -> int:
+    """Bytes kept for backward by one step (the largest micro-batch's), as memory=auto counts them."""
+    memory.meter.take()
+    inner = torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda) if memory.plan.offload else None
+    for xs, ys in memory.split(x, y):
+        with memory.meter.counting(inner):
+            logits = step.model(xs)
+            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ys.reshape(-1)).backward()
+    step.optimizer.zero_grad(set_to_none=True)
+    return memory.meter.take()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16, help="ResNet-50 batch")
+    parser.add_argument("--gpt-batch", type=int, default=16, help="GPT batch")
+    parser.add_argument("--workloads", default="resnet50,gpt8")
+    parser.add_argument("--peak-of", default="", help=argparse.SUPPRESS)  # internal: one strategy's peak
+    args = parser.parse_args()
+    if args.peak_of:
+        workload, strategy = args.peak_of.split(":")
+        print(json.dumps(peak(workload, strategy, args)))
+        return
+    for workload in args.workloads.split(","):
+        bench(workload, args)
+
+
+if __name__ == "__main__":
+    main()
