@@ -1,9 +1,9 @@
 """What the hardware runs fast: probed from the device, never assumed.
 
 bf16 autocast pays off on CUDA GPUs of compute capability >= 8.0 (Ampere on) and on CPUs
-with bf16 units (AMX or AVX512-BF16); elsewhere it is emulated, e.g. about 7x slower than
-fp32 for ResNet-50 on an AVX2-only CPU. fp16 autocast runs on every CUDA GPU torch
-supports and on CPU (slowly), but its tensor cores arrive with capability 7.0.
+with bf16 units (AMX or AVX512-BF16); elsewhere it is emulated: 12x slower than fp32 for
+ResNet-50 at 64 px on an AVX2-only CPU (scripts/bench/precision.py). fp16 autocast runs
+on CUDA GPUs of capability >= 5.3, and on CPU only slowly.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ class Features:
     """The facts a precision choice rests on, and a short text of them for the log."""
 
     bf16_fast: bool
-    fp16_fast: bool
     fp16_works: bool
     text: str
 
@@ -34,7 +33,6 @@ def probe(device: torch.device) -> Features:
         name = torch.cuda.get_device_name(device)
         return Features(
             bf16_fast=major >= 8,
-            fp16_fast=major >= 7,
             fp16_works=(major, minor) >= (5, 3),  # native half arithmetic
             text=f"{name}, compute capability {major}.{minor}",
         )
@@ -42,4 +40,4 @@ def probe(device: torch.device) -> Features:
     capability = torch.backends.cpu.get_cpu_capability()
     units = [n for n, ok in (("AMX", amx), ("AVX512-BF16", avx512_bf16)) if ok]
     text = f"CPU with {' and '.join(units)}" if units else f"CPU without AMX or AVX512-BF16 ({capability})"
-    return Features(bf16_fast=amx or avx512_bf16, fp16_fast=False, fp16_works=True, text=text)
+    return Features(bf16_fast=amx or avx512_bf16, fp16_works=True, text=text)

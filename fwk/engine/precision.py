@@ -162,6 +162,11 @@ class Precision:
             extras.append(f"keep_fp32 {', '.join(self.cfg.keep_fp32)}")
         if self.channels_last:
             extras.append("channels_last")
+        slow = (self.format == "bf16" and not self._features.bf16_fast) or (
+            self.format == "fp16" and self.device_type == "cpu"
+        )
+        if slow and self.cfg.name != "auto":
+            extras.append(f"slow here: {self._features.text} emulates {self.format}; precision=auto would pick fp32")
         tail = f" ({'; '.join(extras)})" if extras else ""
         if self.cfg.name == "auto":
             why = "fast bf16 units" if self.format == "bf16" else "no fast bf16 units"

@@ -4,6 +4,7 @@ and time steps side by side (interleaved rounds, medians), as the issue's method
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -90,3 +91,15 @@ def machine(device: torch.device) -> str:
     from fwk.engine.hardware import probe
 
     return f"{probe(device).text}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def arguments(gpt_batch: int, workloads: str) -> argparse.ArgumentParser:
+    """The options both benchmarks take; defaults fit a 2-core CPU (see each script for GPU sizes)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timed steps per option (median)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    parser.add_argument("--image-size", type=int, default=64, help="ResNet-50 input side in pixels")
+    parser.add_argument("--batch", type=int, default=16, help="ResNet-50 batch")
+    parser.add_argument("--gpt-batch", type=int, default=gpt_batch, help="GPT batch")
+    parser.add_argument("--workloads", default=workloads)
+    return parser

@@ -29,7 +29,7 @@ import threading
 import time
 
 import torch
-from common import batch_for, config, device_arg, engine_step, interleaved, machine
+from common import arguments, batch_for, config, device_arg, engine_step, interleaved, machine
 
 STRATEGIES = {
     "none": ["memory=none"],
@@ -126,13 +126,7 @@ def measure_saved(step, memory, x, y) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=16, help="ResNet-50 batch")
-    parser.add_argument("--gpt-batch", type=int, default=16, help="GPT batch")
-    parser.add_argument("--workloads", default="resnet50,gpt8")
+    parser = arguments(gpt_batch=16, workloads="resnet50,gpt8")
     parser.add_argument("--peak-of", default="", help=argparse.SUPPRESS)  # internal: one strategy's peak
     args = parser.parse_args()
     if args.peak_of:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import batch_for, config, device_arg, engine_step, interleaved, machine
+from common import arguments, batch_for, config, device_arg, engine_step, interleaved, machine
 
 OPTIONS = ["fp32", "bf16", "fp16", "staged", "auto"]
 
@@ -42,13 +42,7 @@ def bench(workload: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=16, help="ResNet-50 batch")
-    parser.add_argument("--gpt-batch", type=int, default=32, help="GPT batch (the recipe's)")
-    parser.add_argument("--workloads", default="resnet50,gpt")
+    parser = arguments(gpt_batch=32, workloads="resnet50,gpt")
     args = parser.parse_args()
     for workload in args.workloads.split(","):
         bench(workload, args)

@@ -34,7 +34,7 @@ def _net() -> nn.Sequential:
 
 
 def _precision(monkeypatch: pytest.MonkeyPatch, bf16_fast: bool = False, max_steps: int = 100, **cfg) -> Precision:
-    features = hardware.Features(bf16_fast=bf16_fast, fp16_fast=False, fp16_works=True, text="test CPU")
+    features = hardware.Features(bf16_fast=bf16_fast, fp16_works=True, text="test CPU")
     monkeypatch.setattr(hardware, "probe", lambda device: features)
     said: list[str] = []
     p = Precision(PrecisionConfig(**cfg), SOLO, max_steps, said.append)
@@ -51,7 +51,7 @@ def test_auto_is_fp32_on_a_cpu_without_bf16_units(monkeypatch: pytest.MonkeyPatc
 
 def test_auto_choice_from_features() -> None:
     def f(bf16: bool, fp16: bool) -> hardware.Features:
-        return hardware.Features(bf16_fast=bf16, fp16_fast=fp16, fp16_works=fp16, text="")
+        return hardware.Features(bf16_fast=bf16, fp16_works=fp16, text="")
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert choose_format(f(False, True), cpu) == "fp32"
@@ -179,7 +179,7 @@ def test_fp16_on_a_device_without_it_is_one_clear_line(monkeypatch: pytest.Monke
     from fwk.config.validate import to_typed
     from fwk.engine.build import preflight
 
-    no_fp16 = hardware.Features(bf16_fast=False, fp16_fast=False, fp16_works=False, text="an old GPU")
+    no_fp16 = hardware.Features(bf16_fast=False, fp16_works=False, text="an old GPU")
     monkeypatch.setattr(hardware, "probe", lambda device: no_fp16)
     with pytest.raises(UserError) as err:
         preflight(to_typed(compose(["precision=fp16"])))
