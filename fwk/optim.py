@@ -29,6 +29,15 @@ class AdamWConfig:
 
 
 @dataclass
+class LionConfig:
+    name: str = doc("lion", "registry name")
+    lr: float = doc(3e-4, "peak learning rate (Lion's steps have size lr per weight: use 3-10x less than AdamW)")
+    beta1: float = doc(0.9, "interpolation of momentum and gradient whose sign is the update")
+    beta2: float = doc(0.99, "momentum factor of the kept average")
+    weight_decay: float = doc(0.0, "decoupled weight decay on weights with dim >= 2 (use 3-10x more than AdamW)")
+
+
+@dataclass
 class SGDConfig:
     name: str = doc("sgd", "registry name")
     lr: float = doc(0.1, "peak learning rate")
@@ -44,22 +53,42 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _on_cuda(model: nn.Module) -> bool:
+    return next(model.parameters()).is_cuda
+
+
 @OPTIMIZERS.register(AdamWConfig)
-def adamw(cfg: AdamWConfig, model: nn.Module) -> torch.optim.Optimizer:
+def adamw(cfg: AdamWConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=fused and _on_cuda(model) or None,  # PyTorch's own fused CUDA kernel
     )
 
 
 @OPTIMIZERS.register(SGDConfig)
-def sgd(cfg: SGDConfig, model: nn.Module) -> torch.optim.Optimizer:
+def sgd(cfg: SGDConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
     return torch.optim.SGD(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        fused=fused and _on_cuda(model) or None,
     )
 
 
-def build_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
-    return OPTIMIZERS.get(cfg.name).builder(cfg, model)
+@OPTIMIZERS.register(LionConfig)
+def lion(cfg: LionConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+    from fwk.kernels.lion import Lion  # imports Triton: only runs that pick Lion need it
+
+    return Lion(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def build_optimizer(cfg, model: nn.Module, fused: bool = False) -> torch.optim.Optimizer:
+    """The registered optimizer; ``fused``: its fused step (fwk's Triton Lion, PyTorch's on CUDA)."""
+    return OPTIMIZERS.get(cfg.name).builder(cfg, model, fused=fused)
 
 
 def lr_factor(step: int, cfg: ScheduleConfig, max_steps: int) -> float:

@@ -8,6 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter (fp32 and fp16; it has no bf16).
+# Set before any kernel module is imported: triton.jit reads it when a kernel is defined.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def run_fwk(*args: str, runs: Path, timeout: float = 300, **popen: object) -> subprocess.CompletedProcess:

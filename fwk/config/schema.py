@@ -17,6 +17,9 @@ AMP_DTYPES = ("auto", "bf16", "fp16")
 SWITCHES = ("auto", "true", "false")
 PARALLELS = ("auto", "none", "ddp")
 MEMORIES = ("none", "checkpoint", "offload", "microbatch", "auto")
+JITS = ("auto", "off", "compile")
+KERNELS = ("auto", "triton", "torch")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DECAYS = ("cosine", "linear", "constant")
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -112,6 +115,28 @@ class MemoryConfig:
 
 
 @dataclass
+class JitConfig:
+    """The JIT layer: torch.compile of the model once its steps are stable."""
+
+    name: str = doc("auto", "auto (compile once stable_steps share one signature), off, or compile (from step 0)")
+    mode: str = doc("default", "torch.compile mode: default, reduce-overhead, max-autotune, ...-no-cudagraphs")
+    backend: str = doc("inductor", "torch.compile backend (inductor; aot_eager and eager for debugging)")
+    stable_steps: int = doc(5, "auto: consecutive steps with one input signature before compiling")
+    max_recompiles: int = doc(8, "new signatures compiled after the first; beyond that they run eager")
+    min_remaining_s: float = doc(
+        60.0, "auto: compile only if the steps left would take longer than this in eager mode (compiling costs)"
+    )
+    trial_steps: int = doc(3, "auto on CPU: compiled steps timed against eager; the faster is kept")
+
+
+@dataclass
+class KernelsConfig:
+    """fwk's Triton kernels: LayerNorm/RMSNorm, chunked linear cross-entropy, fused Lion."""
+
+    name: str = doc("auto", "auto (Triton on CUDA, plain PyTorch elsewhere), triton, or torch (plain PyTorch)")
+
+
+@dataclass
 class PathsConfig:
     """Where runs live. Not part of the run id: moving runs does not change it."""
 
@@ -134,6 +159,8 @@ class Config:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig, metadata={"doc": "numeric precision"})
     parallel: ParallelConfig = field(default_factory=ParallelConfig, metadata={"doc": "processes and parallelism"})
     memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "memory strategies"})
+    jit: JitConfig = field(default_factory=JitConfig, metadata={"doc": "compilation (torch.compile)"})
+    kernels: KernelsConfig = field(default_factory=KernelsConfig, metadata={"doc": "Triton kernels"})
     paths: PathsConfig = field(default_factory=PathsConfig, metadata={"doc": "where runs are stored"})
 
     @property

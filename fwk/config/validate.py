@@ -12,7 +12,19 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from fwk.config.schema import AMP_DTYPES, BACKENDS, DECAYS, MEMORIES, PARALLELS, PRECISIONS, SWITCHES, Config
+from fwk.config.schema import (
+    AMP_DTYPES,
+    BACKENDS,
+    COMPILE_MODES,
+    DECAYS,
+    JITS,
+    KERNELS,
+    MEMORIES,
+    PARALLELS,
+    PRECISIONS,
+    SWITCHES,
+    Config,
+)
 from fwk.errors import UserError
 
 
@@ -106,6 +118,14 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield t.accum_steps >= 1, "train.accum_steps", t.accum_steps, "an integer >= 1 (1 = no accumulation)"
     yield from _precision_rules(c)
     yield from _memory_rules(c)
+    j = c.jit
+    yield j.name in JITS, "jit.name", j.name, f"one of {', '.join(JITS)}"
+    yield j.mode in COMPILE_MODES, "jit.mode", j.mode, f"one of {', '.join(COMPILE_MODES)}"
+    yield j.stable_steps >= 1, "jit.stable_steps", j.stable_steps, "an integer >= 1"
+    yield j.max_recompiles >= 0, "jit.max_recompiles", j.max_recompiles, "an integer >= 0"
+    yield j.min_remaining_s >= 0, "jit.min_remaining_s", j.min_remaining_s, "a number >= 0"
+    yield j.trial_steps >= 1, "jit.trial_steps", j.trial_steps, "an integer >= 1"
+    yield c.kernels.name in KERNELS, "kernels.name", c.kernels.name, f"one of {', '.join(KERNELS)}"
     yield p.name in PARALLELS, "parallel.name", p.name, f"one of {', '.join(PARALLELS)}"
     yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
     yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"

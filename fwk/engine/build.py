@@ -58,13 +58,16 @@ def build_model(cfg: Any, data: DataBundle) -> nn.Module:
 
 
 def preflight(cfg: Any) -> None:
-    """Checks that need the model's structure, run before any run dir exists: the module
-    patterns of precision and memory match, and the device runs the asked format.
+    """Checks that need the model or the device, run before any run dir exists: the module
+    patterns of precision and memory match, the device runs the asked format and kernels.
 
     The model is built on the meta device: its structure without allocating its weights.
     """
-    from fwk.engine import memory, precision
+    from fwk.engine import kernels, memory, precision
 
+    cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
+    kernels.check(cfg.kernels, device)
     p, m = cfg.precision, cfg.memory
     wants_fp16 = p.name == "fp16" or (p.name == "staged" and p.dtype == "fp16")
     if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16):
@@ -73,6 +76,5 @@ def preflight(cfg: Any) -> None:
         model = (
             _instantiate(cfg.model) if isinstance(cfg.model, dict) else MODELS.get(cfg.model.name).builder(cfg.model)
         )
-    cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
-    precision.check(p, model, torch.device("cuda" if cuda else "cpu"))
+    precision.check(p, model, device)
     memory.check(m, model)

@@ -77,10 +77,6 @@ def wrap(model: nn.Module, cfg: ParallelConfig, d: Dist) -> nn.Module:
     return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
     """Sum floats over ranks (one small collective; a CPU-GPU sync point on CUDA)."""
     if not d.distributed:
@@ -102,8 +98,13 @@ def replicas_in_sync(model: nn.Module, d: Dist) -> bool:
     return len(set(digests)) == 1
 
 
-def shutdown() -> None:
+def shutdown(clean: bool) -> None:
+    """Leave the process group. After a clean finish every rank first waits for the others,
+    so that none tears its communication threads down while a peer still talks to it (gloo
+    aborted with "terminate called without an active exception" at exit, under load)."""
     if dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -39,6 +39,7 @@ class RangeProbe:
         store[name] = torch.maximum(store[name], value) if name in store else value
 
     def _forward_hook(self, name: str):
+        @torch.compiler.disable  # bookkeeping for a few steps: not worth tracing into a compiled graph
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             for t in _tensors(output):
                 self._update(self._act, name, t)

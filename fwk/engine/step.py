@@ -9,12 +9,14 @@ would give. DDP all-reduces gradients only on the last piece (``no_sync`` before
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fwk.config.schema import TrainConfig
+from fwk.engine.jit import Jit
+from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory
 from fwk.engine.parallel import Dist
 from fwk.engine.precision import Precision
@@ -29,22 +31,37 @@ class TrainStep:
         optimizer: torch.optim.Optimizer,
         precision: Precision,
         memory: Memory,
+        jit: Jit,
+        kernels: Kernels,
         cfg: TrainConfig,
         d: Dist,
     ) -> None:
-        self.model, self.optimizer, self.precision, self.memory = model, optimizer, precision, memory
-        self.cfg, self.d = cfg, d
+        self.model, self.optimizer, self.precision, self.memory, self.jit = model, optimizer, precision, memory, jit
+        self.kernels, self.cfg, self.d = kernels, cfg, d
 
     def __call__(self, step: int, batches: list[Batch]) -> torch.Tensor:
-        """Run the step; returns the detached mean loss. An OOM redoes it with the same data."""
+        """Run the step; returns the detached mean loss. An OOM, or a failed compilation, redoes
+        it with the same data."""
         self.precision.begin(step)
         while True:
+            t0 = time.perf_counter()
             try:
                 with self.memory.measure():
-                    return self._run(batches)
+                    loss = self._run(batches)
             except torch.cuda.OutOfMemoryError:  # also raised by CPU tests that simulate it
                 self.optimizer.zero_grad(set_to_none=True)
                 self.memory.retry_after_oom(step)
+                continue
+            except Exception as exc:
+                if not self.jit.recover(exc):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                continue
+            if self.jit.timing and self.d.device.type == "cuda":
+                torch.cuda.synchronize(self.d.device)  # only while the JIT is deciding
+            settled = self.precision.probe_done and not self.memory.measuring
+            self.jit.step_done(step, time.perf_counter() - t0, settled)
+            return loss
 
     def _run(self, batches: list[Batch]) -> torch.Tensor:
         device = self.d.device
@@ -58,11 +75,7 @@ class TrainStep:
             with contextlib.nullcontext() if last or no_sync is None else no_sync(), self.memory.saved_tensors():
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with self.precision.autocast():
-                    logits = self.model(self.precision.input(x))
-                # (N, classes) for images, (B*T, vocab) for tokens; the loss in fp32 for stability.
-                loss = F.cross_entropy(
-                    logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), label_smoothing=self.cfg.label_smoothing
-                )
+                    loss = self.kernels.loss(self.model, self.precision.input(x), y, self.cfg.label_smoothing)
                 self.precision.backward(loss if weight == 1.0 else loss * weight)
             loss_sum += loss.detach() * weight
         self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)

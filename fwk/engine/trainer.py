@@ -1,8 +1,8 @@
 """The training loop: build -> apply strategies -> restore -> step / log / eval / save.
 
 Strategies are applied on top of plain single-device model code, in one fixed order
-(torchtitan's habit): precision (fp32 islands, channels-last) -> memory (activation
-checkpointing) -> compile (later) -> data parallelism. The loop itself only calls small
+(torchtitan's habit): kernels (Triton modules) -> precision (fp32 islands, channels-last)
+-> memory (activation checkpointing) -> compile (jit) -> data parallelism. The loop itself only calls small
 objects; one optimizer step (accumulation, micro-batches, loss scaling) is ``TrainStep``.
 """
 
@@ -23,6 +23,8 @@ from fwk.engine import parallel
 from fwk.engine.build import build_data, build_model
 from fwk.engine.checkpoint import Checkpointer, set_rng_state
 from fwk.engine.evaluate import evaluate
+from fwk.engine.jit import Jit
+from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory
 from fwk.engine.metrics import Reporter, Window
 from fwk.engine.precision import Precision
@@ -69,12 +71,14 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     reporter = Reporter(run.metrics, d, cfg.train.max_steps)
     precision = Precision(cfg.precision, d, cfg.train.max_steps, reporter.message)
     memory = Memory(cfg.memory, d, per_rank, reporter.message)
-    model = build_model(cfg.model, data).to(d.device)
-    model = parallel.wrap(memory.apply(precision.prepare(model)), cfg.parallel, d)
-    raw = parallel.unwrap(model)
-    optimizer = build_optimizer(cfg.optim, raw)
+    jit = Jit(cfg.jit, d, cfg.train.max_steps, reporter.message)
+    kernels = Kernels(cfg.kernels, d.device, reporter.message)
+    raw = build_model(cfg.model, data).to(d.device)
+    raw = memory.apply(precision.prepare(kernels.apply(raw)))
+    model = parallel.wrap(jit.wrap(raw), cfg.parallel, d)
+    optimizer = build_optimizer(cfg.optim, raw, fused=kernels.triton)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
-    train_step = TrainStep(model, optimizer, precision, memory, cfg.train, d)
+    train_step = TrainStep(model, optimizer, precision, memory, jit, kernels, cfg.train, d)
     cuda = d.device.type == "cuda"
     loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
     val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
@@ -161,5 +165,6 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         "world_size": d.world_size,
         **precision.summary(),
         **memory.summary(),
+        **jit.summary(),
         "replicas_in_sync": parallel.replicas_in_sync(raw, d),
     }

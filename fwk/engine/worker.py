@@ -25,12 +25,14 @@ def run_worker(run_dir: Path) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     run = RunDir(Path(run_dir))
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
+    clean = False
     try:
         summary = train(cfg, run)
         if summary is not None and os.environ.get("RANK", "0") == "0":
             run.write_summary(summary)
+        clean = True
     finally:
-        parallel.shutdown()
+        parallel.shutdown(clean)
     return 0
 
 

@@ -85,6 +85,13 @@ class Block(nn.Module):
         return x
 
 
+def plain_head_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """The head's mean cross-entropy the plain way: all (N, vocab) logits at once, in fp32."""
+    return F.cross_entropy((hidden @ weight.t()).float(), targets, label_smoothing=label_smoothing)
+
+
 class GPT(nn.Module):
     def __init__(
         self,
@@ -109,6 +116,9 @@ class GPT(nn.Module):
         # Weight tying: input and output token embeddings share one matrix (fewer
         # parameters, and it trains as well or better at this size).
         self.lm_head.weight = self.tok_emb.weight
+        # forward(idx, targets) returns head_loss(hidden, lm_head.weight, targets): a fused,
+        # chunked version can be put here (fwk/engine/kernels.py) without touching the model
+        self.head_loss = plain_head_loss
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -131,8 +141,9 @@ class GPT(nn.Module):
             n -= self.pos_emb.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx: (B, T) int64 token ids -> logits (B, T, vocab_size)."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, label_smoothing: float = 0.0):
+        """idx: (B, T) int64 token ids -> logits (B, T, vocab_size); with targets (B, T), the
+        mean cross-entropy instead (``head_loss``), so the logits need not be kept."""
         T = idx.shape[1]
         if T > self.block_size:
             raise ValueError(
@@ -144,6 +155,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         x = self.ln_f(x)
+        if targets is not None:
+            return self.head_loss(x.flatten(0, 1), self.lm_head.weight, targets.flatten(), label_smoothing)
         return self.lm_head(x)  # (B, T, vocab_size)
 
 

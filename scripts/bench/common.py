@@ -5,14 +5,19 @@ and time steps side by side (interleaved rounds, medians), as the issue's method
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
 import torch
 
 from fwk.config.compose import compose
+from fwk.config.schema import JitConfig
 from fwk.config.validate import to_typed
+from fwk.engine.jit import Jit
+from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory
 from fwk.engine.parallel import Dist
 from fwk.engine.precision import Precision
@@ -47,18 +52,22 @@ def batch_for(cfg, batch: int, device: torch.device) -> tuple[torch.Tensor, torc
     return x.to(device), y.to(device)
 
 
-def engine_step(cfg, device: torch.device, batch: int) -> tuple[TrainStep, Precision, Memory]:
-    """The same objects the trainer builds, in the same order, for one process."""
+def engine_step(cfg, device: torch.device, batch: int, jit: bool = False) -> tuple[TrainStep, Precision, Memory]:
+    """The same objects the trainer builds, in the same order, for one process. The JIT is
+    off unless ``jit`` (the strategy benchmarks time eager steps; jit.py times compiling)."""
     d = Dist(rank=0, local_rank=0, world_size=1, device=device)
     torch.manual_seed(cfg.seed)
     quiet = lambda text: None  # noqa: E731
     precision = Precision(cfg.precision, d, cfg.train.max_steps, quiet)
     memory = Memory(cfg.memory, d, batch, quiet)
-    model = MODELS.get(cfg.model.name).builder(cfg.model).to(device)
-    model = memory.apply(precision.prepare(model))
-    model.train()
-    optimizer = build_optimizer(cfg.optim, model)
-    return TrainStep(model, optimizer, precision, memory, cfg.train, d), precision, memory
+    compiler = Jit(cfg.jit if jit else JitConfig(name="off"), d, cfg.train.max_steps, quiet)
+    kernels = Kernels(cfg.kernels, device, quiet)
+    raw = MODELS.get(cfg.model.name).builder(cfg.model).to(device)
+    raw = memory.apply(precision.prepare(kernels.apply(raw)))
+    raw.train()
+    optimizer = build_optimizer(cfg.optim, raw, fused=kernels.triton)
+    step = TrainStep(compiler.wrap(raw), optimizer, precision, memory, compiler, kernels, cfg.train, d)
+    return step, precision, memory
 
 
 def sync(device: torch.device) -> None:
@@ -103,3 +112,28 @@ def arguments(gpt_batch: int, workloads: str) -> argparse.ArgumentParser:
     parser.add_argument("--gpt-batch", type=int, default=gpt_batch, help="GPT batch")
     parser.add_argument("--workloads", default=workloads)
     return parser
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_rss_during(fn) -> int:
+    """The largest resident set size while fn runs, polled every 0.5 ms by a thread
+    (torch's kernels release the GIL, so the thread samples during them)."""
+    peak, done = [rss()], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        thread.join()
+    return max(peak[0], rss())

@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
-import threading
-import time
 
 import torch
-from common import arguments, batch_for, config, device_arg, engine_step, interleaved, machine
+from common import arguments, batch_for, config, device_arg, engine_step, interleaved, machine, peak_rss_during, rss
 
 STRATEGIES = {
     "none": ["memory=none"],
@@ -48,31 +45,6 @@ def _setup(workload: str, strategy: str, args: argparse.Namespace):
     return device, step, memory, batch_for(cfg, batch, device)
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def _peak_rss_during(fn) -> int:
-    """The largest resident set size while fn runs, polled every 0.5 ms by a thread
-    (torch's kernels release the GIL, so the thread samples during them)."""
-    peak, done = [_rss()], threading.Event()
-
-    def poll() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.0005)
-
-    thread = threading.Thread(target=poll)
-    thread.start()
-    try:
-        fn()
-    finally:
-        done.set()
-        thread.join()
-    return max(peak[0], _rss())
-
-
 def peak(workload: str, strategy: str, args: argparse.Namespace) -> int:
     """In a fresh process: a step's peak memory above what was held before it."""
     device, step, memory, (x, y) = _setup(workload, strategy, args)
@@ -84,8 +56,8 @@ def peak(workload: str, strategy: str, args: argparse.Namespace) -> int:
         step(1, [(x, y)])
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    before = _rss()
-    return _peak_rss_during(lambda: step(1, [(x, y)])) - before
+    before = rss()
+    return peak_rss_during(lambda: step(1, [(x, y)])) - before
 
 
 def bench(workload: str, args: argparse.Namespace) -> None:

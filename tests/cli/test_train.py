@@ -128,3 +128,34 @@ def test_bad_strategy_settings_fail_before_any_run_dir(runs: Path, overrides: li
     assert out.stderr.strip().startswith(f"fwk: error: {expected}")
     assert len(out.stderr.strip().splitlines()) == 1
     assert not runs.exists()
+
+
+def test_gpt_with_jit_auto_switches_to_compiled(runs: Path) -> None:
+    """The real inductor compile, on a GPT small enough to compile in seconds."""
+    out = run_fwk(
+        "train",
+        "recipe=gpt_stdlib",
+        "model.n_layer=1",
+        "model.n_embd=32",
+        "model.n_head=2",
+        "data.max_bytes=20000",
+        "data.val_max_bytes=4096",
+        "train.batch_size=8",
+        "train.max_steps=12",
+        "train.eval_every=0",
+        "train.log_every=4",
+        "precision.probe_steps=2",
+        "jit=auto",
+        "jit.stable_steps=2",
+        "jit.min_remaining_s=0",
+        "jit.trial_steps=2",
+        runs=runs,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "jit=auto: 2 steps with one signature; compiling from step 4 (torch.compile inductor" in out.stdout
+    assert "step 4: compiled in" in out.stdout
+    assert "jit=auto keeps compiled" in out.stdout or "jit=auto goes back to eager" in out.stdout
+    (run,) = runs.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["jit"] in ("compiled", "off") and summary["final_step"] == 12

@@ -8,7 +8,9 @@ import torch
 import torchvision
 from torch import nn
 
-from fwk.config.schema import MemoryConfig, PrecisionConfig, TrainConfig
+from fwk.config.schema import JitConfig, KernelsConfig, MemoryConfig, PrecisionConfig, TrainConfig
+from fwk.engine.jit import Jit
+from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory, Plan
 from fwk.engine.modules import blocks
 from fwk.engine.parallel import Dist
@@ -19,6 +21,7 @@ from fwk.models.cnn import SmallCNN
 from fwk.models.gpt import GPT
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+PLAIN = Kernels(KernelsConfig(name="torch"), torch.device("cpu"), lambda s: None)
 # Splitting a batch changes only the order of float32 additions in the gradient sums
 # (one reduction over 16 samples vs four over 4, then added): about 1e-7 relative.
 SPLIT_TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -52,7 +55,8 @@ def _stepper(model: nn.Module, memory: MemoryConfig, lr: float = 0.1, **train) -
     mem = Memory(memory, SOLO, per_rank_batch=16, say=lambda s: None)
     model = mem.apply(precision.prepare(model))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    return TrainStep(model, opt, precision, mem, TrainConfig(**train), SOLO), mem
+    jit = Jit(JitConfig(name="off"), SOLO, 100, lambda s: None)
+    return TrainStep(model, opt, precision, mem, jit, PLAIN, TrainConfig(**train), SOLO), mem
 
 
 def _grads(model: nn.Module, memory: MemoryConfig) -> dict[str, torch.Tensor]:
