@@ -29,10 +29,10 @@ def _tokens(n: int = 8, t: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, 32, (n, t), generator=g), torch.randint(0, 32, (n, t), generator=g)
 
 
-def _build(jit_cfg: JitConfig, memory: str = "none", max_steps: int = 100):
+def _build(jit_cfg: JitConfig, memory: str = "none", max_steps: int = 100, precision: str = "fp32"):
     """The trainer's objects in the trainer's order: precision -> memory -> jit (no DDP here)."""
     said: list[str] = []
-    precision = Precision(PrecisionConfig(name="fp32"), SOLO, max_steps, said.append)
+    precision = Precision(PrecisionConfig(name=precision, warmup_steps=1), SOLO, max_steps, said.append)
     mem = Memory(MemoryConfig(name=memory), SOLO, 8, said.append)
     jit = Jit(jit_cfg, SOLO, max_steps, said.append)
     raw = mem.apply(precision.prepare(_gpt()))
@@ -131,3 +131,13 @@ def test_wrapping_order_checkpoint_then_compile() -> None:
     # aot_eager runs the same aten ops; only the order of a few reductions may differ
     for a, b in zip(raw.parameters(), ref_raw.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "staged", "auto"])
+def test_compiled_steps_train_under_every_precision(precision: str) -> None:
+    # staged over 4 steps with warmup_steps=1: fp32, then bf16 autocast (a new signature)
+    step, jit, raw, _ = _build(JitConfig(name="compile", backend="aot_eager"), max_steps=4, precision=precision)
+    before = [p.detach().clone() for p in raw.parameters()]
+    losses = [float(step(i, [_tokens()])) for i in range(3)]
+    assert jit.state == "compiled" and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(a, b) for a, b in zip(before, raw.parameters(), strict=True))
