@@ -63,6 +63,9 @@ class CheckpointConfig:
 
     every: int = doc(0, "save every N steps; 0 = only at the end (and on interrupt)")
     keep: int = doc(2, "keep the last K checkpoints; older ones are deleted")
+    on_corrupt: str = doc(
+        "fallback", "a corrupt newest checkpoint: fallback (resume from the newest intact one, warn) or error"
+    )
 
 
 @dataclass

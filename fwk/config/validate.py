@@ -115,6 +115,8 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.loader.prefetch_factor >= 1, "loader.prefetch_factor", c.loader.prefetch_factor, "an integer >= 1"
     yield c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every, "an integer >= 0 (0 = only at the end)"
     yield c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an integer >= 1"
+    on_corrupt = c.checkpoint.on_corrupt
+    yield on_corrupt in ("fallback", "error"), "checkpoint.on_corrupt", on_corrupt, "one of fallback, error"
     yield t.accum_steps >= 1, "train.accum_steps", t.accum_steps, "an integer >= 1 (1 = no accumulation)"
     yield from _precision_rules(c)
     yield from _memory_rules(c)

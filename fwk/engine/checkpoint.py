@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Checkpointer:
-    def __init__(self, root: Path, d: Dist, keep: int) -> None:
-        self.root, self.d, self.keep = root, d, keep
+    def __init__(self, root: Path, d: Dist, keep: int, on_corrupt: str = "error") -> None:
+        self.root, self.d, self.keep, self.on_corrupt = root, d, keep, on_corrupt
 
     def _final(self, step: int) -> Path:
         return self.root / f"{_PREFIX}{step:08d}"
@@ -127,23 +128,56 @@ class Checkpointer:
         found = self.all()
         return found[-1] if found else None
 
-    def load(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(state, this rank's RNG state), after checking every checksum."""
-        hint = f"move {path} out of {self.root} to resume from the checkpoint before it"
+    def _damage(self, path: Path) -> str | None:
+        """What is wrong with a checkpoint's files, or None when every checksum holds.
+
+        Every rank checks every file, so all ranks reach the same verdict on a shared disk."""
         try:
             manifest = json.loads((path / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
-            raise UserError(f"checkpoint {path} has an unreadable manifest.json; {hint}") from None
+            return "manifest.json unreadable"
         if manifest.get("world_size") != self.d.world_size:
             raise UserError(
                 f"checkpoint {path} was written by {manifest.get('world_size')} processes, this run has "
                 f"{self.d.world_size}; resume with the same parallel settings"
             )
-        rng_name = f"rng-rank{self.d.rank}.pt"
-        for name in ("state.pt", rng_name):
+        names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(self.d.world_size))]
+        for name in names:
             expected = manifest.get("sha256", {}).get(name)
             if expected is None or not (path / name).exists() or _sha256(path / name) != expected:
-                raise UserError(f"checkpoint {path} is corrupt ({name}: missing or checksum mismatch); {hint}")
+                return f"{name}: missing or checksum mismatch"
+        return None
+
+    def load(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state, this rank's RNG state), after checking every checksum."""
+        damage = self._damage(path)
+        if damage is not None:
+            hint = f"move {path} out of {self.root} to resume from the checkpoint before it"
+            raise UserError(f"checkpoint {path} is corrupt ({damage}); {hint}")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-        rng = torch.load(path / rng_name, map_location="cpu", weights_only=True)
+        rng = torch.load(path / f"rng-rank{self.d.rank}.pt", map_location="cpu", weights_only=True)
         return state, rng
+
+    def load_latest(self, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+        """The newest checkpoint that loads: (path, state, RNG), or None when there is none.
+
+        With ``on_corrupt=fallback`` a damaged newest checkpoint is skipped for the newest
+        intact one, with one warning naming both; nothing is deleted. A restarted worker
+        (torchrun elastic, SLURM requeue) thus resumes without anyone moving files by hand.
+        """
+        found = self.all()
+        if not found or self.on_corrupt == "error":
+            return (found[-1], *self.load(found[-1])) if found else None
+        skipped: list[tuple[Path, str]] = []
+        for path in reversed(found):
+            damage = self._damage(path)
+            if damage is None:
+                if skipped:
+                    names = ", ".join(f"{p.name} ({why})" for p, why in skipped)
+                    warn(f"warning: skipped corrupt checkpoint {names}; resuming from {path.name} instead")
+                return (path, *self.load(path))
+            skipped.append((path, damage))
+        raise UserError(
+            f"every checkpoint in {self.root} is corrupt (newest: {found[-1].name}, {skipped[0][1]}); "
+            f"move {self.root} away to train from scratch"
+        )

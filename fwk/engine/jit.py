@@ -190,4 +190,6 @@ class Jit:
 
 def _short(sig: Signature) -> str:
     shapes = ", ".join("x".join(map(str, s[0])) for s in sig[0])
-    return f"({shapes}{'' if sig[1] else ', eval'})"
+    enabled, dtype = sig[3]
+    autocast = f", autocast {str(dtype).removeprefix('torch.')}" if enabled else ""
+    return f"({shapes}{'' if sig[1] else ', eval'}{autocast})"

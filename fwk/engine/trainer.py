@@ -82,12 +82,12 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     cuda = d.device.type == "cuda"
     loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
     val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
-    ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep)
+    ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt)
 
     step = 0
-    latest = ckpt.latest()
-    if latest is not None:
-        state, rng = ckpt.load(latest)
+    found = ckpt.load_latest(reporter.message)
+    if found is not None:
+        latest, state, rng = found
         raw.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -116,7 +116,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         )
 
     reporter.start(step)
-    if latest is not None:
+    if found is not None:
         reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")
     stop = StopSignal()
     window = Window(d.device)

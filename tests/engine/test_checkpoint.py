@@ -1,4 +1,4 @@
-"""Checkpoints: round trip, RNG restore, last-K pruning, corruption is a clear error."""
+"""Checkpoints: round trip, RNG restore, last-K pruning, corruption: fallback or a clear error."""
 
 import random
 from pathlib import Path
@@ -46,16 +46,43 @@ def test_keeps_last_k_and_ignores_partial(tmp_path: Path) -> None:
     assert ckpt.latest().name == "step-00000003"
 
 
-def test_corrupt_checkpoint_is_one_line_error(tmp_path: Path) -> None:
-    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
-    path = ckpt.save(5, _state(5))
-    data = bytearray((path / "state.pt").read_bytes())
+def _corrupt(path: Path, name: str = "state.pt") -> None:
+    data = bytearray((path / name).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (path / "state.pt").write_bytes(bytes(data))
+    (path / name).write_bytes(bytes(data))
+
+
+def test_corrupt_checkpoint_is_one_line_error(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2, on_corrupt="error")
+    path = ckpt.save(5, _state(5))
+    _corrupt(path)
     with pytest.raises(UserError, match="corrupt .*state.pt.*checksum") as err:
-        ckpt.load(path)
+        ckpt.load_latest(print)
     assert "\n" not in str(err.value)
     assert (path / "state.pt").exists()  # nothing deleted
+
+
+def test_corrupt_newest_falls_back_to_the_newest_intact(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=3, on_corrupt="fallback")
+    for step in (1, 2, 3):
+        ckpt.save(step, _state(step))
+    _corrupt(tmp_path / "step-00000003", "rng-rank0.pt")
+    (tmp_path / "step-00000002" / "state.pt").unlink()  # cut off mid-write: a file missing
+    said: list[str] = []
+    path, state, _ = ckpt.load_latest(said.append)
+    assert (path.name, state["step"]) == ("step-00000001", 1)
+    assert said == [
+        "warning: skipped corrupt checkpoint step-00000003 (rng-rank0.pt: missing or checksum mismatch), "
+        "step-00000002 (state.pt: missing or checksum mismatch); resuming from step-00000001 instead"
+    ]
+    assert (tmp_path / "step-00000003" / "rng-rank0.pt").exists()  # nothing deleted
+
+
+def test_every_checkpoint_corrupt_is_one_line_error(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2, on_corrupt="fallback")
+    _corrupt(ckpt.save(4, _state(4)))
+    with pytest.raises(UserError, match="every checkpoint in .* is corrupt .newest: step-00000004"):
+        ckpt.load_latest(print)
 
 
 def test_world_size_mismatch(tmp_path: Path) -> None:

@@ -115,3 +115,26 @@ def test_staged_resumes_mid_phase_exactly(tmp_path: Path) -> None:
         for name, tensor in expected["model"].items():
             assert torch.equal(got["model"][name], tensor), (resume_at, name)
         assert got["precision"] == expected["precision"]  # loss scale and skipped-step count
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_stays_exact(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    straight = run_fwk(*ARGS, runs=runs)
+    assert straight.returncode == 0, straight.stderr
+    expected = _final_weights(runs)
+    (run,) = runs.iterdir()
+    (run / "summary.json").unlink()
+    for ckpt in (run / "checkpoints").glob("step-*"):
+        if int(ckpt.name[5:]) > 60:
+            shutil.rmtree(ckpt)
+    state = run / "checkpoints/step-00000060/state.pt"
+    state.write_bytes(state.read_bytes()[:1000])  # as if the node died while it was written
+    resumed = run_fwk(*ARGS, runs=runs)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "warning: skipped corrupt checkpoint step-00000060 (state.pt: missing or checksum mismatch); " in (
+        resumed.stdout
+    )
+    assert "resumed run" in resumed.stdout and "from step-00000040 (step 40)" in resumed.stdout
+    got = _final_weights(runs)
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
