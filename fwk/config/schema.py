@@ -22,6 +22,7 @@ KERNELS = ("auto", "triton", "torch")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DECAYS = ("cosine", "linear", "constant")
 BACKENDS = ("auto", "gloo", "nccl")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 
 
 @dataclass
@@ -104,6 +105,15 @@ class ParallelConfig:
     rdzv_endpoint: str = doc("localhost:29500", "host:port of the rendezvous (node 0) for multi-node runs")
     backend: str = doc("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl")
     find_unused_parameters: bool = doc(False, "let DDP tolerate parameters that get no gradient")
+    bucket_cap_mb: float = doc(25.0, "DDP: gradient bucket size in MB (bigger: fewer, larger all-reduces)")
+    gradient_as_bucket_view: bool = doc(True, "DDP: gradients are views into the buckets (saves a copy of them)")
+    static_graph: bool = doc(False, "DDP: the set of used parameters never changes (enables more overlap)")
+    comm_hook: str = doc("none", "DDP gradient communication: none, fp16 / bf16 (compressed), or powersgd")
+    powersgd_rank: int = doc(1, "powersgd: rank of the low-rank gradient approximation")
+    powersgd_start: int = doc(10, "powersgd: plain all-reduce for this many steps first (>= 2)")
+    max_restarts: int = doc(
+        0, "torchrun restarts of the whole worker group after a worker dies (resume from checkpoint)"
+    )
 
 
 @dataclass

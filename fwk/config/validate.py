@@ -15,6 +15,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from fwk.config.schema import (
     AMP_DTYPES,
     BACKENDS,
+    COMM_HOOKS,
     COMPILE_MODES,
     DECAYS,
     JITS,
@@ -133,6 +134,11 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
     yield 0 <= p.node_rank < p.nnodes, "parallel.node_rank", p.node_rank, f"an integer in [0, {p.nnodes - 1}]"
     yield p.backend in BACKENDS, "parallel.backend", p.backend, f"one of {', '.join(BACKENDS)}"
+    yield p.max_restarts >= 0, "parallel.max_restarts", p.max_restarts, "an integer >= 0"
+    yield p.bucket_cap_mb > 0, "parallel.bucket_cap_mb", p.bucket_cap_mb, "a number > 0"
+    yield p.comm_hook in COMM_HOOKS, "parallel.comm_hook", p.comm_hook, f"one of {', '.join(COMM_HOOKS)}"
+    yield p.powersgd_rank >= 1, "parallel.powersgd_rank", p.powersgd_rank, "an integer >= 1"
+    yield p.powersgd_start >= 2, "parallel.powersgd_start", p.powersgd_start, "an integer >= 2"
     yield (
         not (p.name == "none" and world > 1),
         "parallel.name",

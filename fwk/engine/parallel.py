@@ -74,7 +74,38 @@ def wrap(model: nn.Module, cfg: ParallelConfig, d: Dist) -> nn.Module:
     if strategy == "none" or not d.distributed:
         return model
     ids = [d.device.index] if d.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=cfg.find_unused_parameters)
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=ids,
+        find_unused_parameters=cfg.find_unused_parameters,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+        static_graph=cfg.static_graph,
+    )
+    _register_comm_hook(ddp, cfg)
+    return ddp
+
+
+def _register_comm_hook(ddp: DistributedDataParallel, cfg: ParallelConfig) -> None:
+    """Gradient compression from torch.distributed.algorithms.ddp_comm_hooks.
+
+    fp16 / bf16 halve the bytes of each all-reduce (the average is cast back); PowerSGD
+    sends a rank-``powersgd_rank`` approximation with error feedback. All ranks still end
+    each step with the same gradient, so replicas stay identical.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if cfg.comm_hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif cfg.comm_hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif cfg.comm_hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=cfg.powersgd_start,
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
 def all_reduce_sum(values: list[float], d: Dist) -> list[float]:

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from fwk.config.validate import to_typed
 from fwk.errors import UserError
+from fwk.launch.supervise import redirect_worker_output
 from fwk.track.store import RunDir
 
 
@@ -22,6 +23,7 @@ def run_worker(run_dir: Path) -> int:
     from fwk.engine import parallel
     from fwk.engine.trainer import train
 
+    redirect_worker_output(int(os.environ.get("RANK", "0")))  # under torchrun: into runs/<id>/logs/
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     run = RunDir(Path(run_dir))
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))

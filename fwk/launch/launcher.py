@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shlex
-import subprocess
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fwk.config.schema import Config
+from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
 from fwk.track.run_id import code_version, run_id
 from fwk.track.store import RunDir, RunLock, open_run
@@ -23,6 +23,7 @@ class Plan:
     run_dir: Path
     code: str
     world_size: int
+    nproc_per_node: int
     argv: list[str] | None  # torchrun's command line, or None for one in-process worker
 
     def describe(self) -> str:
@@ -35,7 +36,7 @@ def plan(cfg: Config, config_dict: dict[str, Any]) -> Plan:
     rid = run_id(config_dict, code)
     run_dir = Path(cfg.paths.runs).expanduser().resolve() / rid
     argv = torchrun_argv(cfg.parallel, run_dir, rid) if cfg.world_size > 1 else None
-    return Plan(rid, run_dir, code, cfg.world_size, argv)
+    return Plan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv)
 
 
 def launch(p: Plan, config_yaml: str, nnodes: int) -> tuple[int, RunDir]:
@@ -47,4 +48,4 @@ def launch(p: Plan, config_yaml: str, nnodes: int) -> tuple[int, RunDir]:
             from fwk.engine.worker import run_worker
 
             return run_worker(run.path), run
-        return subprocess.call(p.argv), run
+        return run_torchrun(p.argv, run.path / "logs", p.nproc_per_node), run

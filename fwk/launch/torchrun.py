@@ -15,6 +15,8 @@ def torchrun_argv(p: ParallelConfig, run_dir: Path, run_id: str) -> list[str]:
     even when the ``torchrun`` script is not on PATH.
     """
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={p.nproc_per_node}"]
+    if p.max_restarts:
+        argv.append(f"--max-restarts={p.max_restarts}")
     if p.nnodes == 1:
         # One machine: torchrun picks a free port itself, so parallel runs do not collide.
         argv.append("--standalone")

@@ -17,8 +17,10 @@ from tests.conftest import require, run_fwk
         ["memory=microbatch", "memory.micro_batches=4", "precision=fp16"],
         ["memory=checkpoint", "precision=staged", "precision.warmup_steps=10", "train.accum_steps=2"],
         ["jit=compile", "jit.backend=aot_eager", "memory=checkpoint"],
+        ["parallel.comm_hook=fp16", "parallel.bucket_cap_mb=1"],
+        ["parallel.comm_hook=powersgd", "parallel.powersgd_start=2", "parallel.static_graph=true"],
     ],
-    ids=["plain", "microbatch-fp16", "checkpoint-staged-accum", "compile-checkpoint"],
+    ids=["plain", "microbatch-fp16", "checkpoint-staged-accum", "compile-checkpoint", "fp16-hook", "powersgd"],
 )
 def test_two_process_ddp_digits(runs: Path, strategy: list[str]) -> None:
     require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")

@@ -1,0 +1,138 @@
+"""Run torchrun so that the terminal sees fwk's lines, not torchrun's.
+
+- torchrun starts in its own session: a Ctrl-C in the terminal reaches this launcher
+  only. The launcher passes SIGINT / SIGTERM on to the workers themselves (each saves a
+  checkpoint at its next log step and exits 0), waits, and exits 128 + the signal number:
+  130 for Ctrl-C, 143 for SIGTERM. A second signal kills the workers at once.
+- torchrun's own stderr (banner, elastic warnings, its ChildFailedError report) goes to
+  ``runs/<id>/logs/torchrun.log``; each worker sends its stderr, and every rank but 0 also
+  its stdout, to ``runs/<id>/logs/rank<R>.log`` (``redirect_worker_output``).
+- A failed run ends with one line: rank 0's own ``fwk: error:`` line if it wrote one,
+  otherwise which rank failed, how, the last line it wrote, and where the logs are.
+- Threads per rank are set here (cores / local processes) so that torchrun does not set
+  and announce OMP_NUM_THREADS=1 itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+LOG_DIR_ENV = "FWK_LOG_DIR"
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid``, from /proc (Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # the command name (2nd field) may hold spaces: the ppid is the 2nd field after ")"
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def threads_per_rank(nproc_per_node: int) -> int:
+    return max(1, (os.cpu_count() or 1) // nproc_per_node)
+
+
+def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
+    """Run torchrun's command line; returns the exit status fwk should exit with."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    threads = threads_per_rank(nproc_per_node)
+    env = {**os.environ, LOG_DIR_ENV: str(log_dir), "OMP_NUM_THREADS": str(threads)}
+    print(f"{nproc_per_node} processes x {threads} threads (OMP_NUM_THREADS); logs: {log_dir}", flush=True)
+    with open(log_dir / "torchrun.log", "a") as torchrun_log:
+        start = {p: p.stat().st_size for p in log_dir.glob("rank*.log")}
+        proc = subprocess.Popen(argv, env=env, stderr=torchrun_log, start_new_session=True)
+        stopping: list[int] = []
+
+        def forward(signum: int, frame: object) -> None:
+            stopping.append(signum)
+            workers = _children(proc.pid)
+            if len(stopping) > 1 or not workers:  # a second signal, or no workers yet: stop at once
+                for pid in [*workers, proc.pid]:
+                    _kill(pid, signal.SIGKILL if len(stopping) > 1 else signal.SIGTERM)
+                return
+            for pid in workers:
+                _kill(pid, signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            status = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    if stopping:
+        return 128 + stopping[0]
+    if status != 0:
+        print(f"fwk: error: {failure_line(log_dir, start)}", file=sys.stderr)
+        return 2 if _user_error(log_dir, start) else 1
+    return 0
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _new_text(path: Path, start: dict[Path, int]) -> str:
+    """What this launch appended to a log."""
+    with open(path, errors="replace") as f:
+        f.seek(start.get(path, 0))
+        return f.read()
+
+
+def _user_error(log_dir: Path, start: dict[Path, int]) -> str | None:
+    """Rank 0's own one-line error of this launch, if it wrote one."""
+    rank0 = log_dir / "rank0.log"
+    if not rank0.exists():
+        return None
+    lines = [line for line in _new_text(rank0, start).splitlines() if line.startswith("fwk: error: ")]
+    return lines[-1].removeprefix("fwk: error: ") if lines else None
+
+
+def failure_line(log_dir: Path, start: dict[Path, int]) -> str:
+    """One line on why the workers failed, from the logs of this launch."""
+    own = _user_error(log_dir, start)
+    if own is not None:
+        return own
+    report = _new_text(log_dir / "torchrun.log", start) if (log_dir / "torchrun.log").exists() else ""
+    # torchrun names the first failure; the others are usually ranks it stopped itself
+    report = report.rsplit("Root Cause (first observed failure)", 1)[-1]
+    ranks = re.findall(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*exitcode\s*:\s*(-?\d+)", report)
+    if not ranks:
+        return f"the workers failed; see {log_dir}"
+    rank, code = int(ranks[0][0]), int(ranks[0][1])
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    log = log_dir / f"rank{rank}.log"
+    last = [line.strip() for line in _new_text(log, start).splitlines() if line.strip()] if log.exists() else []
+    said = f"; its last line: {last[-1][:300]}" if last else ""
+    return f"rank {rank} failed ({how}){said}; full logs: {log_dir}"
+
+
+def redirect_worker_output(rank: int) -> None:
+    """In a worker started by run_torchrun: stderr (and stdout, but for rank 0) to its log file.
+
+    Done on the file descriptors, so C++ and library output is caught too.
+    """
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if not log_dir:
+        return
+    log = os.open(Path(log_dir) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 2)
+    if rank != 0:
+        os.dup2(log, 1)
+    os.close(log)

@@ -1,0 +1,120 @@
+"""Multi-process runs as a user sees them: Ctrl-C / SIGTERM end with fwk's line and 130 /
+143; a dead worker is restarted (max_restarts) and the run resumes bit-exactly, or ends
+with one line naming the rank; torchrun's own output stays in runs/<id>/logs/."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.conftest import require, run_fwk
+
+ARGS = [
+    "train",
+    "parallel.nproc_per_node=2",
+    "train.max_steps=400",
+    "train.eval_every=0",
+    "train.log_every=10",
+    "checkpoint.every=40",
+    "checkpoint.keep=20",
+]
+
+
+@pytest.fixture(autouse=True)
+def _gloo() -> None:
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+
+
+def _start(runs: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fwk", *ARGS, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for(runs: Path, proc: subprocess.Popen, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list(runs.glob(f"*/checkpoints/step-{step:08d}/manifest.json")):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError(f"no checkpoint of step {step} appeared")
+
+
+def _worker(runs: Path, rank: int) -> int:
+    """The pid of the worker of this rank of the run under ``runs``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"fwk.engine.worker" in cmdline and str(runs).encode() in b" ".join(cmdline):
+            if f"RANK={rank}".encode() in environ:
+                return int(entry.name)
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def _weights(runs: Path, step: int = 400) -> dict[str, torch.Tensor]:
+    (run,) = runs.iterdir()
+    return torch.load(run / f"checkpoints/step-{step:08d}/state.pt", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_stop_shows_fwk_line_and_exit_code(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    proc = _start(tmp_path)
+    _wait_for(tmp_path, proc, 40)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code
+    assert "checkpoint saved. Run the same command to resume." in out
+    assert err == ""  # no torchrun traceback, banner or warning
+    (run,) = tmp_path.iterdir()
+    assert "SignalException" not in (run / "logs/torchrun.log").read_text()
+
+
+def test_killed_worker_is_restarted_and_resumes_bit_exactly(tmp_path: Path) -> None:
+    straight = run_fwk(*ARGS, runs=tmp_path / "straight", timeout=600)
+    assert straight.returncode == 0, straight.stderr
+    runs = tmp_path / "killed"
+    proc = _start(runs, "parallel.max_restarts=1")
+    _wait_for(runs, proc, 80)
+    os.kill(_worker(runs, 1), signal.SIGKILL)  # a node's process dies mid-run
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out + err
+    assert "resumed run" in out  # the restarted group found the latest complete checkpoint
+    expected, got = _weights(tmp_path / "straight"), _weights(runs)
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+
+
+def test_dead_worker_without_restarts_is_one_line(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    _wait_for(tmp_path, proc, 40)
+    os.kill(_worker(tmp_path, 1), signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    (run,) = tmp_path.iterdir()
+    assert lines[0].startswith("fwk: error: rank 1 failed (killed by SIGKILL)")
+    assert lines[0].endswith(f"full logs: {run / 'logs'}")
+
+
+def test_a_workers_user_error_is_its_own_line(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA to make the workers fail on train.device=cuda")
+    out = run_fwk("train", "parallel.nproc_per_node=2", "train.device=cuda", runs=tmp_path, timeout=300)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "fwk: error: train.device='cuda' but no CUDA device is visible; use train.device=auto or cpu"
+    ]
