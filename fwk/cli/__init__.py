@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from fwk.cli.doctor import doctor
 from fwk.cli.train import train
 from fwk.errors import UserError
 
@@ -19,6 +20,9 @@ app = typer.Typer(
 app.command(
     context_settings={"allow_extra_args": False, "ignore_unknown_options": True},
 )(train)
+
+
+app.command()(doctor)
 
 
 @app.callback()

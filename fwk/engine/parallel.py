@@ -62,8 +62,29 @@ def init(cfg: ParallelConfig, device_choice: str) -> Dist:
     device = pick_device(device_choice, local_rank)
     if world > 1 and not dist.is_initialized():
         backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend, timeout=timedelta(minutes=10))
+        timeout = timedelta(minutes=10)
+        dist.init_process_group(
+            backend, store=_attempt_store(rank, world, timeout), rank=rank, world_size=world, timeout=timeout
+        )
     return Dist(rank, local_rank, world, device)
+
+
+def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """torchrun's store, with a key prefix per restart of the worker group.
+
+    torchrun keeps one store across elastic restarts; without the prefix a restarted rank
+    can read the address a dead rank of the previous attempt published and wait on it
+    until the connect times out ("Gloo connectFullMesh failed ... Connection refused").
+    """
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0 and not agent_store,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"fwk/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def wrap(model: nn.Module, cfg: ParallelConfig, d: Dist) -> nn.Module:
@@ -130,12 +151,14 @@ def replicas_in_sync(model: nn.Module, d: Dist) -> bool:
 
 
 def shutdown(clean: bool) -> None:
-    """Leave the process group. After a clean finish every rank first waits for the others,
+    """Leave the process group after a clean finish: every rank first waits for the others,
     so that none tears its communication threads down while a peer still talks to it (gloo
-    aborted with "terminate called without an active exception" at exit, under load)."""
-    if dist.is_initialized():
-        if clean:
-            dist.barrier()
+    aborted with "terminate called without an active exception" at exit, under load).
+
+    After a failure the group is left as it is: a peer may be dead, and tearing the group
+    down can block on it, which kept a worker alive that torchrun waited for."""
+    if dist.is_initialized() and clean:
+        dist.barrier()
         dist.destroy_process_group()
 
 

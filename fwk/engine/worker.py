@@ -44,8 +44,9 @@ def main() -> None:
     try:
         sys.exit(run_worker(Path(sys.argv[1])))
     except UserError as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"fwk: error: {exc}", file=sys.stderr)
+        # every rank says it, into its own log under fwk's launcher: whichever rank torchrun
+        # stops first, the launcher finds the line
+        print(f"fwk: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
 
 

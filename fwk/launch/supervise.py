@@ -7,7 +7,7 @@
 - torchrun's own stderr (banner, elastic warnings, its ChildFailedError report) goes to
   ``runs/<id>/logs/torchrun.log``; each worker sends its stderr, and every rank but 0 also
   its stdout, to ``runs/<id>/logs/rank<R>.log`` (``redirect_worker_output``).
-- A failed run ends with one line: rank 0's own ``fwk: error:`` line if it wrote one,
+- A failed run ends with one line: a worker's own ``fwk: error:`` line if one wrote it,
   otherwise which rank failed, how, the last line it wrote, and where the logs are.
 - Threads per rank are set here (cores / local processes) so that torchrun does not set
   and announce OMP_NUM_THREADS=1 itself.
@@ -94,12 +94,13 @@ def _new_text(path: Path, start: dict[Path, int]) -> str:
 
 
 def _user_error(log_dir: Path, start: dict[Path, int]) -> str | None:
-    """Rank 0's own one-line error of this launch, if it wrote one."""
-    rank0 = log_dir / "rank0.log"
-    if not rank0.exists():
-        return None
-    lines = [line for line in _new_text(rank0, start).splitlines() if line.startswith("fwk: error: ")]
-    return lines[-1].removeprefix("fwk: error: ") if lines else None
+    """A worker's own one-line error of this launch (rank 0's first), if one wrote it."""
+    logs = sorted(log_dir.glob("rank*.log"), key=lambda p: int(p.stem[4:]))
+    for log in logs:
+        lines = [line for line in _new_text(log, start).splitlines() if line.startswith("fwk: error: ")]
+        if lines:
+            return lines[-1].removeprefix("fwk: error: ")
+    return None
 
 
 def failure_line(log_dir: Path, start: dict[Path, int]) -> str:

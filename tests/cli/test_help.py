@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-COMMANDS = [[], ["train"]]
+COMMANDS = [[], ["train"], ["doctor"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "fwk")

@@ -1,0 +1,29 @@
+"""`fwk doctor`: what this machine offers fwk, and whether N processes can talk."""
+
+from __future__ import annotations
+
+import typer
+
+
+def doctor(
+    dist: int = typer.Option(0, "--dist", help="Also start N processes and check a barrier and an all-reduce."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds each rank gets to answer (with --dist)."),
+    stall_rank: int = typer.Option(-1, "--stall-rank", hidden=True, help="Test the check: this rank never answers."),
+) -> None:
+    """Report the environment (torch, CUDA, NCCL, Triton, CPU features, memory) and what
+    fwk's auto options would pick here; with --dist N, check collectives across N processes."""
+    from fwk.errors import UserError
+    from fwk.launch import doctor as checks
+
+    for key, value in checks.report():
+        typer.echo(f"{key:<22} {value}")
+    if dist:
+        if dist < 2:
+            raise UserError(f"--dist={dist} is not allowed: expected an integer >= 2 (processes to check)")
+        missing, seconds = checks.collectives(dist, timeout, stall_rank)
+        if missing:
+            names = ", ".join(str(r) for r in missing)
+            raise UserError(
+                f"collectives across {dist} processes failed: rank(s) {names} did not answer within {timeout:g} s"
+            )
+        typer.echo(f"{'collectives':<22} barrier + all-reduce across {dist} processes ok in {seconds:.2f} s")

@@ -1,0 +1,46 @@
+"""`fwk doctor`: the environment report, and collectives across processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tests.conftest import require, run_fwk
+
+
+def test_report_names_versions_features_and_choices(runs: Path) -> None:
+    out = run_fwk("doctor", runs=runs, timeout=120)
+    assert out.returncode == 0, out.stderr
+    fields = dict(line.split(None, 1) if " " in line else (line, "") for line in out.stdout.splitlines())
+    assert fields["torch"].startswith(torch.__version__)
+    assert "AMX" in out.stdout and "AVX512-BF16" in out.stdout  # the CPU features auto precision rests on
+    assert "precision=auto picks" in out.stdout and "kernels=auto picks" in out.stdout
+    from fwk.engine.hardware import probe
+    from fwk.engine.precision import choose_format
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert fields["precision=auto"] == f"picks   {choose_format(probe(device), device)}"
+
+
+def test_collectives_across_two_processes(runs: Path) -> None:
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+    out = run_fwk("doctor", "--dist", "2", runs=runs, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "barrier + all-reduce across 2 processes ok" in out.stdout
+
+
+def test_a_rank_that_does_not_answer_is_named(runs: Path) -> None:
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+    out = run_fwk("doctor", "--dist", "3", "--timeout", "4", "--stall-rank", "1", runs=runs, timeout=180)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "fwk: error: collectives across 3 processes failed: rank(s) 1 did not answer within 4 s"
+    ]
+
+
+def test_dist_of_one_is_one_line(runs: Path) -> None:
+    out = run_fwk("doctor", "--dist", "1", runs=runs, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("fwk: error: --dist=1 is not allowed")
