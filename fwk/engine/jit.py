@@ -91,9 +91,11 @@ class Jit:
 
     # ---- per call and per step ------------------------------------------------------
     def call(self, model: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if self.state == "off":  # decided for eager: no signature work in the hot path
+            return model(*args, **kwargs)
         sig = signature(model, args, kwargs)
         self.step_sigs.append(sig)
-        if self.compiled is None or self.state == "off" or not model.training:
+        if self.compiled is None or not model.training:
             return model(*args, **kwargs)
         if sig not in self.seen:
             if len(self.seen) > self.cfg.max_recompiles:
