@@ -15,7 +15,7 @@ from fwk.registry import doc
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "staged")
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SWITCHES = ("auto", "true", "false")
-PARALLELS = ("auto", "none", "ddp")
+PARALLELS = ("auto", "none", "ddp", "fsdp", "hsdp")
 MEMORIES = ("none", "checkpoint", "offload", "microbatch", "auto")
 JITS = ("auto", "off", "compile")
 KERNELS = ("auto", "triton", "torch")
@@ -94,10 +94,25 @@ class PrecisionConfig:
 
 
 @dataclass
+class AdaptConfig:
+    """The communication monitor: adapt DDP when ranks wait on collectives too long."""
+
+    enabled: bool = doc(
+        False, "adapt DDP when the wait stays high (changes numerics: compression, bigger effective batch)"
+    )
+    threshold: float = doc(0.15, "share of step time spent waiting on collectives that counts as high")
+    windows: int = doc(2, "consecutive logging windows above the threshold before adapting")
+    max_bucket_mb: float = doc(200.0, "largest DDP bucket the adaptation grows to")
+    max_accum_steps: int = doc(8, "largest gradient accumulation the adaptation raises train.accum_steps to")
+
+
+@dataclass
 class ParallelConfig:
     """How many processes train and how they talk (torchrun's settings)."""
 
-    name: str = doc("auto", "auto (ddp when more than one process), none, or ddp")
+    name: str = doc(
+        "auto", "auto (decided from process count and measured memory), none, ddp, fsdp, or hsdp (multi-node)"
+    )
     nproc_per_node: int = doc(1, "worker processes on each machine (GPUs per node on CUDA)")
     nnodes: int = doc(1, "number of machines")
     node_rank: int = doc(0, "this machine's rank, 0..nnodes-1 (ignored with rdzv_backend=c10d)")
@@ -114,6 +129,14 @@ class ParallelConfig:
     max_restarts: int = doc(
         0, "torchrun restarts of the whole worker group after a worker dies (resume from checkpoint)"
     )
+    reshard_after_forward: bool = doc(
+        True, "fsdp/hsdp: free gathered parameters after forward (less memory, one more all-gather)"
+    )
+    shard_size: int = doc(0, "hsdp: processes per shard group (0 = nproc_per_node: shard in a node)")
+    auto_memory_share: float = doc(
+        0.5, "auto: DDP when parameters + gradients + optimizer state fit in this share of free device memory"
+    )
+    adapt: AdaptConfig = field(default_factory=AdaptConfig, metadata={"doc": "communication monitor"})
 
 
 @dataclass

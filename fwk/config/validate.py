@@ -143,7 +143,32 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         not (p.name == "none" and world > 1),
         "parallel.name",
         p.name,
-        f"ddp or auto when {world} processes train (parallel=none runs a single process)",
+        f"ddp, fsdp or auto when {world} processes train (parallel=none runs a single process)",
+    )
+    fp16 = c.precision.name == "fp16" or (c.precision.name == "staged" and c.precision.dtype == "fp16")
+    yield (
+        not (fp16 and p.name in ("fsdp", "hsdp")),
+        "parallel.name",
+        p.name,
+        "ddp with fp16 (a loss scaler sees only one rank's shard under fsdp/hsdp), or precision=bf16 or fp32",
+    )
+    shard = p.shard_size or p.nproc_per_node
+    yield p.shard_size >= 0, "parallel.shard_size", p.shard_size, "an integer >= 0 (0 = nproc_per_node)"
+    yield (
+        p.name != "hsdp" or world % shard == 0,
+        "parallel.shard_size",
+        p.shard_size,
+        f"a divisor of the world size {world}: hsdp shards over shard_size processes and replicates across groups",
+    )
+    yield 0 < p.auto_memory_share <= 1, "parallel.auto_memory_share", p.auto_memory_share, "a number in (0, 1]"
+    a = p.adapt
+    yield 0 < a.threshold < 1, "parallel.adapt.threshold", a.threshold, "a number in (0, 1)"
+    yield a.windows >= 1, "parallel.adapt.windows", a.windows, "an integer >= 1"
+    yield a.max_bucket_mb >= p.bucket_cap_mb, "parallel.adapt.max_bucket_mb", a.max_bucket_mb, (
+        f"a number >= parallel.bucket_cap_mb ({p.bucket_cap_mb:g})"
+    )
+    yield a.max_accum_steps >= t.accum_steps, "parallel.adapt.max_accum_steps", a.max_accum_steps, (
+        f"an integer >= train.accum_steps ({t.accum_steps})"
     )
 
 

@@ -2,9 +2,11 @@
 
 Layout of one checkpoint: ``checkpoints/step-00000400/`` holding ``state.pt`` (model,
 optimizer, scheduler, data position, step), ``rng-rank<R>.pt`` (every rank's RNG
-states) and ``manifest.json`` (step, world size, sha256 of each file). It is written
-into a temp dir, fsynced, then renamed: a crash leaves the previous checkpoint intact.
-Files are loaded with ``weights_only=True``: a checkpoint cannot run code.
+states) and ``manifest.json`` (step, world size, sha256 of each file). Under FSDP the
+model and optimizer go to ``sharded/`` instead, written by every rank with
+``torch.distributed.checkpoint``. It is written into a temp dir, fsynced, then renamed:
+a crash leaves the previous checkpoint intact. Files are loaded with
+``weights_only=True``: a checkpoint cannot run code.
 """
 
 from __future__ import annotations
@@ -77,9 +79,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+_SHARDED = "sharded"
+Template = Callable[[], dict[str, Any]]
+
+
+def model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model's weights in a checkpoint dir of either layout, in one process."""
+    if (path / _SHARDED).is_dir():
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(path / _SHARDED, Path(tmp) / "full.pt")
+            return torch.load(Path(tmp) / "full.pt", weights_only=True)["model"]
+    return torch.load(path / "state.pt", map_location="cpu", weights_only=True)["model"]
+
+
 class Checkpointer:
-    def __init__(self, root: Path, d: Dist, keep: int, on_corrupt: str = "error") -> None:
-        self.root, self.d, self.keep, self.on_corrupt = root, d, keep, on_corrupt
+    def __init__(self, root: Path, d: Dist, keep: int, on_corrupt: str = "error", sharded: bool = False) -> None:
+        self.root, self.d, self.keep, self.on_corrupt, self.sharded = root, d, keep, on_corrupt, sharded
 
     def _final(self, step: int) -> Path:
         return self.root / f"{_PREFIX}{step:08d}"
@@ -96,12 +115,24 @@ class Checkpointer:
         rng_file = tmp / f"rng-rank{self.d.rank}.pt"
         torch.save(rng_state(), rng_file)
         _fsync_file(rng_file)
+        if self.sharded:
+            import torch.distributed.checkpoint as dcp
+
+            shards = {key: state.pop(key) for key in ("model", "optimizer")}
+            dcp.save(shards, checkpoint_id=tmp / _SHARDED)  # collective: each rank its own shards
+            for f in (tmp / _SHARDED).iterdir():
+                _fsync_file(f)
         self.d.barrier()
         if self.d.is_main:
             torch.save(state, tmp / "state.pt")
             _fsync_file(tmp / "state.pt")
-            files = sorted(p.name for p in tmp.iterdir())
-            manifest = {"step": step, "world_size": self.d.world_size, "sha256": {f: _sha256(tmp / f) for f in files}}
+            files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+            manifest = {
+                "step": step,
+                "world_size": self.d.world_size,
+                "sharded": self.sharded,
+                "sha256": {f: _sha256(tmp / f) for f in files},
+            }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             _fsync_file(tmp / "manifest.json")
             _fsync_dir(tmp)
@@ -141,24 +172,44 @@ class Checkpointer:
                 f"checkpoint {path} was written by {manifest.get('world_size')} processes, this run has "
                 f"{self.d.world_size}; resume with the same parallel settings"
             )
+        if bool(manifest.get("sharded", False)) != self.sharded:
+            kinds = {True: "sharded (parallel=fsdp/hsdp)", False: "unsharded (parallel=none/ddp)"}
+            raise UserError(
+                f"checkpoint {path} is {kinds[not self.sharded]} but this run is {kinds[self.sharded]}; "
+                "resume with the parallel setting that wrote it (parallel.name=...)"
+            )
         names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(self.d.world_size))]
+        if self.sharded:
+            shard_files = [f for f in manifest.get("sha256", {}) if f.startswith(f"{_SHARDED}/")]
+            names += shard_files or [f"{_SHARDED}/.metadata"]
         for name in names:
             expected = manifest.get("sha256", {}).get(name)
             if expected is None or not (path / name).exists() or _sha256(path / name) != expected:
                 return f"{name}: missing or checksum mismatch"
         return None
 
-    def load(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(state, this rank's RNG state), after checking every checksum."""
+    def load(self, path: Path, template: Template | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state, this rank's RNG state), after checking every checksum.
+
+        Sharded: ``template()`` gives this rank's model and optimizer state to load into."""
         damage = self._damage(path)
         if damage is not None:
             hint = f"move {path} out of {self.root} to resume from the checkpoint before it"
             raise UserError(f"checkpoint {path} is corrupt ({damage}); {hint}")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         rng = torch.load(path / f"rng-rank{self.d.rank}.pt", map_location="cpu", weights_only=True)
+        if self.sharded:
+            import torch.distributed.checkpoint as dcp
+
+            assert template is not None, "a sharded checkpoint loads into the model's own shards"
+            shards = template()
+            dcp.load(shards, checkpoint_id=path / _SHARDED)
+            state.update(shards)
         return state, rng
 
-    def load_latest(self, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    def load_latest(
+        self, warn: Callable[[str], None], template: Template | None = None
+    ) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
         """The newest checkpoint that loads: (path, state, RNG), or None when there is none.
 
         With ``on_corrupt=fallback`` a damaged newest checkpoint is skipped for the newest
@@ -167,7 +218,7 @@ class Checkpointer:
         """
         found = self.all()
         if not found or self.on_corrupt == "error":
-            return (found[-1], *self.load(found[-1])) if found else None
+            return (found[-1], *self.load(found[-1], template)) if found else None
         skipped: list[tuple[Path, str]] = []
         for path in reversed(found):
             damage = self._damage(path)
@@ -175,7 +226,7 @@ class Checkpointer:
                 if skipped:
                     names = ", ".join(f"{p.name} ({why})" for p, why in skipped)
                     warn(f"warning: skipped corrupt checkpoint {names}; resuming from {path.name} instead")
-                return (path, *self.load(path))
+                return (path, *self.load(path, template))
             skipped.append((path, damage))
         raise UserError(
             f"every checkpoint in {self.root} is corrupt (newest: {found[-1].name}, {skipped[0][1]}); "

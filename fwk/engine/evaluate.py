@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from fwk.engine.parallel import Dist, all_reduce_sum
+from fwk.engine.parallel import Dist, all_reduce_max, all_reduce_sum, sharded
 from fwk.engine.precision import Precision
 
 
@@ -20,15 +20,20 @@ def evaluate(
     """Mean loss per target (token or image), plus accuracy or perplexity.
 
     ``model`` is the unwrapped module: ranks may hold shards that differ by one batch,
-    and DDP's forward would wait for a collective the shorter rank never joins.
+    and DDP's forward would wait for a collective the shorter rank never joins. A sharded
+    (FSDP) model gathers its parameters in every forward, so there the shorter ranks run
+    extra forwards on a batch they already saw and do not count them.
     """
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     correct = torch.zeros((), dtype=torch.float64, device=d.device)
     count = 0
+    local = min(len(loader), max_batches) if max_batches else len(loader)
+    lockstep = int(all_reduce_max([float(local)], d)[0]) if sharded(model) else local
+    x = None
     for i, (x, y) in enumerate(loader):
-        if max_batches and i >= max_batches:
+        if i >= local:
             break
         x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
         with precision.autocast():
@@ -38,6 +43,10 @@ def evaluate(
         loss_sum += F.cross_entropy(logits, target, reduction="sum").double()
         correct += (logits.argmax(-1) == target).sum().double()
         count += target.numel()
+    for _ in range(lockstep - local):
+        x = x if x is not None else loader.dataset[0][0].unsqueeze(0)
+        with precision.autocast():
+            model(x.to(d.device))
     total_loss, total_correct, total = all_reduce_sum([loss_sum.item(), correct.item(), float(count)], d)
     model.train(was_training)
     loss = total_loss / max(total, 1.0)

@@ -49,8 +49,8 @@ class Window:
 def _fmt(key: str, value: Any) -> str:
     if key == "lr":
         return f"lr {value:.2e}"
-    if key in ("data_wait",):
-        return f"data-wait {value:.0%}"
+    if key in ("data_wait", "comm_wait"):
+        return f"{key.replace('_', '-')} {value:.0%}"
     if key == "loss_scale":
         return f"scale {value:.0f}"
     if key == "samples_per_s":

@@ -177,6 +177,21 @@ class Precision:
             return f"precision=staged ({self.format}): {starts}{tail}"
         return f"precision={self.format}{tail}"
 
+    # ---- for sharded data parallelism ---------------------------------------------
+    def sharded_param_dtype(self) -> torch.dtype | None:
+        """Parameter dtype of FSDP's mixed-precision policy: the AMP dtype when it holds for
+        the whole run; None (fp32 parameters, autocast alone) when the format changes during
+        the run (staged phases, auto's fp16 range probe)."""
+        if self.format == "fp32" or self.cfg.name == "staged" or not self.probe_done:
+            return None
+        return _DTYPES[self.format]
+
+    def fp32_islands(self) -> list[nn.Module]:
+        """The modules kept in fp32 (``keep_fp32``, staged ``final_fp32``), outermost only."""
+        assert self._model is not None, "prepare() first"
+        named = dict(self._model.named_modules())
+        return [named[n] for n in sorted(self._kept)]
+
     # ---- per step -----------------------------------------------------------------
     def begin(self, step: int) -> None:
         """Called before each step: ends the range probe, switches staged phases."""

@@ -2,8 +2,10 @@
 
 Strategies are applied on top of plain single-device model code, in one fixed order
 (torchtitan's habit): kernels (Triton modules) -> precision (fp32 islands, channels-last)
--> memory (activation checkpointing) -> compile (jit) -> data parallelism. The loop itself only calls small
-objects; one optimizer step (accumulation, micro-batches, loss scaling) is ``TrainStep``.
+-> memory (activation checkpointing) -> compile (jit) -> data parallelism (DDP wraps,
+FSDP shards in place). The loop itself only calls small objects; one optimizer step
+(accumulation, micro-batches, loss scaling) is ``TrainStep``; the communication monitor
+(``CommMonitor``) adapts DDP between steps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fwk.data.loader import TrainLoader, val_loader
 from fwk.engine import parallel
 from fwk.engine.build import build_data, build_model
 from fwk.engine.checkpoint import Checkpointer, set_rng_state
+from fwk.engine.comm import CommMonitor
 from fwk.engine.evaluate import evaluate
 from fwk.engine.jit import Jit
 from fwk.engine.kernels import Kernels
@@ -29,7 +32,7 @@ from fwk.engine.memory import Memory
 from fwk.engine.metrics import Reporter, Window
 from fwk.engine.precision import Precision
 from fwk.engine.step import TrainStep
-from fwk.optim import build_optimizer, build_schedule
+from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
 from fwk.track.store import RunDir
 
 log = logging.getLogger("fwk")
@@ -75,25 +78,27 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     kernels = Kernels(cfg.kernels, d.device, reporter.message)
     raw = build_model(cfg.model, data).to(d.device)
     raw = memory.apply(precision.prepare(kernels.apply(raw)))
-    model = parallel.wrap(jit.wrap(raw), cfg.parallel, d)
+    floats = state_floats_per_param(cfg.optim)
+    model = parallel.wrap(jit.wrap(raw), raw, cfg.parallel, d, precision, floats, reporter.message)
+    comm = CommMonitor(cfg.parallel, d, cfg.train.accum_steps, model, reporter.message)
     optimizer = build_optimizer(cfg.optim, raw, fused=kernels.triton)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     train_step = TrainStep(model, optimizer, precision, memory, jit, kernels, cfg.train, d)
     cuda = d.device.type == "cuda"
     loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
     val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
-    ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt)
+    ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, parallel.sharded(raw))
 
     step = 0
-    found = ckpt.load_latest(reporter.message)
+    found = ckpt.load_latest(reporter.message, template=lambda: parallel.model_state(raw, optimizer))
     if found is not None:
         latest, state, rng = found
-        raw.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        parallel.load_model_state(raw, optimizer, state)
         scheduler.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["loader"])
         precision.load_state_dict(state["precision"])
         memory.load_state_dict(state["memory"])
+        comm.load_state_dict(state.get("comm", {}))
         step = int(state["step"])
         set_rng_state(rng)
         if d.is_main:
@@ -105,12 +110,12 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         ckpt.save(
             step,
             {
-                "model": raw.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                **parallel.model_state(raw, optimizer),
                 "scheduler": scheduler.state_dict(),
                 "loader": loader.state_dict(),
                 "precision": precision.state_dict(),
                 "memory": memory.state_dict(),
+                "comm": comm.state_dict(),
                 "step": step,
             },
         )
@@ -121,13 +126,13 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     stop = StopSignal()
     window = Window(d.device)
     train_time, train_samples, final_eval = 0.0, 0, {}
-    samples_per_step = cfg.train.batch_size * cfg.train.accum_steps
     batches = iter(loader)
     model.train()
     try:
         while step < cfg.train.max_steps:
             t0 = time.perf_counter()
-            step_batches = [next(batches) for _ in range(cfg.train.accum_steps)]
+            samples_per_step = cfg.train.batch_size * comm.accum_steps
+            step_batches = [next(batches) for _ in range(comm.accum_steps)]
             t1 = time.perf_counter()
             loss = train_step(step, step_batches)
             scheduler.step()
@@ -138,7 +143,10 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 row = window.close(samples_per_step, d)
                 lr = scheduler.get_last_lr()[0]
-                reporter.log(step, {"loss": row.pop("loss"), "lr": lr, **row, **precision.metrics()})
+                reporter.log(
+                    step, {"loss": row.pop("loss"), "lr": lr, **row, **precision.metrics(), **comm.window(step)}
+                )
+                comm.adapt(step)
                 if stop.agreed(d):
                     save()
                     reporter.message(f"stopped at step {step}; checkpoint saved. Run the same command to resume.")
@@ -166,5 +174,6 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         **precision.summary(),
         **memory.summary(),
         **jit.summary(),
+        **comm.summary(),
         "replicas_in_sync": parallel.replicas_in_sync(raw, d),
     }

@@ -42,12 +42,19 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m fwk.engine.worker <run_dir>")
     try:
-        sys.exit(run_worker(Path(sys.argv[1])))
+        code = run_worker(Path(sys.argv[1]))
     except UserError as exc:
         # every rank says it, into its own log under fwk's launcher: whichever rank torchrun
         # stops first, the launcher finds the line
         print(f"fwk: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
+    # Everything is on disk (checkpoints and summary fsynced, metrics closed). Skip the
+    # interpreter's teardown: gloo's threads can still hold tensors then, and freeing them
+    # without a live interpreter aborts the process ("terminate called without an active
+    # exception", SIGABRT) after a run that finished fine.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

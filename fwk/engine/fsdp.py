@@ -1,0 +1,110 @@
+"""Sharded data parallelism (FSDP2's ``fully_shard``) and its checkpoint state.
+
+Used by ``parallel.py`` for ``parallel=fsdp`` and ``parallel=hsdp``. Sharding happens in
+place, last in the wrapping order (kernels -> precision -> memory -> jit -> parallel): the
+fp32 islands of the precision strategy become units of their own with fp32 parameters,
+then every block (``modules.blocks``), then the root. Activation checkpointing and the
+JIT layer wrap the same modules and keep working: FSDP's hooks run around the module
+call, the checkpointed or compiled forward runs inside it.
+
+Model and optimizer state are saved with ``torch.distributed.checkpoint``: every rank
+writes its own shards, and a load reshards to whatever mesh the loading run has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from fwk.engine.modules import blocks
+
+
+def mesh(device: torch.device, world: int, shard_size: int | None) -> DeviceMesh:
+    """1-D mesh over all ranks (fsdp), or 2-D (replicate, shard) for hsdp."""
+    if shard_size is None or shard_size == world:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device.type, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
+
+
+def shard(
+    raw: nn.Module,
+    device_mesh: DeviceMesh,
+    param_dtype: torch.dtype | None,
+    fp32_islands: list[nn.Module],
+    reshard_after_forward: bool,
+) -> list[str]:
+    """Shard ``raw`` in place; returns the names of the units (inner first, root last)."""
+    mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    fp32 = MixedPrecisionPolicy()
+    named = {id(m): n for n, m in raw.named_modules()}
+    units: list[str] = []
+    block_list = [m for _, m in blocks(raw)]
+    if param_dtype is not None:
+        for module in fp32_islands:
+            if module is not raw and not any(module is b for b in block_list):
+                fully_shard(module, mesh=device_mesh, mp_policy=fp32, reshard_after_forward=reshard_after_forward)
+                units.append(named[id(module)])
+    islands = {id(m) for m in fp32_islands}
+    for block in block_list:
+        if block is raw:
+            continue
+        policy = fp32 if id(block) in islands else mixed
+        fully_shard(block, mesh=device_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        units.append(named[id(block)])
+    # the root keeps its parameters gathered after forward: backward needs them first
+    fully_shard(raw, mesh=device_mesh, mp_policy=fp32 if id(raw) in islands else mixed, reshard_after_forward=False)
+    units.append("<root>")
+    return units
+
+
+class Sharded(nn.Module):
+    """The model the step calls: ``model`` (maybe the JIT's wrapper) around the sharded root.
+
+    ``no_sync`` skips the gradient reduce-scatter on all but the last piece of an
+    accumulated step, as DDP's ``no_sync`` skips the all-reduce.
+    """
+
+    def __init__(self, model: nn.Module, root: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self._root = [root]  # a list: not registered twice as a submodule
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        root = self._root[0]
+        assert isinstance(root, FSDPModule)
+        root.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            root.set_requires_gradient_sync(True)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """{"model", "optimizer"} state as DTensor shards, keyed by parameter names."""
+    model_sd, optim_sd = get_state_dict(raw, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    set_state_dict(raw, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (a collective), or ``t`` itself."""
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -1,0 +1,79 @@
+"""One process against two (gloo on CPU): throughput and the communication-wait share of
+DDP with and without a compression hook, and of FSDP, measured side by side.
+
+    .venv/bin/python scripts/bench/parallel.py [--rounds 3] [--steps 150] [--recipe digits_cnn]
+
+Each round runs every variant once as the real ``fwk train`` command (interleaved, so
+machine drift hits all alike), each into a fresh runs root; the table shows medians, min
+and max of samples/s from ``summary.json``, the ratio to one process, and the median
+``comm_wait`` of the metrics rows (the share of step time ranks wait on collectives).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+VARIANTS = {
+    "1 process": ["parallel=none"],
+    "2 x DDP": ["parallel=ddp", "parallel.nproc_per_node=2"],
+    "2 x DDP + fp16 hook": ["parallel=ddp", "parallel.nproc_per_node=2", "parallel.comm_hook=fp16"],
+    "2 x FSDP": ["parallel=fsdp", "parallel.nproc_per_node=2"],
+}
+
+
+def run(recipe: str, steps: int, extra: list[str]) -> tuple[float, float | None]:
+    """(samples/s, median comm_wait or None) of one real ``fwk train``."""
+    with tempfile.TemporaryDirectory() as runs:
+        env = {**os.environ, "FWK_RUNS": runs}
+        args = [f"recipe={recipe}", f"train.max_steps={steps}", "train.eval_every=0", "train.log_every=10"]
+        out = subprocess.run(
+            [sys.executable, "-m", "fwk", "train", *args, "checkpoint.every=0", *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode != 0:
+            raise SystemExit(f"fwk train {' '.join(extra)} failed:\n{out.stdout}{out.stderr}")
+        (run_dir,) = Path(runs).iterdir()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        waits = [r["comm_wait"] for r in rows if r["kind"] == "train" and "comm_wait" in r]
+        return summary["samples_per_s"], statistics.median(waits) if waits else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--recipe", default="digits_cnn")
+    args = parser.parse_args()
+    speed: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    wait: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for _ in range(args.rounds):
+        for name, extra in VARIANTS.items():
+            samples, share = run(args.recipe, args.steps, extra)
+            speed[name].append(samples)
+            if share is not None:
+                wait[name].append(share)
+    base = statistics.median(speed["1 process"])
+    print(f"{args.recipe}, {args.steps} steps, {args.rounds} interleaved rounds, {os.cpu_count()} cores (CPU, gloo)")
+    print("| variant | samples/s median (min-max) | vs 1 process | comm wait (median) |")
+    print("| --- | --- | --- | --- |")
+    for name in VARIANTS:
+        s = speed[name]
+        share = f"{statistics.median(wait[name]):.0%}" if wait[name] else "-"
+        print(
+            f"| {name} | {statistics.median(s):,.0f} ({min(s):,.0f}-{max(s):,.0f}) | "
+            f"{statistics.median(s) / base:.2f}x | {share} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

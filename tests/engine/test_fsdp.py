@@ -1,0 +1,139 @@
+"""FSDP2 and HSDP on two CPU processes (gloo): they train, compose with activation
+checkpointing and the JIT layer, keep their checkpoints sharded, and resume exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fwk.engine.checkpoint import model_weights
+from tests.conftest import require, run_fwk
+
+
+@pytest.fixture(autouse=True)
+def _gloo() -> None:
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+
+
+def _summary(runs: Path) -> dict:
+    (run,) = runs.iterdir()
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["parallel=fsdp", "memory=checkpoint", "jit=compile", "jit.backend=aot_eager", "train.accum_steps=2"],
+        ["parallel=hsdp", "parallel.shard_size=1", "parallel.reshard_after_forward=false"],
+    ],
+    ids=["fsdp-checkpoint-compile-accum", "hsdp"],
+)
+def test_sharded_training_digits(runs: Path, strategy: list[str]) -> None:
+    out = run_fwk(
+        "train",
+        "parallel.nproc_per_node=2",
+        "train.max_steps=40",
+        "train.eval_every=40",
+        "train.log_every=10",
+        *strategy,
+        runs=runs,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = _summary(runs)
+    assert summary["world_size"] == 2
+    assert summary["replicas_in_sync"] is True
+    assert summary["eval"]["val_acc"] > 0.8
+    mesh = "replicate=2 x shard=1" if "parallel=hsdp" in strategy else "shard=2"
+    assert f"mesh {mesh}" in out.stdout
+    (run,) = runs.iterdir()
+    final = run / "checkpoints" / "step-00000040"
+    assert (final / "sharded" / ".metadata").exists()
+    shards = sorted(p.name for p in (final / "sharded").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one file per rank: nothing gathered to rank 0
+    weights = model_weights(final)
+    assert weights["head.4.weight"].shape == (10, 128)  # whole tensors, not shards
+
+
+def test_fsdp_matches_ddp(tmp_path: Path) -> None:
+    """The same run sharded or replicated: the same losses up to reduction order."""
+    args = ["train", "parallel.nproc_per_node=2", "train.max_steps=30", "train.eval_every=30", "train.log_every=10"]
+    for name in ("ddp", "fsdp"):
+        out = run_fwk(*args, f"parallel={name}", runs=tmp_path / name, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+    ddp, fsdp = _summary(tmp_path / "ddp"), _summary(tmp_path / "fsdp")
+    assert fsdp["eval"]["val_loss"] == pytest.approx(ddp["eval"]["val_loss"], rel=1e-3)
+
+
+ARGS = [
+    "train",
+    "parallel=fsdp",
+    "parallel.nproc_per_node=2",
+    "train.max_steps=200",
+    "train.eval_every=0",
+    "train.log_every=10",
+    "checkpoint.every=50",
+    "checkpoint.keep=10",
+]
+
+
+def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path) -> None:
+    straight = run_fwk(*ARGS, runs=tmp_path / "straight", timeout=600)
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    (run,) = (tmp_path / "straight").iterdir()
+    expected = model_weights(run / "checkpoints" / "step-00000200")
+
+    runs = tmp_path / "stopped"
+    env = {**os.environ, "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fwk", *ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not list(runs.glob("*/checkpoints/step-*/manifest.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "checkpoint saved" in out
+    resumed = run_fwk(*ARGS, runs=runs, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed run" in resumed.stdout
+    (run,) = runs.iterdir()
+    got = model_weights(run / "checkpoints" / "step-00000200")
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_sharded_checkpoint_refuses_unsharded_resume(tmp_path: Path) -> None:
+    args = ["train", "parallel.nproc_per_node=2", "train.max_steps=10", "train.eval_every=0", "checkpoint.every=10"]
+    first = run_fwk(*args, "parallel=fsdp", runs=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    # the same run dir, resumed as DDP: move its checkpoints into the DDP run's dir
+    (fsdp_run,) = tmp_path.iterdir()
+    dry = run_fwk(*args, "parallel=ddp", "train.max_steps=20", "--dry-run", runs=tmp_path)
+    ddp_dir = tmp_path / dry.stdout.split()[1]
+    (ddp_dir / "checkpoints").mkdir(parents=True)
+    (fsdp_run / "checkpoints" / "step-00000010").rename(ddp_dir / "checkpoints" / "step-00000010")
+    out = run_fwk(*args, "parallel=ddp", "train.max_steps=20", runs=tmp_path, timeout=600)
+    assert out.returncode == 2
+    (line,) = [x for x in out.stderr.splitlines() if x.strip()]
+    assert "is sharded (parallel=fsdp/hsdp) but this run is unsharded" in line
+
+
+def test_fp16_is_refused_under_fsdp(runs: Path) -> None:
+    out = run_fwk("train", "parallel=fsdp", "parallel.nproc_per_node=2", "precision=fp16", runs=runs)
+    assert out.returncode == 2
+    (line,) = [x for x in out.stderr.splitlines() if x.strip()]
+    assert "precision" in line and "bf16" in line
+    assert not runs.exists() or not any(runs.iterdir())
