@@ -164,11 +164,17 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     a = p.adapt
     yield 0 < a.threshold < 1, "parallel.adapt.threshold", a.threshold, "a number in (0, 1)"
     yield a.windows >= 1, "parallel.adapt.windows", a.windows, "an integer >= 1"
-    yield a.max_bucket_mb >= p.bucket_cap_mb, "parallel.adapt.max_bucket_mb", a.max_bucket_mb, (
-        f"a number >= parallel.bucket_cap_mb ({p.bucket_cap_mb:g})"
+    yield (
+        a.max_bucket_mb >= p.bucket_cap_mb,
+        "parallel.adapt.max_bucket_mb",
+        a.max_bucket_mb,
+        (f"a number >= parallel.bucket_cap_mb ({p.bucket_cap_mb:g})"),
     )
-    yield a.max_accum_steps >= t.accum_steps, "parallel.adapt.max_accum_steps", a.max_accum_steps, (
-        f"an integer >= train.accum_steps ({t.accum_steps})"
+    yield (
+        a.max_accum_steps >= t.accum_steps,
+        "parallel.adapt.max_accum_steps",
+        a.max_accum_steps,
+        (f"an integer >= train.accum_steps ({t.accum_steps})"),
     )
 
 

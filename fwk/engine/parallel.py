@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -25,8 +24,6 @@ import torch.distributed as dist
 from torch import nn
 
 from fwk.config.schema import ParallelConfig
-
-log = logging.getLogger("fwk")
 
 
 @dataclass(frozen=True)

@@ -30,17 +30,25 @@ def _summary(runs: Path) -> dict:
 
 
 @pytest.mark.parametrize(
-    "strategy",
+    ("strategy", "mesh", "ranks"),
     [
-        ["parallel=fsdp", "memory=checkpoint", "jit=compile", "jit.backend=aot_eager", "train.accum_steps=2"],
-        ["parallel=hsdp", "parallel.shard_size=1", "parallel.reshard_after_forward=false"],
+        (
+            ["parallel=fsdp", "memory=checkpoint", "jit=compile", "jit.backend=aot_eager", "train.accum_steps=2"],
+            "shard=2",
+            2,
+        ),
+        (
+            ["parallel=hsdp", "parallel.shard_size=2", "parallel.reshard_after_forward=false"],
+            "replicate=2 x shard=2",
+            4,
+        ),
     ],
-    ids=["fsdp-checkpoint-compile-accum", "hsdp"],
+    ids=["fsdp-checkpoint-compile-accum", "hsdp-2x2"],
 )
-def test_sharded_training_digits(runs: Path, strategy: list[str]) -> None:
+def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ranks: int) -> None:
     out = run_fwk(
         "train",
-        "parallel.nproc_per_node=2",
+        f"parallel.nproc_per_node={ranks}",
         "train.max_steps=40",
         "train.eval_every=40",
         "train.log_every=10",
@@ -50,16 +58,15 @@ def test_sharded_training_digits(runs: Path, strategy: list[str]) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     summary = _summary(runs)
-    assert summary["world_size"] == 2
-    assert summary["replicas_in_sync"] is True
+    assert summary["world_size"] == ranks
+    assert summary["replicas_in_sync"] is True  # hsdp: both replica groups hold the same weights
     assert summary["eval"]["val_acc"] > 0.8
-    mesh = "replicate=2 x shard=1" if "parallel=hsdp" in strategy else "shard=2"
-    assert f"mesh {mesh}" in out.stdout
+    assert f"mesh {mesh};" in out.stdout
     (run,) = runs.iterdir()
     final = run / "checkpoints" / "step-00000040"
     assert (final / "sharded" / ".metadata").exists()
     shards = sorted(p.name for p in (final / "sharded").glob("*.distcp"))
-    assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one file per rank: nothing gathered to rank 0
+    assert shards == [f"__{r}_0.distcp" for r in range(ranks)]  # every rank wrote its own; nothing gathered
     weights = model_weights(final)
     assert weights["head.4.weight"].shape == (10, 128)  # whole tensors, not shards
 
