@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  := torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test lint clean
+.PHONY: setup train test lint clean slurm
 
 setup: $(STAMP)
 
@@ -22,10 +22,16 @@ train: setup
 	$(BIN)/fwk train
 
 test: setup lint
+	@if [ "$$CI" = true ]; then bash scripts/slurm/cluster.sh install; fi
 	$(BIN)/python -m pytest -q
 
 lint: setup
 	$(BIN)/ruff check fwk tests scripts
+
+# slurm-wlm and munge for the SLURM tests (apt-get, as root; nothing to do when installed).
+# The tests start and stop their own single-node cluster (scripts/slurm/cluster.sh).
+slurm:
+	bash scripts/slurm/cluster.sh install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

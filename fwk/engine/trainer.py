@@ -45,15 +45,22 @@ def seed_everything(seed: int) -> None:
 
 
 class StopSignal:
-    """SIGTERM/SIGINT ask the loop to save a checkpoint and stop at the next step boundary."""
+    """SIGTERM/SIGINT/SIGUSR1 ask the loop to save a checkpoint and stop at the next step boundary.
+
+    SIGUSR1 is a batch system's preemption notice (scripts/slurm/train.sbatch). SLURM signals
+    every process of a job step and fwk's launcher forwards it as well, so it may come twice:
+    a repeat changes nothing. A second SIGINT/SIGTERM stops at once.
+    """
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+        self._previous = {s: signal.signal(s, self._handle) for s in signals}
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
-        signal.signal(signum, self._previous[signum])  # a second Ctrl-C stops at once
+        if signum != signal.SIGUSR1:
+            signal.signal(signum, self._previous[signum])  # a second Ctrl-C stops at once
 
     def agreed(self, d: parallel.Dist) -> bool:
         """True when any rank was asked to stop (a collective when distributed)."""

@@ -1,9 +1,12 @@
 """Run torchrun so that the terminal sees fwk's lines, not torchrun's.
 
 - torchrun starts in its own session: a Ctrl-C in the terminal reaches this launcher
-  only. The launcher passes SIGINT / SIGTERM on to the workers themselves (each saves a
-  checkpoint at its next log step and exits 0), waits, and exits 128 + the signal number:
-  130 for Ctrl-C, 143 for SIGTERM. A second signal kills the workers at once.
+  only. The launcher passes SIGINT / SIGTERM / SIGUSR1 on to the workers themselves (each
+  saves a checkpoint at its next log step and exits 0), waits, and exits 128 + the signal
+  number: 130 for Ctrl-C, 143 for SIGTERM, 138 for SIGUSR1 (a batch system's preemption
+  notice, see fwk/launch/slurm.py). A second signal kills the workers at once, except a
+  repeated SIGUSR1: SLURM may deliver it to every process of the job step, which is also
+  why torchrun itself ignores SIGUSR1.
 - torchrun's own stderr (banner, elastic warnings, its ChildFailedError report) goes to
   ``runs/<id>/logs/torchrun.log``; each worker sends its stderr, and every rank but 0 also
   its stdout, to ``runs/<id>/logs/rank<R>.log`` (``redirect_worker_output``).
@@ -52,10 +55,20 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
     print(f"{nproc_per_node} processes x {threads} threads (OMP_NUM_THREADS); logs: {log_dir}", flush=True)
     with open(log_dir / "torchrun.log", "a") as torchrun_log:
         start = {p: p.stat().st_size for p in log_dir.glob("rank*.log")}
-        proc = subprocess.Popen(argv, env=env, stderr=torchrun_log, start_new_session=True)
+        # torchrun ignores SIGUSR1 (SIG_IGN is inherited; the workers' training loops set their
+        # own handler): SLURM may signal every process of a job step, and by default USR1 would
+        # end torchrun and orphan its workers in the middle of their checkpoint.
+        usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        try:
+            proc = subprocess.Popen(argv, env=env, stderr=torchrun_log, start_new_session=True)
+        except BaseException:
+            signal.signal(signal.SIGUSR1, usr1)
+            raise
         stopping: list[int] = []
 
         def forward(signum: int, frame: object) -> None:
+            if signum == signal.SIGUSR1 and signum in stopping:
+                return  # the workers were told already
             stopping.append(signum)
             workers = _children(proc.pid)
             if len(stopping) > 1 or not workers:  # a second signal, or no workers yet: stop at once
@@ -65,7 +78,8 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
             for pid in workers:
                 _kill(pid, signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        previous[signal.SIGUSR1] = usr1  # as it was before torchrun started
         try:
             status = proc.wait()
         finally:

@@ -14,6 +14,10 @@ import fwk
 _CODE_DIRS = ("fwk", "conf", "recipes")
 # Config sections that say where or how a run is stored, not what it computes.
 _NOT_HASHED = ("paths",)
+# Parallel fields that say where a run's processes meet, not what they compute: a SLURM job
+# requeued onto other nodes gets another rendezvous host and must find its run again, and
+# with rdzv_backend=static every node has its own node_rank but all share one run.
+_NOT_HASHED_PARALLEL = ("rdzv_endpoint", "node_rank")
 
 
 def _git(repo: Path, *args: str) -> str | None:
@@ -39,8 +43,17 @@ def code_version() -> str:
     return f"git:{commit.strip()[:12]}" + (f"+dirty.{digest.hexdigest()[:10]}" if dirty else "")
 
 
-def run_id(config: dict[str, Any], code: str) -> str:
-    """A 10-hex-digit hash of the resolved config (minus storage paths), code version and seed."""
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a resolved config that decides what a run computes (what its id hashes)."""
     hashed = {k: v for k, v in config.items() if k not in _NOT_HASHED}
+    if isinstance(hashed.get("parallel"), dict):
+        hashed["parallel"] = {k: v for k, v in hashed["parallel"].items() if k not in _NOT_HASHED_PARALLEL}
+    return hashed
+
+
+def run_id(config: dict[str, Any], code: str) -> str:
+    """A 10-hex-digit hash of the resolved config (minus storage paths and the rendezvous
+    location), code version and seed."""
+    hashed = identity(config)
     payload = json.dumps({"config": hashed, "code": code, "seed": config.get("seed")}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]

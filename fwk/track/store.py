@@ -14,12 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from fwk.errors import UserError
+from fwk.track.run_id import identity
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Write a file so that readers see the old content or the new, never half of it."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    # The temp name is the writer's own: the launchers of a multi-node run share the run dir.
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
@@ -92,6 +96,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _same_run(stored_yaml: str, config_yaml: str) -> bool:
+    """Whether two resolved configs are one run: equal but for what the run id leaves out
+    (storage paths, the rendezvous host of a job requeued onto other nodes)."""
+    if stored_yaml == config_yaml:
+        return True
+    try:
+        stored = yaml.safe_load(stored_yaml)
+    except yaml.YAMLError:
+        return False
+    return isinstance(stored, dict) and identity(stored) == identity(yaml.safe_load(config_yaml))
+
+
 def open_run(root: Path, run_id: str, config_yaml: str, code: str, world_size: int) -> RunDir:
     """Create the run dir (or reopen it), and record this launch in meta.json."""
     run = RunDir(root / run_id)
@@ -99,7 +115,7 @@ def open_run(root: Path, run_id: str, config_yaml: str, code: str, world_size: i
         run.path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"cannot create run dir {run.path}: {exc.strerror}; set paths.runs=... or FWK_RUNS") from None
-    if run.config.exists() and run.config.read_text() != config_yaml:
+    if run.config.exists() and not _same_run(run.config.read_text(), config_yaml):
         raise UserError(
             f"{run.config} differs from this command's config though the run id matches; "
             f"move {run.path} away (it was edited by hand) and run again"

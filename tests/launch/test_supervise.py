@@ -82,6 +82,33 @@ def test_stop_shows_fwk_line_and_exit_code(tmp_path: Path, sig: signal.Signals, 
     assert "SignalException" not in (run / "logs/torchrun.log").read_text()
 
 
+def _torchrun(runs: Path) -> int:
+    """The pid of the torchrun of the run under ``runs``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"torch.distributed.run" in cmdline and str(runs).encode() in b" ".join(cmdline):
+            return int(entry.name)
+    raise AssertionError("no torchrun")
+
+
+def test_preemption_notice_to_every_process_stops_once(tmp_path: Path) -> None:
+    # SLURM sends a job step's signals to each of its processes: fwk, torchrun, the workers
+    proc = _start(tmp_path)
+    _wait_for(tmp_path, proc, 40)
+    torchrun = _torchrun(tmp_path)
+    ignored = next(line for line in Path(f"/proc/{torchrun}/status").read_text().splitlines() if line[:7] == "SigIgn:")
+    assert int(ignored.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1, "torchrun would die of SIGUSR1"
+    for pid in (proc.pid, torchrun, _worker(tmp_path, 0), _worker(tmp_path, 1)):
+        os.kill(pid, signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 138  # 128 + SIGUSR1: train.sbatch requeues the job
+    assert out.count("checkpoint saved. Run the same command to resume.") == 1
+    assert err == ""
+
+
 def test_killed_worker_is_restarted_and_resumes_bit_exactly(tmp_path: Path) -> None:
     straight = run_fwk(*ARGS, runs=tmp_path / "straight", timeout=600)
     assert straight.returncode == 0, straight.stderr

@@ -25,3 +25,13 @@ def test_seed_config_and_code_change_the_id() -> None:
 
 def test_code_version_format() -> None:
     assert re.fullmatch(r"git:[0-9a-f]{12}(\+dirty\.[0-9a-f]{10})?|fwk \S+", code_version())
+
+
+def test_rendezvous_location_does_not_change_the_id() -> None:
+    # a requeued SLURM job meets on another host; static rendezvous gives each node its rank
+    cfg = {**CFG, "parallel": {"nnodes": 2, "rdzv_endpoint": "node0:15001", "node_rank": 0}}
+    moved = {**CFG, "parallel": {"nnodes": 2, "rdzv_endpoint": "node7:15001", "node_rank": 1}}
+    assert run_id(moved, "git:abc") == run_id(cfg, "git:abc")
+    assert run_id({**CFG, "parallel": {"nnodes": 4, "rdzv_endpoint": "node0:15001"}}, "git:abc") != run_id(
+        cfg, "git:abc"
+    )

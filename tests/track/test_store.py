@@ -38,3 +38,13 @@ def test_truncate_metrics(tmp_path: Path) -> None:
     run.metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in (5, 10, 15)))
     run.truncate_metrics(after_step=10)
     assert [r["step"] for r in run.metrics_rows()] == [5, 10]
+
+
+def test_reopened_on_another_rendezvous_host(tmp_path: Path) -> None:
+    # what a SLURM job requeued onto other nodes does: same run, another rendezvous endpoint
+    first = "parallel:\n  nnodes: 2\n  rdzv_endpoint: node0:15001\nseed: 0\n"
+    run = open_run(tmp_path, "abc123", first, "git:x", 4)
+    open_run(tmp_path, "abc123", first.replace("node0", "node3"), "git:x", 4)
+    assert run.config.read_text() == first
+    with pytest.raises(UserError, match="differs"):
+        open_run(tmp_path, "abc123", first.replace("nnodes: 2", "nnodes: 3"), "git:x", 6)
