@@ -92,6 +92,15 @@ def test_world_size_mismatch(tmp_path: Path) -> None:
         other.load(path)
 
 
+def test_layout_mismatch_is_one_line_error(tmp_path: Path) -> None:
+    """A checkpoint of an unsharded run does not load into a sharded one (and back)."""
+    path = Checkpointer(tmp_path, SOLO, keep=1).save(1, _state(1))
+    sharded = Checkpointer(tmp_path, SOLO, keep=1, sharded=True)
+    with pytest.raises(UserError, match=r"is unsharded \(parallel=none/ddp\) but this run is sharded") as err:
+        sharded.load_latest(print)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
 def test_rng_state_loads_with_weights_only(tmp_path: Path) -> None:
     torch.save(rng_state(), tmp_path / "rng.pt")
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))

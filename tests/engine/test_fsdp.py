@@ -122,22 +122,6 @@ def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path) -> None:
         assert torch.equal(got[name], tensor), name
 
 
-def test_sharded_checkpoint_refuses_unsharded_resume(tmp_path: Path) -> None:
-    args = ["train", "parallel.nproc_per_node=2", "train.max_steps=10", "train.eval_every=0", "checkpoint.every=10"]
-    first = run_fwk(*args, "parallel=fsdp", runs=tmp_path, timeout=600)
-    assert first.returncode == 0, first.stdout + first.stderr
-    # the same run dir, resumed as DDP: move its checkpoints into the DDP run's dir
-    (fsdp_run,) = tmp_path.iterdir()
-    dry = run_fwk(*args, "parallel=ddp", "train.max_steps=20", "--dry-run", runs=tmp_path)
-    ddp_dir = tmp_path / dry.stdout.split()[1]
-    (ddp_dir / "checkpoints").mkdir(parents=True)
-    (fsdp_run / "checkpoints" / "step-00000010").rename(ddp_dir / "checkpoints" / "step-00000010")
-    out = run_fwk(*args, "parallel=ddp", "train.max_steps=20", runs=tmp_path, timeout=600)
-    assert out.returncode == 2
-    (line,) = [x for x in out.stderr.splitlines() if x.strip()]
-    assert "is sharded (parallel=fsdp/hsdp) but this run is unsharded" in line
-
-
 def test_fp16_is_refused_under_fsdp(runs: Path) -> None:
     out = run_fwk("train", "parallel=fsdp", "parallel.nproc_per_node=2", "precision=fp16", runs=runs)
     assert out.returncode == 2
