@@ -245,6 +245,8 @@ class CommMonitor:
         else:
             return
         self.high = 0
+        # the next window starts after the change (rebuilding DDP is not step time)
+        self._started, self._explicit = time.perf_counter(), explicit_collective_seconds()
         self.changes.append(f"step {step}: {what}")
         self._pending = (what, share)
         self.say(
