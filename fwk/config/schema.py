@@ -67,6 +67,9 @@ class CheckpointConfig:
     on_corrupt: str = doc(
         "fallback", "a corrupt newest checkpoint: fallback (resume from the newest intact one, warn) or error"
     )
+    rewind_at: float = doc(
+        0.02, "save the model's weights once at this share of train.max_steps (lottery-ticket rewinding); 0 = off"
+    )
 
 
 @dataclass

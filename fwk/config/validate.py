@@ -118,6 +118,8 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an integer >= 1"
     on_corrupt = c.checkpoint.on_corrupt
     yield on_corrupt in ("fallback", "error"), "checkpoint.on_corrupt", on_corrupt, "one of fallback, error"
+    rewind = c.checkpoint.rewind_at
+    yield 0 <= rewind < 1, "checkpoint.rewind_at", rewind, "a share of train.max_steps in [0, 1) (0 = no rewind point)"
     yield t.accum_steps >= 1, "train.accum_steps", t.accum_steps, "an integer >= 1 (1 = no accumulation)"
     yield from _precision_rules(c)
     yield from _memory_rules(c)

@@ -96,6 +96,39 @@ def model_weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path / "state.pt", map_location="cpu", weights_only=True)["model"]
 
 
+class RewindPoint:
+    """The model's weights early in training, kept for lottery-ticket rewinding (``fwk export``).
+
+    Saved once, at ``rewind_at`` x ``max_steps`` (at least step 1), as whole tensors in
+    ``rewind/step-<N>.pt`` beside the checkpoints, never pruned with them. A resumed run
+    that has passed that step finds the file and leaves it alone. Cheap: weights only, once.
+    """
+
+    def __init__(self, root: Path, d: Dist, rewind_at: float, max_steps: int) -> None:
+        self.root, self.d = root, d
+        self.step = max(1, round(rewind_at * max_steps)) if rewind_at > 0 else None
+
+    @property
+    def path(self) -> Path | None:
+        return self.root / f"{_PREFIX}{self.step:08d}.pt" if self.step is not None else None
+
+    def after(self, step: int, model: torch.nn.Module) -> None:
+        """Called after every step by every rank (gathering sharded weights is a collective)."""
+        if step != self.step or self.path is None or self.path.exists():
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.d.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".tmp-{self.path.name}"
+            torch.save({"step": step, "model": weights}, tmp)
+            _fsync_file(tmp)
+            os.rename(tmp, self.path)
+            _fsync_dir(self.root)
+        self.d.barrier()
+
+
 class Checkpointer:
     def __init__(self, root: Path, d: Dist, keep: int, on_corrupt: str = "error", sharded: bool = False) -> None:
         self.root, self.d, self.keep, self.on_corrupt, self.sharded = root, d, keep, on_corrupt, sharded

@@ -23,7 +23,7 @@ from fwk.config.schema import Config
 from fwk.data.loader import TrainLoader, val_loader
 from fwk.engine import parallel
 from fwk.engine.build import build_data, build_model
-from fwk.engine.checkpoint import Checkpointer, set_rng_state
+from fwk.engine.checkpoint import Checkpointer, RewindPoint, set_rng_state
 from fwk.engine.comm import CommMonitor
 from fwk.engine.evaluate import evaluate
 from fwk.engine.jit import Jit
@@ -95,6 +95,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
     val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
     ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, parallel.sharded(raw))
+    rewind = RewindPoint(run.path / "rewind", d, cfg.checkpoint.rewind_at, cfg.train.max_steps)
 
     step = 0
     found = ckpt.load_latest(reporter.message, template=lambda: parallel.model_state(raw, optimizer))
@@ -144,6 +145,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
             loss = train_step(step, step_batches)
             scheduler.step()
             step += 1
+            rewind.after(step, raw)
             window.add(loss, t1 - t0)
             train_samples += samples_per_step
             train_time += time.perf_counter() - t0

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fwk.engine.checkpoint import Checkpointer, rng_state, set_rng_state
+from fwk.engine.checkpoint import Checkpointer, RewindPoint, rng_state, set_rng_state
 from fwk.engine.parallel import Dist
 from fwk.errors import UserError
 
@@ -104,3 +104,26 @@ def test_layout_mismatch_is_one_line_error(tmp_path: Path) -> None:
 def test_rng_state_loads_with_weights_only(tmp_path: Path) -> None:
     torch.save(rng_state(), tmp_path / "rng.pt")
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+
+
+def test_rewind_point_saves_weights_once(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    point = RewindPoint(tmp_path / "rewind", SOLO, rewind_at=0.02, max_steps=500)
+    assert point.step == 10
+    point.after(9, model)
+    assert not (tmp_path / "rewind").exists()
+    point.after(10, model)
+    saved = torch.load(tmp_path / "rewind" / "step-00000010.pt", weights_only=True)
+    assert saved["step"] == 10
+    assert saved["model"].keys() == model.state_dict().keys()
+    assert all(torch.equal(saved["model"][k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():  # a resumed run passing the step again leaves the file as it was
+        model[0].weight.add_(1.0)
+    point.after(10, model)
+    again = torch.load(tmp_path / "rewind" / "step-00000010.pt", weights_only=True)
+    assert torch.equal(again["model"]["0.weight"], saved["model"]["0.weight"])
+
+
+def test_rewind_point_off_and_at_least_step_one(tmp_path: Path) -> None:
+    assert RewindPoint(tmp_path, SOLO, rewind_at=0.0, max_steps=500).step is None
+    assert RewindPoint(tmp_path, SOLO, rewind_at=0.02, max_steps=10).step == 1

@@ -69,6 +69,8 @@ def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ran
     assert shards == [f"__{r}_0.distcp" for r in range(ranks)]  # every rank wrote its own; nothing gathered
     weights = model_weights(final)
     assert weights["head.4.weight"].shape == (10, 128)  # whole tensors, not shards
+    rewind = torch.load(run / "rewind" / "step-00000001.pt", weights_only=True)["model"]
+    assert rewind["head.4.weight"].shape == (10, 128)  # the rewind point is gathered whole too
 
 
 def test_fsdp_matches_ddp(tmp_path: Path) -> None:
