@@ -71,6 +71,29 @@ class StopSignal:
             signal.signal(s, handler)
 
 
+class Resumable:
+    """What a checkpoint holds: the model and optimizer (whole, or this rank's shards) and
+    the state of every object the loop calls, gathered from them and given back to them."""
+
+    def __init__(self, raw: torch.nn.Module, optimizer: torch.optim.Optimizer, **parts: Any) -> None:
+        self.raw, self.optimizer, self.parts = raw, optimizer, parts
+
+    def template(self) -> dict[str, Any]:
+        return parallel.model_state(self.raw, self.optimizer)
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        parts = {name: part.state_dict() for name, part in self.parts.items()}
+        return {**parallel.model_state(self.raw, self.optimizer), **parts, "step": step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> int:
+        """Restore everything; returns the step the checkpoint was taken at."""
+        parallel.load_model_state(self.raw, self.optimizer, state)
+        for name, part in self.parts.items():
+            if name in state:  # a checkpoint from before a part existed leaves it as built
+                part.load_state_dict(state[name])
+        return int(state["step"])
+
+
 def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     """Train to ``train.max_steps`` (or until stopped); returns the summary when finished."""
     started = time.perf_counter()
@@ -97,17 +120,14 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, parallel.sharded(raw))
     rewind = RewindPoint(run.path / "rewind", d, cfg.checkpoint.rewind_at, cfg.train.max_steps)
 
+    parts = dict(scheduler=scheduler, loader=loader, precision=precision, memory=memory, comm=comm)
+    resumable = Resumable(raw, optimizer, **parts)
+
     step = 0
-    found = ckpt.load_latest(reporter.message, template=lambda: parallel.model_state(raw, optimizer))
+    found = ckpt.load_latest(reporter.message, template=resumable.template)
     if found is not None:
         latest, state, rng = found
-        parallel.load_model_state(raw, optimizer, state)
-        scheduler.load_state_dict(state["scheduler"])
-        loader.load_state_dict(state["loader"])
-        precision.load_state_dict(state["precision"])
-        memory.load_state_dict(state["memory"])
-        comm.load_state_dict(state.get("comm", {}))
-        step = int(state["step"])
+        step = resumable.load_state_dict(state)
         set_rng_state(rng)
         if d.is_main:
             run.truncate_metrics(after_step=step)
@@ -115,18 +135,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
         seed_everything(cfg.seed + d.rank)  # per-rank streams for dropout and the like
 
     def save() -> None:
-        ckpt.save(
-            step,
-            {
-                **parallel.model_state(raw, optimizer),
-                "scheduler": scheduler.state_dict(),
-                "loader": loader.state_dict(),
-                "precision": precision.state_dict(),
-                "memory": memory.state_dict(),
-                "comm": comm.state_dict(),
-                "step": step,
-            },
-        )
+        ckpt.save(step, resumable.state_dict(step))
 
     reporter.start(step)
     if found is not None:
