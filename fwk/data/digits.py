@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from fwk.data.base import DataBundle, register_data
@@ -18,6 +19,7 @@ class DigitsConfig:
     val_size: int = doc(300, "number of images held out for validation")
     split_seed: int = doc(0, "seed of the train/val split; independent of the run's seed so the val set is fixed")
     normalize: bool = doc(True, "subtract the train pixels' mean and divide by their std (one scalar each)")
+    image_size: int = doc(8, "side of the images in px: 8 (the originals) or larger, upscaled bilinearly (e.g. 32)")
 
 
 @register_data(DigitsConfig)
@@ -32,6 +34,11 @@ def digits(cfg: DigitsConfig, *, seed: int) -> DataBundle:
     images = torch.as_tensor(raw.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
     labels = torch.as_tensor(raw.target, dtype=torch.int64)  # (N,)
     n = len(labels)
+    if cfg.image_size < 8:
+        raise UserError(f"data.image_size={cfg.image_size} must be >= 8 (the digits are 8x8; larger sizes upscale)")
+    if cfg.image_size != 8:
+        # (N, 1, 8, 8) -> (N, 1, S, S), once, before the split: a ResNet's stages need room to downsample
+        images = F.interpolate(images, size=cfg.image_size, mode="bilinear", align_corners=False)
     if not 0 < cfg.val_size < n:
         raise UserError(f"data.val_size={cfg.val_size} must be between 1 and {n - 1} (digits has {n} images)")
 

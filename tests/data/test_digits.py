@@ -30,3 +30,20 @@ def test_unnormalized_range_and_normalized_stats():
     norm = digits(DigitsConfig(), seed=0).train.tensors[0]
     # train stats are exactly what was subtracted/divided: 1e-4 covers float32 summation error
     assert abs(norm.mean().item()) < 1e-4 and abs(norm.std().item() - 1) < 1e-4
+
+
+def test_upscaled_images_keep_split_and_stats():
+    small, big = digits(DigitsConfig(), seed=0), digits(DigitsConfig(image_size=32), seed=0)
+    x, y = big.train[0]
+    assert x.shape == (1, 32, 32) and torch.equal(big.train.tensors[1], small.train.tensors[1])
+    norm = big.train.tensors[0]
+    assert abs(norm.mean().item()) < 1e-4 and abs(norm.std().item() - 1) < 1e-4
+
+
+def test_image_size_below_8_is_refused():
+    import pytest
+
+    from fwk.errors import UserError
+
+    with pytest.raises(UserError, match="data.image_size=4 must be >= 8"):
+        digits(DigitsConfig(image_size=4), seed=0)
