@@ -7,6 +7,7 @@ import sys
 import typer
 
 from fwk.cli.doctor import doctor
+from fwk.cli.export import export
 from fwk.cli.train import train
 from fwk.errors import UserError
 
@@ -23,6 +24,7 @@ app.command(
 
 
 app.command()(doctor)
+app.command(context_settings={"ignore_unknown_options": True})(export)
 
 
 @app.callback()

@@ -112,3 +112,53 @@ def compose(overrides: list[str]) -> dict[str, Any]:
     assert isinstance(resolved, dict)
     resolved["recipe"] = choices.get(_HYDRA_GROUP) or resolved.get("recipe", "")
     return resolved
+
+
+def compose_group(group: str, schema: type, overrides: list[str]) -> dict[str, Any]:
+    """Compose one config group on its own, for commands that do not train (`fwk export`).
+
+    ``group=OPTION`` picks conf/<group>/OPTION.yaml (else ``default``); ``group.key=value``,
+    ``+group.key=value`` and ``~group.key`` edit it. Keys and types come from ``schema``.
+    """
+    import dataclasses
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    keys = [f.name for f in dataclasses.fields(schema)]
+    option, rest = "default", []
+    for override in overrides:
+        head, sep, value = override.partition("=")
+        key = head.lstrip("+~")
+        if sep and head == group:
+            option = value
+        elif key.startswith(f"{group}."):
+            if key.split(".")[1] not in keys:
+                raise UserError(f"unknown key '{key}'; valid keys here: {', '.join(keys)}")
+            rest.append(override)
+        else:
+            raise UserError(
+                f"'{override}' is not an override of the {group} group; write {group}.KEY=VALUE or {group}=OPTION"
+            )
+    _check_grammar(rest)
+    ConfigStore.instance().store(group=f"schema/{group}", name="default", node=schema)
+    root = resources_root()
+    try:
+        with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3", job_name="fwk"):
+            cfg = hydra_compose(config_name=None, overrides=[f"+{group}={option}", *rest])
+    except MissingConfigException as exc:
+        options = ", ".join(exc.options or []) or "none"
+        raise UserError(f"unknown {group} '{option}'; choose one of: {options}") from None
+    except HydraException as exc:
+        cause = exc.__cause__
+        detail = f": {_one_line(cause)}" if cause is not None else ""
+        raise UserError(f"{_one_line(exc)}{detail}".replace("\n", " ")) from None
+    except OmegaConfBaseException as exc:
+        raise UserError(f"bad override: {_one_line(exc)}") from None
+    resolved = OmegaConf.to_container(cfg[group], resolve=True)
+    assert isinstance(resolved, dict)
+    return resolved

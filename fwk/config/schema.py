@@ -205,3 +205,35 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.parallel.nproc_per_node * self.parallel.nnodes
+
+
+QUANTIZATIONS = ("none", "int8", "dynamic_int8", "fp16")
+
+
+@dataclass
+class ExportConfig:
+    """`fwk export` (conf/export/): how a run's model is calibrated, verified and timed.
+
+    Not part of ``Config``: a training run does not depend on it. ``fwk export`` composes
+    this group on its own (``export=OPTION``, ``export.KEY=VALUE``); only fwk/export/ reads it.
+    """
+
+    name: str = doc("default", "name of the option in conf/export/")
+    batch_size: int = doc(64, "samples per batch of the validation and calibration passes")
+    val_batches: int = doc(0, "cap on validation batches per model; 0 = the whole validation set")
+    calib_batches: int = doc(8, "int8: training batches (of batch_size) whose activation ranges calibrate the model")
+    per_channel: bool = doc(True, "int8 / dynamic_int8: one weight scale per output channel (false: one per tensor)")
+    reduce_range: str = doc(
+        "auto",
+        "int8 / dynamic_int8: 7-bit weights, so u8*s8 products cannot overflow int16 on x86 CPUs without "
+        "VNNI (AVX2/AVX512 only); auto (on such a CPU), true, false",
+    )
+    latency_batch: int = doc(32, "batch N of the latency figures (batch 1 is always timed)")
+    threads: int = doc(0, "intra-op threads of onnxruntime and torch while timing; 0 = the cores this process may use")
+    warmup: int = doc(3, "untimed runs of each model and batch size before timing")
+    iterations: int = doc(20, "timed runs of each model and batch size, interleaved across the models")
+    fp32_rtol: float = doc(
+        1e-4,
+        "largest accepted max|output - torch fp32 output| / max|torch fp32 output| of the folded model and "
+        "the fp32 ONNX model: both compute in fp32, only the summation order differs (~1e-6)",
+    )

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-COMMANDS = [[], ["train"], ["doctor"]]
+COMMANDS = [[], ["train"], ["doctor"], ["export"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "fwk")

@@ -1,0 +1,70 @@
+"""`fwk export`: a finished run -> a folded, quantized, verified ONNX model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+_OPTIONS = "--quantize, --output, --max-accuracy-drop, --overwrite"
+
+
+def export(
+    args: list[str] | None = typer.Argument(
+        None,
+        metavar="[RUN_ID] [OVERRIDES]...",
+        help="A run id or a unique prefix of one (default: the newest complete run), then overrides of the "
+        "export group: export.KEY=VALUE, export=OPTION.",
+        show_default=False,
+    ),
+    quantize: str = typer.Option(
+        "int8",
+        "--quantize",
+        help="none, int8 (static QDQ, calibrated on training batches: conv nets), dynamic_int8 (transformers) or fp16.",
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", help="Also write the final model to this path (refused if it exists, unless --overwrite)."
+    ),
+    max_accuracy_drop: float = typer.Option(
+        1.0,
+        "--max-accuracy-drop",
+        help="Largest accepted loss against torch fp32: accuracy points (language models: % rise of the "
+        "validation loss). Beyond it: exit 1, naming the stage; the artifacts are kept.",
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file."),
+) -> None:
+    """Export a trained run to a quantized ONNX model, verified stage by stage.
+
+    Folds BatchNorms, exports ONNX, optimizes the graph, quantizes, then measures every
+    stage on the validation set (accuracy, agreement, output difference, size, latency)
+    and writes runs/<id>/exports/<export-id>/ with export_report.json.
+    """
+    from fwk.errors import UserError
+    from fwk.export.pipeline import check_output
+    from fwk.export.settings import check_quantize, load_settings
+    from fwk.track.lookup import find_run, runs_root
+
+    # the user's mistakes first, before anything slow is imported
+    words = list(args or [])
+    flags = [w for w in words if w.startswith("-")]
+    if flags:
+        raise UserError(f"unknown option '{flags[0]}' for fwk export; its options are {_OPTIONS}")
+    ids = [w for w in words if "=" not in w]
+    if len(ids) > 1:
+        raise UserError(f"fwk export takes one run id, got {len(ids)}: {', '.join(ids)}")
+    check_quantize(quantize)
+    if max_accuracy_drop < 0:
+        raise UserError(f"--max-accuracy-drop={max_accuracy_drop:g} is not allowed: expected a number >= 0")
+    check_output(output, overwrite)
+    cfg = load_settings([w for w in words if "=" in w])
+    run = find_run(runs_root(), ids[0] if ids else None)
+
+    import logging
+
+    from rich.console import Console
+
+    from fwk.export.pipeline import run_export
+
+    logging.getLogger("torch").setLevel(logging.ERROR)  # the exporter's warnings go to export.log, not here
+    console = Console(stderr=False, highlight=False, width=max(Console().width, 160))
+    run_export(run, quantize, cfg, max_accuracy_drop, output, overwrite, say=typer.echo, show=console.print)

@@ -1,0 +1,14 @@
+"""`fwk export`: a trained run -> a folded, optimized, quantized ONNX model, verified stage by stage.
+
+One module per stage, run in this order by ``pipeline.py``:
+
+    source    the run's config and newest complete checkpoint -> the eval-mode torch model
+    fold      BatchNorms folded into the convolutions before them
+    to_onnx   torch.onnx (dynamo exporter): one .onnx file, dynamic batch axis, checked
+    optimize  onnxscript's graph optimizer (constant folding, dead code, redundant ops)
+    quantize  onnxruntime.quantization: static QDQ int8, dynamic int8, or fp16
+    verify    accuracy / loss, agreement and output differences on the validation set; latency
+    report    the table on screen and export_report.json; the verdict and the recommendation
+
+Only this package reads the ``export`` config group (``ExportConfig``).
+"""

@@ -1,0 +1,163 @@
+"""Stage 6: the verdict, the recommendation, export_report.json and the table on screen.
+
+The accuracy drop of a stage is measured against torch fp32 (the checkpoint's model, in
+eval mode): in accuracy points for classification (98.7% -> 97.9% is 0.8), and for
+language models as the rise of the validation loss in percent of torch fp32's loss. The
+first stage whose drop exceeds the limit is the stage that lost it; a folded or fp32
+ONNX stage also fails when its outputs differ from torch fp32's by more than
+``export.fp32_rtol`` of the largest output (an export bug, not a rounding effect).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+REPORT = "export_report.json"
+TORCH, FOLDED, ONNX_FP32 = "torch fp32", "folded", "onnx fp32"
+
+
+def drop(task: str, reference: dict[str, Any], stage: dict[str, Any]) -> float:
+    """Points of accuracy lost (classification) or percent of loss gained (lm); > 0 is worse."""
+    if task == "lm":
+        return (stage["val_loss"] - reference["val_loss"]) / reference["val_loss"] * 100.0
+    return (reference["val_acc"] - stage["val_acc"]) * 100.0
+
+
+def _fp32(stage: dict[str, Any]) -> bool:
+    return stage["stage"] in (FOLDED, ONNX_FP32)
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """{'passed': bool, 'stage': the first stage that failed or None, 'reason': one line}."""
+    task, limit, rtol = report["task"], report["max_accuracy_drop"], report["settings"]["fp32_rtol"]
+    stages = report["stages"]
+    ref = stages[0]
+    for s in stages[1:]:
+        if _fp32(s) and s["rel_diff"] > rtol:
+            return {
+                "passed": False,
+                "stage": s["stage"],
+                "reason": (
+                    f"stage '{s['stage']}' differs from torch fp32: max |diff| {s['max_abs_diff']:.3g} is "
+                    f"{s['rel_diff']:.2g} of the largest output, above export.fp32_rtol={rtol:g}"
+                ),
+            }
+        d = s["drop"]
+        if d > limit:
+            lost = f"raised the validation loss by {d:.2f}%" if task == "lm" else f"lost {d:.2f} points of accuracy"
+            return {
+                "passed": False,
+                "stage": s["stage"],
+                "reason": (
+                    f"stage '{s['stage']}' {lost} ({_metric_text(task, ref)} -> {_metric_text(task, s)} "
+                    f"vs torch fp32), more than --max-accuracy-drop {limit:g}"
+                ),
+            }
+    points = "point" if limit == 1 else "points"
+    within = f"loss within {limit:g}% of" if task == "lm" else f"accuracy within {limit:g} {points} of"
+    return {"passed": True, "stage": None, "reason": f"every stage's {within} torch fp32"}
+
+
+def _metric_text(task: str, s: dict[str, Any]) -> str:
+    return f"loss {s['val_loss']:.4f}" if task == "lm" else f"{s['val_acc'] * 100:.2f}%"
+
+
+def recommendation(report: dict[str, Any]) -> dict[str, Any]:
+    """Which artifact to deploy on this machine, and why: int8 is not faster on every CPU."""
+    stages = {s["stage"]: s for s in report["stages"]}
+    fp32 = stages[ONNX_FP32]
+    final = report["stages"][-1]
+    if final is fp32:
+        return {"artifact": fp32["artifact"], "why": "no quantization asked (--quantize none)"}
+    batches = sorted(fp32["latency_ms"], key=int)
+    ratios = {b: fp32["latency_ms"][b]["p50"] / final["latency_ms"][b]["p50"] for b in batches}
+    smaller = fp32["size_bytes"] / final["size_bytes"]
+    name, method = final["artifact"], report["quantize"]
+    speed = ", ".join(f"{r:.2f}x at batch {b}" for b, r in ratios.items())
+    cpu = report["cpu"]
+    units = [n for n in ("vnni", "avx512", "amx") if cpu.get(n)]
+    cpu_text = f"{cpu['capability']}, " + (f"with {'/'.join(u.upper() for u in units)}" if units else "no VNNI")
+    if all(r >= 1 for r in ratios.values()):
+        return {"artifact": name, "why": f"{method} is faster than ONNX fp32 ({speed}) and {smaller:.1f}x smaller"}
+    if all(r < 1 for r in ratios.values()):
+        return {
+            "artifact": fp32["artifact"],
+            "why": (
+                f"{method} is slower than ONNX fp32 on this CPU ({cpu_text}): speed {speed}; "
+                f"{fp32['artifact']} is faster here, {name} is {smaller:.1f}x smaller"
+            ),
+        }
+    fast = [b for b, r in ratios.items() if r >= 1]
+    slow = [b for b, r in ratios.items() if r < 1]
+    return {
+        "artifact": name,
+        "why": (
+            f"{method} is faster than ONNX fp32 at batch {', '.join(fast)} but slower at batch {', '.join(slow)} "
+            f"on this CPU ({cpu_text}): speed {speed}; use {fp32['artifact']} for batch {', '.join(slow)}; "
+            f"{name} is {smaller:.1f}x smaller"
+        ),
+    }
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} K" if n >= 1e3 else str(n)
+
+
+def table(report: dict[str, Any]):  # -> rich.table.Table
+    from rich.table import Table
+
+    task = report["task"]
+    metric = "val loss" if task == "lm" else "val acc"
+    delta = "loss +%" if task == "lm" else "drop (pts)"
+    t = Table(
+        title=f"export {report['export_id']} of run {report['parent_run']} ({report['checkpoint']}), "
+        f"{report['stages'][0]['samples']} validation samples, {report['threads']} threads",
+        title_justify="left",
+    )
+    for col in ("stage", "file", "size", "weights", metric, delta, "agree", "max |diff|"):
+        t.add_column(col, justify="left" if col in ("stage", "file") else "right")
+    batches = sorted(report["stages"][0].get("latency_ms", {}), key=int)
+    for b in batches:
+        t.add_column(f"batch {b}: p50 / p90 ms (vs torch)", justify="right")
+    torch_ms = report["stages"][0].get("latency_ms", {})
+    for s in report["stages"]:
+        value = f"{s['val_loss']:.4f}" if task == "lm" else f"{s['val_acc'] * 100:.2f}%"
+        lat = s.get("latency_ms")
+        cells = [
+            f"{lat[b]['p50']:.2f} / {lat[b]['p90']:.2f} ({torch_ms[b]['p50'] / lat[b]['p50']:.2f}x)" if lat else "-"
+            for b in batches
+        ]
+        t.add_row(
+            s["stage"],
+            s.get("artifact") or "-",
+            _size(s["size_bytes"]),
+            _count(s["weights"]),
+            value,
+            "-" if s is report["stages"][0] else f"{s['drop']:+.2f}",
+            f"{s['agreement'] * 100:.1f}%",
+            f"{s['max_abs_diff']:.2g}",
+            *cells,
+        )
+    return t
+
+
+def summary_lines(report: dict[str, Any], where: str) -> list[str]:
+    v, r = report["verdict"], report["recommendation"]
+    lines = [
+        f"onnx: {report['onnx']['exporter']}, opset {report['onnx']['opset']}, dynamic axes "
+        f"{', '.join(report['onnx']['dynamic_axes'])}; graph {report['onnx']['nodes_exported']} -> "
+        f"{report['onnx']['nodes_optimized']} nodes (onnxscript optimizer)"
+        + (f"; {report['folded_batchnorms']} BatchNorms folded" if report["folded_batchnorms"] else ""),
+        f"{'passed' if v['passed'] else 'FAILED'}: {v['reason']}",
+        f"recommended here: {r['artifact']} ({r['why']})",
+        f"export dir: {where}",
+    ]
+    return lines

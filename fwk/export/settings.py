@@ -1,0 +1,41 @@
+"""The ``export`` config group: composed on its own (Hydra grammar), typed, range-checked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fwk.config.schema import QUANTIZATIONS, SWITCHES, ExportConfig
+from fwk.errors import UserError
+
+
+def check_quantize(method: str) -> str:
+    if method not in QUANTIZATIONS:
+        raise UserError(
+            f"--quantize={method} is not allowed: expected one of {', '.join(QUANTIZATIONS)} "
+            "(int8: static, calibrated, for conv nets; dynamic_int8: for transformers)"
+        )
+    return method
+
+
+def _rules(c: ExportConfig) -> Iterator[tuple[bool, str, Any, str]]:
+    yield c.batch_size > 0, "export.batch_size", c.batch_size, "an integer > 0"
+    yield c.val_batches >= 0, "export.val_batches", c.val_batches, "an integer >= 0 (0 = the whole validation set)"
+    yield c.calib_batches > 0, "export.calib_batches", c.calib_batches, "an integer > 0"
+    yield c.latency_batch > 1, "export.latency_batch", c.latency_batch, "an integer > 1 (batch 1 is always timed)"
+    yield c.threads >= 0, "export.threads", c.threads, "an integer >= 0 (0 = the cores this process may use)"
+    yield c.warmup >= 0, "export.warmup", c.warmup, "an integer >= 0"
+    yield c.iterations >= 1, "export.iterations", c.iterations, "an integer >= 1"
+    yield c.fp32_rtol > 0, "export.fp32_rtol", c.fp32_rtol, "a number > 0"
+    yield c.reduce_range in SWITCHES, "export.reduce_range", c.reduce_range, f"one of {', '.join(SWITCHES)}"
+
+
+def load_settings(overrides: list[str]) -> ExportConfig:
+    """conf/export/<option>.yaml with the user's overrides; UserError naming a bad key or value."""
+    from fwk.config.compose import compose_group
+
+    cfg = ExportConfig(**compose_group("export", ExportConfig, overrides))
+    for ok, key, value, allowed in _rules(cfg):
+        if not ok:
+            raise UserError(f"{key}={value!r} is not allowed: expected {allowed} (fix it with {key}=...)")
+    return cfg

@@ -1,0 +1,120 @@
+"""Stage 0: a finished run -> its config, its newest complete checkpoint, the eval-mode model.
+
+The model is rebuilt with the engine's own builders from the run's stored config (never
+by composing Hydra again), on the CPU in fp32, and its weights come from
+``fwk.engine.checkpoint.model_weights``, which reads both the plain and the sharded (FSDP)
+checkpoint layout. The checkpoint's checksums are checked first: a damaged file is one
+line naming it, not a pickle traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fwk.errors import UserError
+from fwk.track.lookup import is_complete
+from fwk.track.store import RunDir
+
+if TYPE_CHECKING:  # torch is imported by load() only: the checks above it stay fast
+    from torch import nn
+
+    from fwk.config.schema import Config
+    from fwk.data import DataBundle
+
+_STEP = re.compile(r"step-(\d+)$")
+
+
+@dataclass
+class Source:
+    run: RunDir
+    config: Config
+    checkpoint: Path
+    step: int
+    model: nn.Module  # eval mode, CPU, fp32, the checkpoint's weights
+    data: DataBundle
+
+
+def train_command(run: RunDir) -> str:
+    """The command line that last launched the run (from meta.json), to tell the user how to resume."""
+    try:
+        argv = json.loads(run.meta.read_text())["launches"][-1]["argv"]
+        return "fwk " + " ".join(argv[1:])
+    except (OSError, ValueError, KeyError, IndexError):
+        return f"fwk train with the config in {run.config}"
+
+
+def checkpoints(run: RunDir) -> list[Path]:
+    """Complete checkpoints (those with a manifest), oldest first."""
+    if not run.checkpoints.is_dir():
+        return []
+    found = [p for p in run.checkpoints.iterdir() if _STEP.match(p.name) and (p / "manifest.json").is_file()]
+    return sorted(found, key=lambda p: int(_STEP.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def check_exportable(run: RunDir) -> Path:
+    """The newest complete checkpoint of a finished run; one line saying what is missing otherwise."""
+    found = checkpoints(run)
+    if not is_complete(run):
+        where = f"newest checkpoint: {found[-1].name}" if found else "no checkpoint yet"
+        raise UserError(
+            f"run {run.id} is not complete (no summary.json; {where}); "
+            f"finish it first by running its command again: {train_command(run)}"
+        )
+    if not found:
+        raise UserError(
+            f"run {run.id} has no complete checkpoint in {run.checkpoints} (moved or deleted?); "
+            f"retrain it: move {run.path} away and run {train_command(run)}"
+        )
+    return found[-1]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_checksums(path: Path) -> None:
+    """The model's files in the checkpoint match the sha256 its manifest recorded."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    sums: dict[str, str] = manifest.get("sha256", {})
+    sharded = bool(manifest.get("sharded", False))
+    names = [n for n in sums if n.startswith("sharded/")] if sharded else ["state.pt"]
+    for name in names:
+        if name not in sums or not (path / name).is_file() or _sha256(path / name) != sums[name]:
+            raise UserError(
+                f"checkpoint {path} is damaged ({name}: missing or checksum mismatch); "
+                f"move it out of {path.parent} to export the checkpoint before it"
+            )
+
+
+def load(run: RunDir) -> Source:
+    """Rebuild the run's model from its config and load the newest complete checkpoint."""
+    from omegaconf import OmegaConf
+
+    from fwk.config.validate import to_typed
+    from fwk.engine.build import build_data, build_model
+    from fwk.engine.checkpoint import model_weights
+    from fwk.engine.trainer import seed_everything
+
+    checkpoint = check_exportable(run)
+    cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
+    seed_everything(cfg.seed)
+    data = build_data(cfg.data, seed=cfg.seed)
+    model = build_model(cfg.model, data)
+    _check_checksums(checkpoint)
+    try:
+        weights = model_weights(checkpoint)
+        model.load_state_dict(weights)
+    except RuntimeError as exc:  # shapes or keys differ: the config and the weights disagree
+        first = str(exc).strip().splitlines()[0]
+        raise UserError(f"checkpoint {checkpoint} does not fit the model of {run.config}: {first}") from None
+    step = int(_STEP.match(checkpoint.name).group(1))  # type: ignore[union-attr]
+    return Source(run=run, config=cfg, checkpoint=checkpoint, step=step, model=model.float().eval(), data=data)
