@@ -280,7 +280,11 @@ def run_export(
             report = _build(source, eid, quantize, cfg, max_drop, tmp, log, say)
             if log.exists():
                 os.replace(log, tmp / "export.log")
-            os.rename(tmp, final_dir)
+            try:
+                os.rename(tmp, final_dir)
+            except OSError:  # the same export, run at the same time, finished first: keep that one
+                if not (final_dir / rep.REPORT).is_file():
+                    raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # our own temp dir, after an error; gone after the rename
     show(rep.table(report))

@@ -77,6 +77,8 @@ def recommendation(report: dict[str, Any]) -> dict[str, Any]:
     cpu = report["cpu"]
     units = [n for n in ("vnni", "avx512", "amx") if cpu.get(n)]
     cpu_text = f"{cpu['capability']}, " + (f"with {'/'.join(u.upper() for u in units)}" if units else "no VNNI")
+    if method == "fp16":  # int8 units say nothing about fp16 speed
+        cpu_text = str(cpu["capability"])
     if all(r >= 1 for r in ratios.values()):
         return {"artifact": name, "why": f"{method} is faster than ONNX fp32 ({speed}) and {smaller:.1f}x smaller"}
     if all(r < 1 for r in ratios.values()):
