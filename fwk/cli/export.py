@@ -14,7 +14,7 @@ def export(
         None,
         metavar="[RUN_ID] [OVERRIDES]...",
         help="A run id or a unique prefix of one (default: the newest complete run), then overrides of the "
-        "export group: export.KEY=VALUE, export=OPTION.",
+        "export group: export.KEY=VALUE, export=OPTION; paths.runs=DIR for runs trained under another root.",
         show_default=False,
     ),
     quantize: str = typer.Option(
@@ -56,8 +56,9 @@ def export(
     if max_accuracy_drop < 0:
         raise UserError(f"--max-accuracy-drop={max_accuracy_drop:g} is not allowed: expected a number >= 0")
     check_output(output, overwrite)
-    cfg = load_settings([w for w in words if "=" in w])
-    run = find_run(runs_root(), ids[0] if ids else None)
+    roots = [w.partition("=")[2] for w in words if w.startswith("paths.runs=")]
+    cfg = load_settings([w for w in words if "=" in w and not w.startswith("paths.runs=")])
+    run = find_run(Path(roots[-1]) if roots else runs_root(), ids[0] if ids else None)
 
     import logging
 

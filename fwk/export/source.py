@@ -97,16 +97,16 @@ def _check_checksums(path: Path) -> None:
 
 def load(run: RunDir) -> Source:
     """Rebuild the run's model from its config and load the newest complete checkpoint."""
+    import torch
     from omegaconf import OmegaConf
 
     from fwk.config.validate import to_typed
     from fwk.engine.build import build_data, build_model
     from fwk.engine.checkpoint import model_weights
-    from fwk.engine.trainer import seed_everything
 
     checkpoint = check_exportable(run)
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
-    seed_everything(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the initial weights are replaced by the checkpoint's; the data takes the seed
     data = build_data(cfg.data, seed=cfg.seed)
     model = build_model(cfg.model, data)
     _check_checksums(checkpoint)

@@ -43,3 +43,10 @@ def test_no_runs_is_one_line(runs: Path) -> None:
     assert out.stderr.strip() == (
         f"fwk: error: no complete run to export: {runs} has no runs; train one with `fwk train` (or set FWK_RUNS)"
     )
+
+
+def test_runs_root_from_paths_runs(runs: Path, tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere"
+    out = run_fwk("export", f"paths.runs={other}", runs=runs)
+    assert out.returncode == 2
+    assert f"no complete run to export: {other} has no runs" in out.stderr
