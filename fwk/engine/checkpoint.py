@@ -42,7 +42,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -164,7 +164,7 @@ class Checkpointer:
                 "step": step,
                 "world_size": self.d.world_size,
                 "sharded": self.sharded,
-                "sha256": {f: _sha256(tmp / f) for f in files},
+                "sha256": {f: sha256_file(tmp / f) for f in files},
             }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             _fsync_file(tmp / "manifest.json")
@@ -217,7 +217,7 @@ class Checkpointer:
             names += shard_files or [f"{_SHARDED}/.metadata"]
         for name in names:
             expected = manifest.get("sha256", {}).get(name)
-            if expected is None or not (path / name).exists() or _sha256(path / name) != expected:
+            if expected is None or not (path / name).exists() or sha256_file(path / name) != expected:
                 return f"{name}: missing or checksum mismatch"
         return None
 

@@ -9,7 +9,6 @@ line naming it, not a pickle traceback.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -73,22 +72,16 @@ def check_exportable(run: RunDir) -> Path:
     return found[-1]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _check_checksums(path: Path) -> None:
     """The model's files in the checkpoint match the sha256 its manifest recorded."""
+    from fwk.engine.checkpoint import sha256_file
+
     manifest = json.loads((path / "manifest.json").read_text())
     sums: dict[str, str] = manifest.get("sha256", {})
     sharded = bool(manifest.get("sharded", False))
     names = [n for n in sums if n.startswith("sharded/")] if sharded else ["state.pt"]
     for name in names:
-        if name not in sums or not (path / name).is_file() or _sha256(path / name) != sums[name]:
+        if name not in sums or not (path / name).is_file() or sha256_file(path / name) != sums[name]:
             raise UserError(
                 f"checkpoint {path} is damaged ({name}: missing or checksum mismatch); "
                 f"move it out of {path.parent} to export the checkpoint before it"
