@@ -35,6 +35,17 @@ def _to_hydra(override: str) -> str:
     return override
 
 
+def _override_error(exc: Exception) -> UserError:
+    """A Hydra or OmegaConf failure to compose, as one line (with its cause, if any)."""
+    from hydra.errors import HydraException
+
+    if isinstance(exc, HydraException):
+        cause = exc.__cause__
+        detail = f": {_one_line(cause)}" if cause is not None else ""
+        return UserError(f"{_one_line(exc)}{detail}".replace("\n", " "))
+    return UserError(f"bad override: {_one_line(exc)}")
+
+
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split("\n")[0].split())
 
@@ -96,12 +107,8 @@ def compose(overrides: list[str]) -> dict[str, Any]:
         raise UserError(
             f"unknown {group} '{option}'; choose one of: {options} (e.g. {group}={(exc.options or ['?'])[0]})"
         ) from None
-    except HydraException as exc:
-        cause = exc.__cause__
-        detail = f": {_one_line(cause)}" if cause is not None else ""
-        raise UserError(f"{_one_line(exc)}{detail}".replace("\n", " ")) from None
-    except OmegaConfBaseException as exc:
-        raise UserError(f"bad override: {_one_line(exc)}") from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _override_error(exc) from None
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
@@ -153,12 +160,8 @@ def compose_group(group: str, schema: type, overrides: list[str]) -> dict[str, A
     except MissingConfigException as exc:
         options = ", ".join(exc.options or []) or "none"
         raise UserError(f"unknown {group} '{option}'; choose one of: {options}") from None
-    except HydraException as exc:
-        cause = exc.__cause__
-        detail = f": {_one_line(cause)}" if cause is not None else ""
-        raise UserError(f"{_one_line(exc)}{detail}".replace("\n", " ")) from None
-    except OmegaConfBaseException as exc:
-        raise UserError(f"bad override: {_one_line(exc)}") from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _override_error(exc) from None
     resolved = OmegaConf.to_container(cfg[group], resolve=True)
     assert isinstance(resolved, dict)
     return resolved
