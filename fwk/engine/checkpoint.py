@@ -107,6 +107,10 @@ class RewindPoint:
     def __init__(self, root: Path, d: Dist, rewind_at: float, max_steps: int) -> None:
         self.root, self.d = root, d
         self.step = max(1, round(rewind_at * max_steps)) if rewind_at > 0 else None
+        # decided once, before training, by every rank alike: under HSDP rank 0 gathers the
+        # weights with its shard group only and may write the file before a rank of another
+        # replica group reaches the step; that rank must not then skip the barrier below
+        self.done = self.path is None or self.path.exists()
 
     @property
     def path(self) -> Path | None:
@@ -114,8 +118,9 @@ class RewindPoint:
 
     def after(self, step: int, model: torch.nn.Module) -> None:
         """Called after every step by every rank (gathering sharded weights is a collective)."""
-        if step != self.step or self.path is None or self.path.exists():
+        if step != self.step or self.done or self.path is None:
             return
+        self.done = True
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -122,6 +122,7 @@ def test_rewind_point_saves_weights_once(tmp_path: Path) -> None:
     point.after(10, model)
     again = torch.load(tmp_path / "rewind" / "step-00000010.pt", weights_only=True)
     assert torch.equal(again["model"]["0.weight"], saved["model"]["0.weight"])
+    assert RewindPoint(tmp_path / "rewind", SOLO, rewind_at=0.02, max_steps=500).done  # decided up front
 
 
 def test_rewind_point_off_and_at_least_step_one(tmp_path: Path) -> None:
