@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,24 @@ def run_fwk(*args: str, runs: Path, timeout: float = 300, **popen: object) -> su
     return subprocess.run(
         [sys.executable, "-m", "fwk", *args], capture_output=True, text=True, timeout=timeout, env=env, **popen
     )
+
+
+def interrupt_after(
+    args: list[str], runs: Path, pattern: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Start ``fwk ARGS``, Ctrl-C it once a file matching ``pattern`` appears under ``runs``
+    (e.g. a checkpoint's manifest), and return what it printed and its exit code."""
+    env = {**(env or os.environ), "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fwk", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + timeout
+    while not list(runs.glob(pattern)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from fwk.config.schema import ParallelConfig
 from fwk.engine import parallel
 from fwk.engine.parallel import Dist, decide, training_bytes
 from fwk.optim import AdamWConfig, LionConfig, SGDConfig, state_floats_per_param
-from tests.conftest import require
+from tests.conftest import interrupt_after, require
 
 CPU = torch.device("cpu")
 
@@ -127,16 +125,9 @@ def test_adapting_is_opt_in(runs: Path) -> None:
 
 @pytest.mark.usefixtures("_gloo")
 def test_adaptations_survive_a_resume(runs: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fwk", *SLOW], env=_env(runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 300
-    while not list(runs.glob("*/checkpoints/step-00000040/manifest.json")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    first, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, first + err
+    stopped = interrupt_after(SLOW, runs, "*/checkpoints/step-00000040/manifest.json", env=_env(runs))
+    first = stopped.stdout
+    assert stopped.returncode == 130, first + stopped.stderr
     before = [line for line in first.splitlines() if "parallel.adapt.threshold" in line]
     assert len(before) == 3, first  # the whole ladder by step 40: nothing is left to adapt after the resume
     env = {**_env(runs), "FWK_DEBUG_SLOW_RANK": ""}  # no slow rank now: nothing new to adapt

@@ -4,11 +4,6 @@ checkpointing and the JIT layer, keep their checkpoints sharded, and resume exac
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from fwk.engine.checkpoint import model_weights
-from tests.conftest import require, run_fwk
+from tests.conftest import interrupt_after, require, run_fwk
 
 
 @pytest.fixture(autouse=True)
@@ -102,18 +97,9 @@ def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     expected = model_weights(run / "checkpoints" / "step-00000200")
 
     runs = tmp_path / "stopped"
-    env = {**os.environ, "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fwk", *ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 120
-    while not list(runs.glob("*/checkpoints/step-*/manifest.json")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out + err
-    assert "checkpoint saved" in out
+    stopped = interrupt_after(ARGS, runs, "*/checkpoints/step-*/manifest.json")
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    assert "checkpoint saved" in stopped.stdout
     resumed = run_fwk(*ARGS, runs=runs, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed run" in resumed.stdout
