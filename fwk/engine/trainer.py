@@ -14,6 +14,7 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -94,8 +95,20 @@ class Resumable:
         return int(state["step"])
 
 
-def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
-    """Train to ``train.max_steps`` (or until stopped); returns the summary when finished."""
+def _as_built(model: torch.nn.Module) -> torch.nn.Module:
+    return model
+
+
+def train(
+    cfg: Config, run: RunDir, start: Callable[[torch.nn.Module], torch.nn.Module] = _as_built
+) -> dict[str, Any] | None:
+    """Train to ``train.max_steps`` (or until stopped); returns the summary when finished.
+
+    ``start`` turns the freshly built model into the one to train, before any strategy is
+    applied: ``fwk export`` passes its pruned architecture with the weights it retrains
+    from (lottery-ticket rounds, fine-tunes, quantization-aware training). It must give the
+    same model every time it is called, so that a resumed run matches its checkpoint.
+    """
     started = time.perf_counter()
     d = parallel.init(cfg.parallel, cfg.train.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
@@ -106,7 +119,7 @@ def train(cfg: Config, run: RunDir) -> dict[str, Any] | None:
     memory = Memory(cfg.memory, d, per_rank, reporter.message)
     jit = Jit(cfg.jit, d, cfg.train.max_steps, reporter.message)
     kernels = Kernels(cfg.kernels, d.device, reporter.message)
-    raw = build_model(cfg.model, data).to(d.device)
+    raw = start(build_model(cfg.model, data)).to(d.device)
     raw = memory.apply(precision.prepare(kernels.apply(raw)))
     floats = state_floats_per_param(cfg.optim)
     model = parallel.wrap(jit.wrap(raw), raw, cfg.parallel, d, precision, floats, reporter.message)
