@@ -1,0 +1,76 @@
+"""Training inside ``fwk export``: a pruned (or fake-quantized) model retrained by the engine.
+
+Lottery-ticket rounds, the fine-tune after one-shot pruning and quantization-aware
+training all train through ``fwk.engine.trainer.train``, with the run's own config (model,
+data, optimizer, schedule, precision, memory): only the length changes (a share of the
+original steps), the learning rate may be scaled, and it runs here, in one process. The
+model to train comes from ``start`` (the engine builds the run's model, ``start`` turns it
+into the pruned one with the weights to start from).
+
+Each retrain is a small run dir inside the export (``rounds/<name>/``): its config,
+metrics and summary stay; its checkpoints are read once for the trained weights and then
+deleted (the export keeps the final weights itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fwk.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from fwk.config.schema import Config
+
+
+def steps_for(cfg: Config, frac: float) -> int:
+    """``frac`` of the run's steps, at least one."""
+    return max(1, round(frac * cfg.train.max_steps))
+
+
+def retrain_config(cfg: Config, steps: int, lr_factor: float = 1.0) -> Config:
+    """The run's config, shortened to ``steps`` (warm-up scaled alike), one process, lr x ``lr_factor``."""
+    replace = dataclasses.replace
+    warmup = round(cfg.schedule.warmup_steps * steps / max(cfg.train.max_steps, 1))
+    return replace(
+        cfg,
+        optim=replace(cfg.optim, lr=cfg.optim.lr * lr_factor),
+        schedule=replace(cfg.schedule, warmup_steps=min(warmup, steps - 1)),
+        train=replace(cfg.train, max_steps=steps, eval_every=0),
+        checkpoint=replace(cfg.checkpoint, every=0, keep=1, rewind_at=0.0),
+        # in this process: fwk export is one process (a multi-GPU retrain is not supported yet)
+        parallel=replace(cfg.parallel, name="none", nproc_per_node=1, nnodes=1, node_rank=0),
+    )
+
+
+def retrain(
+    cfg: Config,
+    start: Callable[[nn.Module], nn.Module],
+    out: Path,
+    say: Callable[[str], None],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Train ``start(built model)`` with ``cfg`` into run dir ``out``; returns (final weights, summary)."""
+    from omegaconf import OmegaConf
+
+    from fwk.engine.checkpoint import model_weights
+    from fwk.engine.trainer import train
+    from fwk.track.store import RunDir
+
+    out.mkdir(parents=True)
+    run = RunDir(out)
+    run.config.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    say(f"retraining {cfg.train.max_steps} steps (lr {cfg.optim.lr:g}) into {out.name}/")
+    summary = train(cfg, run, start=start)
+    if summary is None:  # stopped by a signal: the export's temp dir goes with it
+        raise UserError("fwk export was interrupted while retraining; run the same command again to redo it")
+    run.write_summary(summary)
+    newest = max(run.checkpoints.iterdir(), key=lambda p: p.name)
+    weights = model_weights(newest)
+    shutil.rmtree(run.checkpoints)
+    return weights, summary
