@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-_OPTIONS = "--quantize, --output, --max-accuracy-drop, --overwrite"
+_OPTIONS = "--prune, --ratio, --rounds, --quantize, --output, --max-accuracy-drop, --overwrite"
 
 
 def export(
@@ -16,6 +16,16 @@ def export(
         help="A run id or a unique prefix of one (default: the newest complete run), then overrides of the "
         "export group: export.KEY=VALUE, export=OPTION; paths.runs=DIR for runs trained under another root.",
         show_default=False,
+    ),
+    prune: str = typer.Option(
+        "none",
+        "--prune",
+        help="Structured pruning first: none, magnitude or taylor (one shot per round, then a fine-tune), or "
+        "lottery_ticket (rounds of pruning, rewinding to the run's early weights and retraining).",
+    ),
+    ratio: float = typer.Option(0.5, "--ratio", help="Share of channels (and attention heads) to remove, in (0, 1)."),
+    rounds: int | None = typer.Option(
+        None, "--rounds", help="Pruning rounds that reach --ratio together (default: 3 for lottery_ticket, else 1)."
     ),
     quantize: str = typer.Option(
         "int8",
@@ -33,15 +43,16 @@ def export(
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file."),
 ) -> None:
-    """Export a trained run to a quantized ONNX model, verified stage by stage.
+    """Export a trained run to a pruned, quantized ONNX model, verified stage by stage.
 
-    Folds BatchNorms, exports ONNX, optimizes the graph, quantizes, then measures every
-    stage on the validation set (accuracy, agreement, output difference, size, latency)
-    and writes runs/<id>/exports/<export-id>/ with export_report.json.
+    Prunes channels and heads (retraining through the engine), folds BatchNorms, exports
+    ONNX, optimizes the graph, quantizes, then measures every stage on the validation set
+    (accuracy, agreement, output difference, size, MACs, latency) and writes
+    runs/<id>/exports/<export-id>/ with export_report.json.
     """
     from fwk.errors import UserError
     from fwk.export.pipeline import check_output
-    from fwk.export.settings import check_quantize, load_settings
+    from fwk.export.settings import Plan, check_quantize, load_settings
     from fwk.track.lookup import find_run, runs_root
 
     # the user's mistakes first, before anything slow is imported
@@ -52,6 +63,7 @@ def export(
     ids = [w for w in words if "=" not in w]
     if len(ids) > 1:
         raise UserError(f"fwk export takes one run id, got {len(ids)}: {', '.join(ids)}")
+    plan = Plan.checked(prune, ratio, rounds)
     check_quantize(quantize)
     if max_accuracy_drop < 0:
         raise UserError(f"--max-accuracy-drop={max_accuracy_drop:g} is not allowed: expected a number >= 0")
@@ -68,4 +80,4 @@ def export(
 
     logging.getLogger("torch").setLevel(logging.ERROR)  # the exporter's warnings go to export.log, not here
     console = Console(stderr=False, highlight=False, width=max(Console().width, 160))
-    run_export(run, quantize, cfg, max_accuracy_drop, output, overwrite, say=typer.echo, show=console.print)
+    run_export(run, plan, quantize, cfg, max_accuracy_drop, output, overwrite, say=typer.echo, show=console.print)

@@ -237,3 +237,12 @@ class ExportConfig:
         "largest accepted max|output - torch fp32 output| / max|torch fp32 output| of the folded model and "
         "the fp32 ONNX model: both compute in fp32, only the summation order differs (~1e-6)",
     )
+    retrain_frac: float = doc(
+        0.5, "--prune lottery_ticket: each round retrains this share of the run's steps, with its schedule"
+    )
+    finetune_frac: float = doc(0.25, "--prune magnitude/taylor: each round fine-tunes this share of the run's steps")
+    finetune_lr_factor: float = doc(0.1, "--prune magnitude/taylor: the fine-tune's lr as a share of the run's")
+    taylor_batches: int = doc(4, "--prune taylor: training batches (of batch_size) whose gradients rank the channels")
+    round_to: int = doc(
+        8, "--prune: channel counts kept at multiples of this where every layer is wide enough; 1 = exact counts"
+    )

@@ -1,4 +1,4 @@
-"""The export pipeline: source -> fold -> ONNX -> optimize -> quantize -> verify -> report.
+"""The export pipeline: source -> prune -> fold -> ONNX -> optimize -> quantize -> verify -> report.
 
 An export lives in ``runs/<run-id>/exports/<export-id>/``: the fp32 and the quantized
 ONNX files, ``export_report.json`` (which names the parent run and checkpoint) and
@@ -29,7 +29,10 @@ from typing import Any
 from fwk.config.schema import ExportConfig
 from fwk.errors import UserError
 from fwk.export import report as rep
+from fwk.export.settings import Plan
 from fwk.track.store import RunDir
+
+PRUNED_WEIGHTS = "pruned.pt"  # the pruned torch model's weights: replay pruning_history.json, then load
 
 
 class VerificationFailed(UserError):
@@ -50,12 +53,13 @@ def check_output(output: Path | None, overwrite: bool) -> None:
         raise UserError(f"--output {output}: folder {output.parent} does not exist; create it first")
 
 
-def export_id(run: RunDir, checkpoint: Path, quantize: str, cfg: ExportConfig, max_drop: float) -> str:
+def export_id(run: RunDir, checkpoint: Path, plan: Plan, quantize: str, cfg: ExportConfig, max_drop: float) -> str:
     from fwk.track.run_id import code_version
 
     payload = {
         "run": run.id,
         "checkpoint": checkpoint.name,
+        "prune": asdict(plan),
         "quantize": quantize,
         "settings": asdict(cfg),
         "max_accuracy_drop": max_drop,
@@ -75,6 +79,7 @@ def _weights_onnx(path: Path) -> int:
 def _build(
     source: Any,
     eid: str,
+    plan: Plan,
     quantize: str,
     cfg: ExportConfig,
     max_drop: float,
@@ -85,7 +90,7 @@ def _build(
     """Every stage, writing into ``out``; returns the report (also written there)."""
     import torch
 
-    from fwk.export import fold, optimize, to_onnx, verify
+    from fwk.export import fold, optimize, prune, to_onnx, verify
     from fwk.export import quantize as quant
 
     task = source.data.task
@@ -97,10 +102,18 @@ def _build(
         yield
         seconds[name] = round(time.perf_counter() - t0, 3)
 
-    say(f"exporting run {source.run.id} ({source.config.recipe}, {source.checkpoint.name}) with --quantize {quantize}")
+    how = f"--prune {plan.method} --ratio {plan.ratio:g} --rounds {plan.rounds} " if plan.method != "none" else ""
+    what = f"run {source.run.id} ({source.config.recipe}, {source.checkpoint.name})"
+    say(f"exporting {what} with {how}--quantize {quantize}")
+    model, pruned = source.model, None
+    if plan.method != "none":
+        with stage("prune"):
+            pruned = prune.prune(source, plan, cfg, out, say)
+        model = pruned.model
+        torch.save(model.state_dict(), out / PRUNED_WEIGHTS)
     raw_path, fp32_path = out / "exported.onnx", out / "fp32.onnx"
     with stage("fold"):
-        folded = fold.fold(source.model)
+        folded = fold.fold(model)
     with stage("onnx"):
         exported = to_onnx.export_onnx(folded.model, to_onnx.example_input(source.data.val), task, raw_path, log)
     with stage("optimize"):
@@ -133,8 +146,10 @@ def _build(
 
     threads = cfg.threads or verify.default_threads()
     onnx_name = f"onnx {quantize}"
-    runners = {
-        rep.TORCH: verify.torch_runner(source.model),
+    runners = {rep.TORCH: verify.torch_runner(source.model)}
+    if pruned is not None:
+        runners[rep.PRUNED] = verify.torch_runner(model)
+    runners |= {
         rep.FOLDED: verify.torch_runner(folded.model),
         rep.ONNX_FP32: verify.ort_runner(fp32_path, threads),
     }
@@ -143,7 +158,9 @@ def _build(
     say(f"verifying {len(runners)} models on the validation set")
     with stage("verify"):
         val = verify.batches(source.data.val, cfg.batch_size, cfg.val_batches)
-        qualities = verify.quality(runners, rep.TORCH, val, task)
+        # output differences against the model that was exported: the pruned one, when pruned
+        reference = rep.TORCH if pruned is None else rep.PRUNED
+        qualities = verify.quality(runners, reference, val, task)
     timed = {k: v for k, v in runners.items() if k != rep.FOLDED}
     say(f"timing {', '.join(timed)} at batch 1 and {cfg.latency_batch} ({threads} threads)")
     with stage("latency"):
@@ -163,7 +180,10 @@ def _build(
     def onnx_stage(name: str, path: Path) -> dict[str, Any]:
         return {"stage": name, "artifact": path.name, "size_bytes": path.stat().st_size, "weights": _weights_onnx(path)}
 
-    stages = [torch_stage(rep.TORCH, source.model), torch_stage(rep.FOLDED, folded.model)]
+    stages = [torch_stage(rep.TORCH, source.model)]
+    if pruned is not None:
+        stages.append(torch_stage(rep.PRUNED, model) | {"artifact": PRUNED_WEIGHTS})
+    stages.append(torch_stage(rep.FOLDED, folded.model))
     stages.append(onnx_stage(rep.ONNX_FP32, fp32_path))
     if final_path != fp32_path:
         stages.append(onnx_stage(onnx_name, final_path))
@@ -195,6 +215,8 @@ def _build(
         "model": getattr(source.config.model, "name", None) or source.config.model.get("_target_"),
         "task": task,
         "quantize": quantize,
+        "prune": _pruning(plan, pruned),
+        "reference": reference,
         "max_accuracy_drop": max_drop,
         "metric": "val_loss" if task == "lm" else "val_acc",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -225,11 +247,29 @@ def _build(
     return report
 
 
+def _pruning(plan: Plan, pruned: Any) -> dict[str, Any] | None:
+    """The pruning section of the report: sizes before and after, each round's retrain."""
+    if pruned is None:
+        return None
+    from fwk.export.prune import HISTORY
+
+    return {
+        **asdict(plan),
+        "round_to": pruned.round_to,
+        "before": pruned.before,
+        "after": pruned.after,
+        "params_left": pruned.after["params"] / pruned.before["params"],
+        "macs_left": pruned.after["macs"] / pruned.before["macs"],
+        "rounds_run": pruned.rounds,
+        "history": HISTORY,
+    }
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("torch", "onnx", "onnxscript", "onnxruntime"):
+    for name in ("torch", "torch-pruning", "onnx", "onnxscript", "onnxruntime"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -250,6 +290,7 @@ def write_output(src: Path, output: Path, overwrite: bool) -> None:
 
 def run_export(
     run: RunDir,
+    plan: Plan,
     quantize: str,
     cfg: ExportConfig,
     max_drop: float,
@@ -262,7 +303,7 @@ def run_export(
     from fwk.export.source import check_exportable, load
 
     checkpoint = check_exportable(run)
-    eid = export_id(run, checkpoint, quantize, cfg, max_drop)
+    eid = export_id(run, checkpoint, plan, quantize, cfg, max_drop)
     final_dir = run.path / "exports" / eid
     if (final_dir / rep.REPORT).is_file():
         report = json.loads((final_dir / rep.REPORT).read_text())
@@ -277,7 +318,7 @@ def run_export(
         # beside the export, not in the temp dir: after a failure the error line points at it
         log = final_dir.parent / f"{eid}.export.log"
         try:
-            report = _build(source, eid, quantize, cfg, max_drop, tmp, log, say)
+            report = _build(source, eid, plan, quantize, cfg, max_drop, tmp, log, say)
             if log.exists():
                 os.replace(log, tmp / "export.log")
             try:
@@ -292,7 +333,7 @@ def run_export(
         say(line)
     verdict = report["verdict"]
     if not verdict["passed"]:
-        kept = ", ".join(sorted(p.name for p in final_dir.iterdir() if p.suffix in (".onnx", ".json")))
+        kept = ", ".join(sorted(p.name for p in final_dir.iterdir() if p.suffix in (".onnx", ".json", ".pt")))
         raise VerificationFailed(f"{verdict['reason']}; artifacts kept in {final_dir} ({kept})")
     if output is not None:
         if report["onnx"]["external_data"]:

@@ -4,8 +4,9 @@ The accuracy drop of a stage is measured against torch fp32 (the checkpoint's mo
 eval mode): in accuracy points for classification (98.7% -> 97.9% is 0.8), and for
 language models as the rise of the validation loss in percent of torch fp32's loss. The
 first stage whose drop exceeds the limit is the stage that lost it; a folded or fp32
-ONNX stage also fails when its outputs differ from torch fp32's by more than
-``export.fp32_rtol`` of the largest output (an export bug, not a rounding effect).
+ONNX stage also fails when its outputs differ from the exported torch model's (torch
+fp32, or torch pruned) by more than ``export.fp32_rtol`` of the largest output (an export
+bug, not a rounding effect).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 REPORT = "export_report.json"
-TORCH, FOLDED, ONNX_FP32 = "torch fp32", "folded", "onnx fp32"
+TORCH, PRUNED, FOLDED, ONNX_FP32 = "torch fp32", "torch pruned", "folded", "onnx fp32"
 
 
 def drop(task: str, reference: dict[str, Any], stage: dict[str, Any]) -> float:
@@ -32,13 +33,14 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     task, limit, rtol = report["task"], report["max_accuracy_drop"], report["settings"]["fp32_rtol"]
     stages = report["stages"]
     ref = stages[0]
+    exported = report.get("reference", TORCH)
     for s in stages[1:]:
         if _fp32(s) and s["rel_diff"] > rtol:
             return {
                 "passed": False,
                 "stage": s["stage"],
                 "reason": (
-                    f"stage '{s['stage']}' differs from torch fp32: max |diff| {s['max_abs_diff']:.3g} is "
+                    f"stage '{s['stage']}' differs from {exported}: max |diff| {s['max_abs_diff']:.3g} is "
                     f"{s['rel_diff']:.2g} of the largest output, above export.fp32_rtol={rtol:g}"
                 ),
             }
@@ -121,7 +123,8 @@ def table(report: dict[str, Any]):  # -> rich.table.Table
     delta = "loss +%" if task == "lm" else "drop (pts)"
     t = Table(
         title=f"export {report['export_id']} of run {report['parent_run']} ({report['checkpoint']}), "
-        f"{report['stages'][0]['samples']} validation samples, {report['threads']} threads",
+        f"{report['stages'][0]['samples']} validation samples, {report['threads']} threads; "
+        f"agreement and |diff| against {report.get('reference', TORCH)}",
         title_justify="left",
     )
     for col in ("stage", "file", "size", "weights", metric, delta, "agree", "max |diff|"):
@@ -153,7 +156,16 @@ def table(report: dict[str, Any]):  # -> rich.table.Table
 
 def summary_lines(report: dict[str, Any], where: str) -> list[str]:
     v, r = report["verdict"], report["recommendation"]
-    lines = [
+    lines = []
+    p = report.get("prune")
+    if p:
+        b, a = p["before"], p["after"]
+        lines.append(
+            f"pruned ({p['method']}, ratio {p['ratio']:g}, {p['rounds']} round(s)): parameters {_count(b['params'])} "
+            f"-> {_count(a['params'])} ({p['params_left']:.1%} left), MACs {_count(b['macs'])} -> "
+            f"{_count(a['macs'])} ({p['macs_left']:.1%} left); history in {p['history']}"
+        )
+    lines += [
         f"onnx: {report['onnx']['exporter']}, opset {report['onnx']['opset']}, dynamic axes "
         f"{', '.join(report['onnx']['dynamic_axes'])}; graph {report['onnx']['nodes_exported']} -> "
         f"{report['onnx']['nodes_optimized']} nodes (onnxscript optimizer)"

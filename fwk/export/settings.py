@@ -3,10 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from fwk.config.schema import QUANTIZATIONS, SWITCHES, ExportConfig
 from fwk.errors import UserError
+
+METHODS = ("none", "magnitude", "taylor", "lottery_ticket")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``--prune``, ``--ratio`` and ``--rounds`` ask for."""
+
+    method: str = "none"
+    ratio: float = 0.5
+    rounds: int = 1
+
+    @classmethod
+    def checked(cls, method: str, ratio: float, rounds: int | None) -> Plan:
+        """The user's choices, before any work: one line per mistake. Lottery tickets default to 3 rounds."""
+        if method not in METHODS:
+            raise UserError(f"--prune={method} is not allowed: expected one of {', '.join(METHODS)}")
+        if not 0.0 < ratio < 1.0:
+            raise UserError(f"--ratio={ratio:g} is not allowed: expected a share of channels to remove, in (0, 1)")
+        if rounds is not None and rounds < 1:
+            raise UserError(f"--rounds={rounds} is not allowed: expected an integer >= 1")
+        if method == "none":
+            return cls()
+        return cls(method, ratio, rounds or (3 if method == "lottery_ticket" else 1))
 
 
 def check_quantize(method: str) -> str:
@@ -27,6 +52,11 @@ def _rules(c: ExportConfig) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.warmup >= 0, "export.warmup", c.warmup, "an integer >= 0"
     yield c.iterations >= 1, "export.iterations", c.iterations, "an integer >= 1"
     yield c.fp32_rtol > 0, "export.fp32_rtol", c.fp32_rtol, "a number > 0"
+    yield 0 < c.retrain_frac <= 1, "export.retrain_frac", c.retrain_frac, "a share of the run's steps in (0, 1]"
+    yield 0 < c.finetune_frac <= 1, "export.finetune_frac", c.finetune_frac, "a share of the run's steps in (0, 1]"
+    yield c.finetune_lr_factor > 0, "export.finetune_lr_factor", c.finetune_lr_factor, "a number > 0"
+    yield c.taylor_batches > 0, "export.taylor_batches", c.taylor_batches, "an integer > 0"
+    yield c.round_to >= 1, "export.round_to", c.round_to, "an integer >= 1 (1 = exact channel counts)"
     yield c.reduce_range in SWITCHES, "export.reduce_range", c.reduce_range, f"one of {', '.join(SWITCHES)}"
 
 

@@ -1,0 +1,308 @@
+"""Stage 1: structured pruning with torch-pruning, retrained through the engine.
+
+Whole channels (conv filters, hidden units) and whole attention heads are removed, so the
+pruned model is a smaller dense model that every runtime speeds up, unlike zeroed weights.
+torch-pruning traces the model into a dependency graph, so a removed channel disappears
+from every layer that touches it (the next conv's input, the BatchNorm, the residual add).
+
+What is never pruned: the classifier's output (the model's last Linear/Conv: its width is
+the number of classes, or the vocabulary) and, in transformers, the residual stream (the
+embedding width, shared by every block and the tied output embedding); attention loses
+whole heads, the MLP hidden units. The last round leaves channel counts at multiples of
+``export.round_to`` (8: what vectorized int8 and fp32 kernels like; torch-pruning rounds
+the count kept down) wherever every prunable layer keeps at least 4x that many.
+
+Methods, all in rounds (``--rounds K``; each round removes ``1 - (1 - R) ** (1 / K)`` of
+the channels left, so ``R`` is reached after K rounds):
+
+- ``lottery_ticket``: iterative magnitude pruning with weight rewinding (Frankle et al.,
+  "Linear Mode Connectivity and the Lottery Ticket Hypothesis"). Each round ranks the
+  trained weights, removes the weakest channels, rewinds the survivors to the run's
+  rewind weights (``runs/<id>/rewind/step-N.pt``, saved early in training by the engine)
+  and retrains ``export.retrain_frac`` of the run's steps with its own schedule.
+- ``magnitude`` / ``taylor``: rank by weight norm (or by first-order Taylor importance,
+  |weight x gradient| on a few training batches), remove, fine-tune the trained survivors
+  for ``export.finetune_frac`` of the steps at ``export.finetune_lr_factor`` x the lr.
+
+Every removal is recorded in torch-pruning's pruning history (module name, in/out,
+indices). The pruned model is always rebuilt the same way: the run's model built fresh
+from its config, the history replayed on it, then the weights loaded. ``rebuild`` is what
+the retrain rounds, the export and the tests use; ``pruning_history.json`` in the export
+makes the result reproducible from the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from fwk.errors import UserError
+
+if TYPE_CHECKING:
+    from fwk.config.schema import ExportConfig
+    from fwk.export.settings import Plan
+    from fwk.export.source import Source
+
+History = list[tuple[str, bool, list[int]]]
+HISTORY = "pruning_history.json"
+
+
+def per_round(ratio: float, rounds: int) -> float:
+    """The share of the channels left that each round removes, so that ``ratio`` is reached after ``rounds``."""
+    return 1.0 - (1.0 - ratio) ** (1.0 / rounds)
+
+
+# --- what may be pruned --------------------------------------------------------------------
+
+
+def _attention(model: nn.Module) -> Iterator[nn.Module]:
+    """Attention modules with a fused qkv Linear and an ``n_head`` attribute (fwk's GPT)."""
+    for m in model.modules():
+        if isinstance(getattr(m, "qkv", None), nn.Linear) and isinstance(getattr(m, "n_head", None), int):
+            yield m
+
+
+def head_dims(model: nn.Module) -> dict[str, int]:
+    """Head width of each attention module, by name: whole heads are removed, their width stays."""
+    names = {m: n for n, m in model.named_modules()}
+    return {names[m]: m.qkv.out_features // 3 // m.n_head for m in _attention(model)}
+
+
+def _set_heads(model: nn.Module, dims: dict[str, int]) -> None:
+    """After pruning: each attention module's ``n_head`` from its qkv width and its head width."""
+    for name, m in model.named_modules():
+        if name in dims:
+            m.n_head = m.qkv.out_features // 3 // dims[name]
+
+
+@dataclass
+class Structure:
+    ignored: list[nn.Module]
+    num_heads: dict[nn.Module, int] = field(default_factory=dict)
+
+
+def structure(model: nn.Module) -> Structure:
+    """The layers whose outputs are kept whole, and the attention modules' heads."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    if not layers:
+        raise UserError(f"{type(model).__name__} has no Linear or Conv2d layer to prune; use --prune none")
+    ignored = [layers[-1]]  # the classifier / language-model head: its outputs are the classes
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    heads = {m.qkv: m.n_head for m in _attention(model)}
+    if embeddings:  # a transformer: the residual stream keeps its width
+        width = embeddings[0].embedding_dim
+        ignored += [m for m in layers if isinstance(m, nn.Linear) and m.out_features == width]
+    return Structure(ignored=ignored, num_heads=heads)
+
+
+def _round_to(model: nn.Module, st: Structure, wanted: int, ratio: float) -> int | None:
+    """``wanted`` when every prunable layer keeps at least 4 x ``wanted`` channels after this round, else None.
+
+    torch-pruning rounds the count kept down: on a layer keeping 15 channels, rounding to 8
+    would keep 8 and overshoot the ratio; from 32 kept on, rounding costs under a quarter.
+    """
+    if wanted <= 1:
+        return None
+    ignored = set(st.ignored) | set(st.num_heads)
+    widths = [
+        m.out_channels if isinstance(m, nn.Conv2d) else m.out_features
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, nn.Conv2d)) and m not in ignored
+    ]
+    return wanted if all(w * (1 - ratio) >= 4 * wanted for w in widths) else None
+
+
+# --- pruning and replaying ------------------------------------------------------------------
+
+
+def count(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
+    """MACs of one forward of ``example`` and the parameter count (torch-pruning's counter)."""
+    import torch_pruning as tp
+
+    macs, params = tp.utils.count_ops_and_params(model, example)
+    return {"macs": int(macs), "params": int(params)}
+
+
+def prune_round(
+    model: nn.Module,
+    example: torch.Tensor,
+    method: str,
+    ratio: float,
+    round_to: int,
+    grads: Callable[[nn.Module], None] | None = None,
+) -> History:
+    """Remove ``ratio`` of the channels (and heads) of ``model`` in place; returns this round's history."""
+    import torch_pruning as tp
+
+    st = structure(model)
+    dims = head_dims(model)
+    if method == "taylor":
+        importance = tp.importance.GroupTaylorImportance()
+    else:  # magnitude and lottery_ticket: the L2 norm of each channel's weights, over its whole group
+        importance = tp.importance.GroupMagnitudeImportance(p=2)
+    pruner = tp.pruner.BasePruner(
+        model,
+        example,
+        importance=importance,
+        pruning_ratio=ratio,
+        ignored_layers=st.ignored,
+        round_to=_round_to(model, st, round_to, ratio),
+        num_heads=st.num_heads,
+        prune_num_heads=bool(st.num_heads),
+        prune_head_dims=False,
+        head_pruning_ratio=ratio,
+    )
+    if grads is not None:
+        model.zero_grad()
+        grads(model)
+    pruner.step()
+    model.zero_grad(set_to_none=True)
+    _set_heads(model, dims)
+    return [(name, bool(out), [int(i) for i in idxs]) for name, out, idxs in pruner.pruning_history()]
+
+
+def replay(model: nn.Module, example: torch.Tensor, history: History) -> nn.Module:
+    """Apply a recorded pruning history to ``model`` (in place), as torch-pruning recorded it."""
+    import torch_pruning as tp
+
+    dims = head_dims(model)
+    graph = tp.DependencyGraph().build_dependency(model, example)
+    graph.load_pruning_history([list(h) for h in history])
+    _set_heads(model, dims)
+    return model
+
+
+@dataclass
+class Rebuild:
+    """The run's freshly built model -> the pruned one with ``weights``: what the engine trains
+    (``train(start=...)``). ``weights`` fit either the pruned model (``pruned=True``) or the
+    original one, whose tensors the replayed history then slices (lottery-ticket rewinding)."""
+
+    history: History
+    weights: dict[str, torch.Tensor]
+    example: torch.Tensor
+    pruned: bool
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        if not self.pruned:
+            model.load_state_dict(self.weights)
+        replay(model, self.example, self.history)
+        if self.pruned:
+            model.load_state_dict(self.weights)
+        return model
+
+
+# --- the stage --------------------------------------------------------------------------
+
+
+@dataclass
+class Pruned:
+    model: nn.Module  # eval mode, CPU, fp32
+    history: History
+    before: dict[str, int]
+    after: dict[str, int]
+    rounds: list[dict[str, Any]]
+    round_to: int
+
+
+def example_input(source: Source) -> torch.Tensor:
+    """One validation sample as a batch of one: what torch-pruning traces the model with."""
+    x = source.data.val[0][0]
+    return x.unsqueeze(0)
+
+
+def rewind_weights(source: Source) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The run's rewind weights (``runs/<id>/rewind/step-N.pt``); one line when it has none."""
+    folder = source.run.path / "rewind"
+    found = sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
+    if not found:
+        raise UserError(
+            f"run {source.run.id} has no rewind weights in {folder} (trained with checkpoint.rewind_at=0, or "
+            "by an fwk that kept none); use --prune magnitude, or retrain it with checkpoint.rewind_at=0.02"
+        )
+    try:
+        state = torch.load(found[0], map_location="cpu", weights_only=True)
+        return found[0], state["model"]
+    except Exception as exc:  # noqa: BLE001 - a damaged file of any kind is one line
+        raise UserError(f"rewind weights {found[0]} cannot be read ({exc}); use --prune magnitude") from None
+
+
+def _taylor_grads(source: Source, batches: int, batch_size: int) -> Callable[[nn.Module], None]:
+    """Gradients of the training loss on a few training batches (Taylor importance needs them)."""
+    import torch.nn.functional as F
+
+    def grads(model: nn.Module) -> None:
+        generator = torch.Generator().manual_seed(source.config.seed)
+        order = torch.randperm(len(source.data.train), generator=generator)[: batches * batch_size]
+        model.eval()  # BatchNorm uses its running statistics: the ranking does not change them
+        for i in range(0, len(order), batch_size):
+            xs, ys = zip(*(source.data.train[int(j)] for j in order[i : i + batch_size]), strict=True)
+            x, y = torch.stack(xs), torch.stack([torch.as_tensor(t) for t in ys])
+            if source.data.task == "lm":
+                loss = model(x, y)
+            else:
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+
+    return grads
+
+
+def prune(source: Source, plan: Plan, cfg: ExportConfig, out: Path, say: Callable[[str], None]) -> Pruned:
+    """``plan.rounds`` rounds of prune -> rewind (lottery ticket) or keep (fine-tune) -> retrain.
+
+    Writes ``out/pruning_history.json`` and one run dir per round under ``out/rounds/``.
+    """
+    from fwk.engine.build import build_model
+    from fwk.export.retrain import retrain, retrain_config, steps_for
+
+    method, rounds = plan.method, plan.rounds
+    example = example_input(source)
+    before = count(source.model, example)
+    share = per_round(plan.ratio, rounds)
+    if method == "lottery_ticket":
+        rewind_file, rewind = rewind_weights(source)
+        steps, lr_factor = steps_for(source.config, cfg.retrain_frac), 1.0
+        say(
+            f"lottery ticket: {rounds} round(s) of {share:.1%} of the channels left, rewinding to "
+            f"{rewind_file.name} and retraining {steps} steps each"
+        )
+    else:
+        steps, lr_factor = steps_for(source.config, cfg.finetune_frac), cfg.finetune_lr_factor
+        say(f"{method} pruning: {rounds} round(s) of {share:.1%} of the channels left, fine-tuning {steps} steps each")
+    grads = _taylor_grads(source, cfg.taylor_batches, cfg.batch_size) if method == "taylor" else None
+    retrain_cfg = retrain_config(source.config, steps, lr_factor)
+
+    model = copy.deepcopy(source.model).eval()
+    history: History = []
+    records = []
+    for r in range(1, rounds + 1):
+        # rounding down to a multiple every round would overshoot the ratio: only the last one rounds
+        history += prune_round(model, example, method, share, cfg.round_to if r == rounds else 1, grads)
+        if method == "lottery_ticket":  # the survivors go back to their early values
+            start = Rebuild(list(history), rewind, example, pruned=False)
+        else:
+            start = Rebuild(list(history), model.state_dict(), example, pruned=True)
+        weights, summary = retrain(retrain_cfg, start, out / "rounds" / f"round-{r}", say)
+        model = Rebuild(list(history), weights, example, pruned=True)(build_model(source.config.model, source.data))
+        model = model.float().eval()
+        sizes = count(model, example)
+        records.append({"round": r, "steps": steps, **sizes, "eval": summary["eval"]})
+        say(
+            f"round {r}/{rounds}: {sizes['params'] / before['params']:.1%} of the parameters, "
+            f"{sizes['macs'] / before['macs']:.1%} of the MACs left; "
+            + ", ".join(f"{k} {v:.4g}" for k, v in summary["eval"].items())
+        )
+    (out / HISTORY).write_text(json.dumps({"method": method, "history": history}) + "\n")
+    after = {k: records[-1][k] for k in before}
+    return Pruned(model=model, history=history, before=before, after=after, rounds=records, round_to=cfg.round_to)
+
+
+def load_history(path: Path) -> History:
+    return [(str(n), bool(o), [int(i) for i in idx]) for n, o, idx in json.loads(path.read_text())["history"]]
