@@ -214,8 +214,9 @@ class Pruned:
 
 def example_input(source: Source) -> torch.Tensor:
     """One validation sample as a batch of one: what torch-pruning traces the model with."""
-    x = source.data.val[0][0]
-    return x.unsqueeze(0)
+    from fwk.export.to_onnx import example_input
+
+    return example_input(source.data.val)[:1]
 
 
 def rewind_weights(source: Source) -> tuple[Path, dict[str, torch.Tensor]]:

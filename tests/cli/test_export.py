@@ -13,7 +13,11 @@ from tests.conftest import run_fwk
     "args,expected",
     [
         (["--quantize", "int4"], "--quantize=int4 is not allowed: expected one of none, int8, dynamic_int8, fp16"),
-        (["--prune", "lottery_ticket"], "unknown option '--prune' for fwk export"),
+        (["--prune", "l1"], "--prune=l1 is not allowed: expected one of none, magnitude, taylor, lottery_ticket"),
+        (["--prune", "magnitude", "--ratio", "1"], "--ratio=1 is not allowed: expected a share of channels"),
+        (["--prune", "magnitude", "--ratio", "0"], "--ratio=0 is not allowed"),
+        (["--prune", "lottery_ticket", "--rounds", "0"], "--rounds=0 is not allowed: expected an integer >= 1"),
+        (["--overwrite", "--bogus"], "unknown option '--bogus' for fwk export"),
         (["abc", "def"], "fwk export takes one run id, got 2: abc, def"),
         (["--max-accuracy-drop", "-1"], "--max-accuracy-drop=-1 is not allowed"),
     ],

@@ -107,7 +107,7 @@ def test_stage_that_fails_its_check_exits_1_and_keeps_artifacts(digits_run: Path
     The export runs in this process (its imports are paid once per test session); the
     command is then checked on the stored export, which it shows again without redoing it."""
     from fwk.export.pipeline import VerificationFailed, run_export
-    from fwk.export.settings import load_settings
+    from fwk.export.settings import Plan, load_settings
     from fwk.track.store import RunDir
 
     runs = tmp_path / "runs"
