@@ -237,3 +237,9 @@ class ExportConfig:
         "largest accepted max|output - torch fp32 output| / max|torch fp32 output| of the folded model and "
         "the fp32 ONNX model: both compute in fp32, only the summation order differs (~1e-6)",
     )
+    # quantization-aware training (fwk export --qat-steps; int8 only)
+    qat_frac: float = doc(0.1, "--qat-steps auto: QAT steps as a share of the run's train.max_steps (at least 1)")
+    qat_lr_factor: float = doc(0.1, "QAT learning rate = the run's optim.lr x this factor (a fine-tune, not a new run)")
+    qat_momentum: float = doc(
+        0.01, "QAT: weight of each training batch's min/max in the moving average of an activation's int8 range"
+    )
