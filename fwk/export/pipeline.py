@@ -170,11 +170,14 @@ def _build(
             runners[rep.ONNX_QAT] = verify.ort_runner(qat_path, threads)
             with stage("verify qat"):
                 val = verify.batches(source.data.val, cfg.batch_size, cfg.val_batches)
+                fake = "torch fake-quant"  # the QAT model in torch: what the int8 model should compute
                 pair = {rep.TORCH: runners[rep.TORCH], rep.ONNX_QAT: runners[rep.ONNX_QAT]}
-                qualities[rep.ONNX_QAT] = verify.quality(pair, rep.TORCH, val, task)[rep.ONNX_QAT]
+                measured = verify.quality(pair | {fake: verify.torch_runner(trained.qat_model)}, rep.TORCH, val, task)
+                qualities[rep.ONNX_QAT] = measured[rep.ONNX_QAT]
             qat_report.update(
                 ranges="learned: QAT's moving-average activation ranges as ORT TensorQuantOverrides",
                 inputs_ranged=len(trained.learned.inputs),
+                torch_fake_quant_metric=measured[fake].metric,
                 retrain_eval=trained.summary.get("eval", {}),
             )
     timed = {k: v for k, v in runners.items() if k != rep.FOLDED}

@@ -162,6 +162,9 @@ def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path) -
     gain = (q["val_acc"] - ptq["val_acc"]) * 100
     assert report["qat"]["gain"] == pytest.approx(gain)
     assert gain >= 0.5 * ptq["drop"]  # QAT wins back at least half of what PTQ lost (2.67 of 3.0 measured)
+    # onnxruntime's int8 model computes what the fake-quantized torch model learned (integer
+    # rounding of biases and requantization differ by one step here and there: 1 point allowed)
+    assert abs(report["qat"]["torch_fake_quant_metric"] - q["val_acc"]) <= 0.01
     assert report["final"] == "int8-qat.onnx"
     assert report["stages"][-1]["stage"] == "onnx int8 qat" and ptq["superseded"]
     assert report["verdict"]["passed"]  # PTQ's drop beyond the limit no longer counts: it is not delivered
