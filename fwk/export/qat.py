@@ -64,10 +64,9 @@ def act_scale_zp(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torc
     lo64 = torch.clamp(lo.detach().double(), max=0.0)
     hi64 = torch.clamp(hi.detach().double(), min=0.0)
     scale = ((hi64 - lo64) / (ACT_QMAX - ACT_QMIN)).float()
-    if float(scale) < _TINY:
-        return torch.ones(1), torch.zeros(1, dtype=torch.int32)
-    zp = torch.round(ACT_QMIN - lo64 / scale.double()).to(torch.int32)
-    return scale.reshape(1), zp.reshape(1)
+    empty = scale < _TINY  # torch.where, not an `if`: no device-to-host sync per layer on a GPU
+    zp = torch.where(empty, 0.0, torch.round(ACT_QMIN - lo64 / scale.double().clamp(min=_TINY)))
+    return torch.where(empty, 1.0, scale).reshape(1), zp.to(torch.int32).reshape(1)
 
 
 def fake_quant_weight(w: torch.Tensor, per_channel: bool, reduce: bool) -> torch.Tensor:

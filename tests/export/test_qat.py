@@ -112,12 +112,55 @@ def test_learned_ranges_reach_the_int8_model(tmp_path: Path) -> None:
     assert moved["input_scale"] == same["input_scale"]
 
 
+def test_act_scale_of_an_all_zero_tensor_is_ones() -> None:
+    """A dead ReLU's range is [0, 0]: ORT then uses scale 1, zero point 0 (no division by zero)."""
+    scale, zp = qat.act_scale_zp(torch.tensor(0.0), torch.tensor(0.0))
+    assert (scale.item(), zp.item()) == (1.0, 0)
+    scale, zp = qat.act_scale_zp(torch.tensor(0.5), torch.tensor(2.55))  # the range always holds 0
+    assert (scale.item(), zp.item()) == (pytest.approx(0.01), -128)
+
+
+def test_qat_settings_are_checked_and_in_the_export_id(digits_run: Path) -> None:
+    from fwk.errors import UserError
+    from fwk.export.pipeline import export_id
+    from fwk.export.settings import check_qat_steps, load_settings
+    from fwk.track.store import RunDir
+
+    with pytest.raises(UserError, match=r"export.qat_frac=0.0 is not allowed: expected a number in \(0, 1\]"):
+        load_settings(["export.qat_frac=0"])
+    assert (check_qat_steps("auto", "int8"), check_qat_steps("25", "int8"), check_qat_steps("0", "fp16")) == (
+        "auto",
+        25,
+        0,
+    )
+    run, cfg = RunDir(digits_run), load_settings([])
+    ckpt = next((digits_run / "checkpoints").iterdir())
+    ids = {export_id(run, ckpt, "int8", cfg, 1.0, steps) for steps in (0, 10, "auto")}
+    assert len(ids) == 3
+
+
 def test_decide_steps() -> None:
     assert qat.decide_steps(12, 0.0, 1.0, 100, 0.1)[0] == 12
     steps, why = qat.decide_steps("auto", 0.5, 1.0, 100, 0.1)
     assert steps == 0 and "no QAT" in why
     steps, why = qat.decide_steps("auto", 3.0, 1.0, 300, 0.1)
     assert steps == 30 and "PTQ int8 lost 3.00 > --max-accuracy-drop 1" in why
+
+
+def test_auto_skips_qat_when_ptq_is_within_the_limit(digits_run: Path, tmp_path: Path) -> None:
+    from fwk.export.pipeline import run_export
+    from fwk.export.settings import load_settings
+    from fwk.track.store import RunDir
+
+    run = copy_run(digits_run, tmp_path / "runs")
+    lines: list[str] = []
+    report = run_export(
+        RunDir(run), "int8", load_settings(QUICK), 1.0, None, False, lines.append, lambda _: None, qat_steps="auto"
+    )
+    assert report["qat"]["steps"] == 0 and report["final"] == "int8.onnx"
+    assert [s["stage"] for s in report["stages"]][-1] == "onnx int8"
+    assert not (run / "exports" / report["export_id"] / "int8-qat.onnx").exists()
+    assert any(line.startswith("qat: --qat-steps auto: PTQ int8 lost") and "no QAT" in line for line in lines)
 
 
 def _with_outlier_channel(run: Path, factor: float) -> None:
