@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-_OPTIONS = "--prune, --ratio, --rounds, --quantize, --output, --max-accuracy-drop, --overwrite"
+_OPTIONS = "--prune, --ratio, --rounds, --quantize, --qat-steps, --output, --max-accuracy-drop, --overwrite"
 
 
 def export(
@@ -42,6 +42,13 @@ def export(
         "validation loss). Beyond it: exit 1, naming the stage; the artifacts are kept.",
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file."),
+    qat_steps: str = typer.Option(
+        "0",
+        "--qat-steps",
+        help="--quantize int8: fine-tune N steps with fake int8 quantization (quantization-aware training) "
+        "and export int8-qat.onnx with the learned ranges; auto: only when PTQ int8 loses more than "
+        "--max-accuracy-drop (export.qat_frac of the run's steps); 0: off.",
+    ),
 ) -> None:
     """Export a trained run to a pruned, quantized ONNX model, verified stage by stage.
 
@@ -52,7 +59,7 @@ def export(
     """
     from fwk.errors import UserError
     from fwk.export.pipeline import check_output
-    from fwk.export.settings import Plan, check_quantize, load_settings
+    from fwk.export.settings import Plan, check_qat_steps, check_quantize, load_settings
     from fwk.track.lookup import find_run, runs_root
 
     # the user's mistakes first, before anything slow is imported
@@ -65,6 +72,7 @@ def export(
         raise UserError(f"fwk export takes one run id, got {len(ids)}: {', '.join(ids)}")
     plan = Plan.checked(prune, ratio, rounds)
     check_quantize(quantize)
+    qat = check_qat_steps(qat_steps, quantize)
     if max_accuracy_drop < 0:
         raise UserError(f"--max-accuracy-drop={max_accuracy_drop:g} is not allowed: expected a number >= 0")
     check_output(output, overwrite)
@@ -80,4 +88,15 @@ def export(
 
     logging.getLogger("torch").setLevel(logging.ERROR)  # the exporter's warnings go to export.log, not here
     console = Console(stderr=False, highlight=False, width=max(Console().width, 160))
-    run_export(run, plan, quantize, cfg, max_accuracy_drop, output, overwrite, say=typer.echo, show=console.print)
+    run_export(
+        run,
+        plan,
+        quantize,
+        cfg,
+        max_accuracy_drop,
+        output,
+        overwrite,
+        say=typer.echo,
+        show=console.print,
+        qat_steps=qat,
+    )

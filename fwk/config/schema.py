@@ -238,11 +238,17 @@ class ExportConfig:
         "the fp32 ONNX model: both compute in fp32, only the summation order differs (~1e-6)",
     )
     retrain_frac: float = doc(
-        0.5, "--prune lottery_ticket: each round retrains this share of the run's steps, with its schedule"
+        1.0, "--prune lottery_ticket: each round retrains this share of the run's steps, with its schedule"
     )
     finetune_frac: float = doc(0.25, "--prune magnitude/taylor: each round fine-tunes this share of the run's steps")
     finetune_lr_factor: float = doc(0.1, "--prune magnitude/taylor: the fine-tune's lr as a share of the run's")
     taylor_batches: int = doc(4, "--prune taylor: training batches (of batch_size) whose gradients rank the channels")
     round_to: int = doc(
         8, "--prune: channel counts kept at multiples of this where every layer is wide enough; 1 = exact counts"
+    )
+    # quantization-aware training (fwk export --qat-steps; int8 only)
+    qat_frac: float = doc(0.1, "--qat-steps auto: QAT steps as a share of the run's train.max_steps (at least 1)")
+    qat_lr_factor: float = doc(0.1, "QAT learning rate = the run's optim.lr x this factor (a fine-tune, not a new run)")
+    qat_momentum: float = doc(
+        0.01, "QAT: weight of each training batch's min/max in the moving average of an activation's int8 range"
     )

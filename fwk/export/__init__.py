@@ -7,6 +7,8 @@ One module per stage, run in this order by ``pipeline.py``:
     to_onnx   torch.onnx (dynamo exporter): one .onnx file, dynamic batch axis, checked
     optimize  onnxscript's graph optimizer (constant folding, dead code, redundant ops)
     quantize  onnxruntime.quantization: static QDQ int8, dynamic int8, or fp16
+    qat       --qat-steps: fake-int8 fine-tune through the engine (retrain), then static int8
+              with the learned ranges (int8-qat.onnx, beside PTQ's int8.onnx)
     verify    accuracy / loss, agreement and output differences on the validation set; latency
     report    the table on screen and export_report.json; the verdict and the recommendation
 

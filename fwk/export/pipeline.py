@@ -53,7 +53,15 @@ def check_output(output: Path | None, overwrite: bool) -> None:
         raise UserError(f"--output {output}: folder {output.parent} does not exist; create it first")
 
 
-def export_id(run: RunDir, checkpoint: Path, plan: Plan, quantize: str, cfg: ExportConfig, max_drop: float) -> str:
+def export_id(
+    run: RunDir,
+    checkpoint: Path,
+    plan: Plan,
+    quantize: str,
+    cfg: ExportConfig,
+    max_drop: float,
+    qat_steps: int | str = 0,
+) -> str:
     from fwk.track.run_id import code_version
 
     payload = {
@@ -63,6 +71,7 @@ def export_id(run: RunDir, checkpoint: Path, plan: Plan, quantize: str, cfg: Exp
         "quantize": quantize,
         "settings": asdict(cfg),
         "max_accuracy_drop": max_drop,
+        "qat_steps": qat_steps,
         "code": code_version(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
@@ -86,8 +95,10 @@ def _build(
     out: Path,
     log: Path,
     say: Callable[[str], None],
+    qat_steps: int | str = 0,
 ) -> dict[str, Any]:
     """Every stage, writing into ``out``; returns the report (also written there)."""
+    import numpy as np
     import torch
 
     from fwk.export import fold, optimize, prune, to_onnx, verify
@@ -127,16 +138,20 @@ def _build(
     if quantize in ("int8", "dynamic_int8"):
         say(why)
         notes.append(why)
+
+    def calibration() -> Iterator[np.ndarray]:
+        """The int8 calibration batches: the same ones for PTQ and for QAT's starting ranges."""
+        seed = torch.Generator().manual_seed(source.config.seed)
+        order = torch.randperm(len(source.data.train), generator=seed)[: cfg.calib_batches * cfg.batch_size]
+        calib = torch.utils.data.Subset(source.data.train, order.tolist())
+        return (x for x, _ in verify.batches(calib, cfg.batch_size))
+
     if quantize != "none":
         dst = out / f"{quantize}.onnx"
         with stage("quantize"):
             if quantize == "int8":
                 say(f"calibrating int8 ranges on {cfg.calib_batches} training batches of {cfg.batch_size}")
-                seed = torch.Generator().manual_seed(source.config.seed)
-                order = torch.randperm(len(source.data.train), generator=seed)[: cfg.calib_batches * cfg.batch_size]
-                calib = torch.utils.data.Subset(source.data.train, order.tolist())
-                batches = (x for x, _ in verify.batches(calib, cfg.batch_size))
-                q = quant.static_int8(fp32_path, dst, batches, cfg.per_channel, reduce)
+                q = quant.static_int8(fp32_path, dst, calibration(), cfg.per_channel, reduce)
             elif quantize == "dynamic_int8":
                 q = quant.dynamic_int8(fp32_path, dst, cfg.per_channel, reduce)
             else:
@@ -161,6 +176,34 @@ def _build(
         # output differences against the model that was exported: the pruned one, when pruned
         reference = rep.TORCH if pruned is None else rep.PRUNED
         qualities = verify.quality(runners, reference, val, task)
+
+    # quantization-aware training (--qat-steps): a second int8 model, beside PTQ's
+    qat_report, qat_path = None, None
+    if quantize == "int8" and qat_steps != 0:
+        from fwk.export import qat
+
+        # what quantization lost: against the model it quantized (the pruned one, when pruned)
+        ptq_drop = rep.drop(task, _measured(qualities[reference]), _measured(qualities[onnx_name]))
+        steps, why = qat.decide_steps(qat_steps, ptq_drop, max_drop, source.config.train.max_steps, cfg.qat_frac)
+        say(why)
+        qat_report = {"asked": qat_steps, "steps": steps, "why": why}
+        if steps:
+            with stage("qat"):
+                trained = qat.train_and_quantize(source, folded.model, cfg, steps, reduce, calibration, out, log, say)
+                qat_path = trained.path
+            runners[rep.ONNX_QAT] = verify.ort_runner(qat_path, threads)
+            with stage("verify qat"):
+                val = verify.batches(source.data.val, cfg.batch_size, cfg.val_batches)
+                fake = "torch fake-quant"  # the QAT model in torch: what the int8 model should compute
+                pair = {name: runners[name] for name in {rep.TORCH, reference, rep.ONNX_QAT}}
+                measured = verify.quality(pair | {fake: verify.torch_runner(trained.qat_model)}, reference, val, task)
+                qualities[rep.ONNX_QAT] = measured[rep.ONNX_QAT]
+            qat_report.update(
+                ranges="learned: QAT's moving-average activation ranges as ORT TensorQuantOverrides",
+                inputs_ranged=len(trained.learned.inputs),
+                torch_fake_quant_metric=measured[fake].metric,
+                retrain_eval=trained.summary.get("eval", {}),
+            )
     timed = {k: v for k, v in runners.items() if k != rep.FOLDED}
     say(f"timing {', '.join(timed)} at batch 1 and {cfg.latency_batch} ({threads} threads)")
     with stage("latency"):
@@ -187,6 +230,8 @@ def _build(
     stages.append(onnx_stage(rep.ONNX_FP32, fp32_path))
     if final_path != fp32_path:
         stages.append(onnx_stage(onnx_name, final_path))
+    if qat_path is not None:
+        stages.append(onnx_stage(rep.ONNX_QAT, qat_path))
     for s in stages:
         qual = qualities[s["stage"]]
         if task != "lm":
@@ -204,6 +249,15 @@ def _build(
                 str(b): {"p50": v.p50_ms, "p90": v.p90_ms, "min": v.min_ms, "max": v.max_ms}
                 for b, v in lat[s["stage"]].items()
             }
+    if qat_report is not None and qat_path is not None:
+        # the better of PTQ and QAT int8 is the final model, last in the table; the other is superseded
+        ptq, qat_stage = stages[-2], stages[-1]
+        if qat_stage["drop"] <= ptq["drop"]:
+            final_path = qat_path
+        else:
+            stages[-2:] = [qat_stage, ptq]
+        stages[-2]["superseded"] = True
+        qat_report.update(rep.qat_summary(task, ptq, qat_stage), final=final_path.name)
 
     report: dict[str, Any] = {
         "export_id": eid,
@@ -238,6 +292,7 @@ def _build(
         # other processes' load while timing: above the core count, latencies are noisy
         "load_average": {"before_timing": round(load_before, 2), "after_timing": round(os.getloadavg()[0], 2)},
         "stages": stages,
+        "qat": qat_report,
         "final": final_path.name,
         "versions": _versions(),
     }
@@ -263,6 +318,11 @@ def _pruning(plan: Plan, pruned: Any) -> dict[str, Any] | None:
         "rounds_run": pruned.rounds,
         "history": HISTORY,
     }
+
+
+def _measured(q: Any) -> dict[str, float]:
+    """A verify.Quality as the fields of a report stage that rep.drop reads."""
+    return {"val_loss": q.loss, "val_acc": q.metric}
 
 
 def _versions() -> dict[str, str]:
@@ -298,12 +358,13 @@ def run_export(
     overwrite: bool,
     say: Callable[[str], None],
     show: Callable[[Any], None],
+    qat_steps: int | str = 0,
 ) -> dict[str, Any]:
     """Export ``run`` (or show its existing export); raise VerificationFailed when a stage lost too much."""
     from fwk.export.source import check_exportable, load
 
     checkpoint = check_exportable(run)
-    eid = export_id(run, checkpoint, plan, quantize, cfg, max_drop)
+    eid = export_id(run, checkpoint, plan, quantize, cfg, max_drop, qat_steps)
     final_dir = run.path / "exports" / eid
     if (final_dir / rep.REPORT).is_file():
         report = json.loads((final_dir / rep.REPORT).read_text())
@@ -318,7 +379,7 @@ def run_export(
         # beside the export, not in the temp dir: after a failure the error line points at it
         log = final_dir.parent / f"{eid}.export.log"
         try:
-            report = _build(source, eid, plan, quantize, cfg, max_drop, tmp, log, say)
+            report = _build(source, eid, plan, quantize, cfg, max_drop, tmp, log, say, qat_steps)
             if log.exists():
                 os.replace(log, tmp / "export.log")
             try:

@@ -74,7 +74,15 @@ def reduce_range(choice: str, cpu: dict[str, bool | str]) -> tuple[bool, str]:
     return False, "reduce_range=auto chose 8-bit weights: int8 dot products here do not saturate"
 
 
-def static_int8(src: Path, dst: Path, calibration: Iterable[np.ndarray], per_channel: bool, reduce: bool) -> Quantized:
+def static_int8(
+    src: Path,
+    dst: Path,
+    calibration: Iterable[np.ndarray],
+    per_channel: bool,
+    reduce: bool,
+    ranges: dict[str, list[dict[str, np.ndarray]]] | None = None,
+) -> Quantized:
+    """Static QDQ int8; ``ranges`` (ORT TensorQuantOverrides) replace calibrated ranges (QAT's learned ones)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     notes: list[str] = []
@@ -90,7 +98,11 @@ def static_int8(src: Path, dst: Path, calibration: Iterable[np.ndarray], per_cha
             activation_type=QuantType.QInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
-            extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+            extra_options={
+                "ActivationSymmetric": False,
+                "WeightSymmetric": True,
+                **({"TensorQuantOverrides": ranges} if ranges else {}),
+            },
         )
     return _done(dst, "int8", notes)
 

@@ -43,6 +43,22 @@ def check_quantize(method: str) -> str:
     return method
 
 
+def check_qat_steps(value: str, quantize: str) -> int | str:
+    """--qat-steps: 0 (off), a number of steps, or ``auto`` (only when PTQ int8 loses too much)."""
+    text = value.strip().lower()
+    if text != "auto" and not text.isdigit():
+        raise UserError(
+            f"--qat-steps={value} is not allowed: expected 0 (off), a whole number of training steps, or auto"
+        )
+    steps: int | str = text if text == "auto" else int(text)
+    if steps != 0 and quantize != "int8":
+        raise UserError(
+            f"--qat-steps={value} needs --quantize int8 (got --quantize {quantize}): quantization-aware "
+            "training fine-tunes for static int8 only; drop --qat-steps or pass --quantize int8"
+        )
+    return steps
+
+
 def _rules(c: ExportConfig) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.batch_size > 0, "export.batch_size", c.batch_size, "an integer > 0"
     yield c.val_batches >= 0, "export.val_batches", c.val_batches, "an integer >= 0 (0 = the whole validation set)"
@@ -58,6 +74,9 @@ def _rules(c: ExportConfig) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.taylor_batches > 0, "export.taylor_batches", c.taylor_batches, "an integer > 0"
     yield c.round_to >= 1, "export.round_to", c.round_to, "an integer >= 1 (1 = exact channel counts)"
     yield c.reduce_range in SWITCHES, "export.reduce_range", c.reduce_range, f"one of {', '.join(SWITCHES)}"
+    yield 0 < c.qat_frac <= 1, "export.qat_frac", c.qat_frac, "a number in (0, 1]"
+    yield c.qat_lr_factor > 0, "export.qat_lr_factor", c.qat_lr_factor, "a number > 0"
+    yield 0 < c.qat_momentum <= 1, "export.qat_momentum", c.qat_momentum, "a number in (0, 1]"
 
 
 def load_settings(overrides: list[str]) -> ExportConfig:

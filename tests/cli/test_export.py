@@ -20,6 +20,14 @@ from tests.conftest import run_fwk
         (["--overwrite", "--bogus"], "unknown option '--bogus' for fwk export"),
         (["abc", "def"], "fwk export takes one run id, got 2: abc, def"),
         (["--max-accuracy-drop", "-1"], "--max-accuracy-drop=-1 is not allowed"),
+        (["--qat-steps", "-1"], "--qat-steps=-1 is not allowed: expected 0 (off), a whole number of training steps"),
+        (["--qat-steps", "2.5"], "--qat-steps=2.5 is not allowed: expected 0 (off), a whole number"),
+        (["--qat-steps", "lots"], "--qat-steps=lots is not allowed"),
+        (
+            ["--quantize", "dynamic_int8", "--qat-steps", "10"],
+            "--qat-steps=10 needs --quantize int8 (got --quantize dynamic_int8)",
+        ),
+        (["--quantize", "fp16", "--qat-steps", "auto"], "--qat-steps=auto needs --quantize int8 (got --quantize fp16)"),
     ],
 )
 def test_bad_arguments_are_one_line(runs: Path, args: list[str], expected: str) -> None:
