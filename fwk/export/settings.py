@@ -84,6 +84,8 @@ def load_settings(overrides: list[str]) -> ExportConfig:
     from fwk.config.compose import compose_group
 
     cfg = ExportConfig(**compose_group("export", ExportConfig, overrides))
+    if cfg.reduce_range in ("True", "False"):  # Hydra reads `export.reduce_range=true` as a bool, typed 'True'
+        cfg.reduce_range = cfg.reduce_range.lower()
     for ok, key, value, allowed in _rules(cfg):
         if not ok:
             raise UserError(f"{key}={value!r} is not allowed: expected {allowed} (fix it with {key}=...)")
