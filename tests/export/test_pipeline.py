@@ -15,8 +15,14 @@ from tests.conftest import run_fwk
 from tests.export.conftest import QUICK, copy_run
 
 
-def _export_dir(run: Path) -> Path:
-    (found,) = [p for p in (run / "exports").iterdir() if not p.name.startswith(".")]
+def _export_dir(run: Path, prune: str | None = None) -> Path:
+    """The run's one export (with ``prune``: the one pruned that way; without: the one not pruned)."""
+
+    def method(p: Path) -> str | None:
+        report = p / "export_report.json"
+        return (json.loads(report.read_text()).get("prune") or {}).get("method") if report.is_file() else None
+
+    (found,) = [p for p in (run / "exports").iterdir() if p.is_dir() and method(p) == prune]
     return found
 
 
@@ -163,6 +169,18 @@ def test_gpt_dynamic_int8_with_dynamic_batch_and_sequence(tmp_path: Path) -> Non
     # up over the layers to a few % of the logits' range
     assert np.abs(int8 - ref).max() <= 0.1 * (ref.max() - ref.min())
     assert (int8.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+    # Whole heads pruned (2 -> 1), the residual width kept; the pruned model still exports.
+    prune = ["--prune", "magnitude", "--ratio", "0.5", "--quantize", "none", "export.finetune_frac=0.1"]
+    out = run_fwk("export", *prune, "--max-accuracy-drop", "100", *QUICK, runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    pruned = _export_dir(run, prune="magnitude")
+    report = json.loads((pruned / "export_report.json").read_text())
+    stages = {s["stage"]: s for s in report["stages"]}
+    assert stages["onnx fp32"]["rel_diff"] <= 1e-4 and report["prune"]["params_left"] < 0.9
+    shapes = [list(t.dims) for t in onnx.load(str(pruned / "fp32.onnx")).graph.initializer]
+    # qkv (32 -> 3 x one head of 16) and the attention's projection back (16 -> 32), transposed for MatMul
+    assert [32, 48] in shapes and [16, 32] in shapes and [32, 96] not in shapes
 
 
 def test_resnet_digits_folds_and_quantizes_per_channel(tmp_path: Path) -> None:
