@@ -99,8 +99,15 @@ def _as_built(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _unobserved(step: int) -> None:
+    pass
+
+
 def train(
-    cfg: Config, run: RunDir, start: Callable[[torch.nn.Module], torch.nn.Module] = _as_built
+    cfg: Config,
+    run: RunDir,
+    start: Callable[[torch.nn.Module], torch.nn.Module] = _as_built,
+    observe: Callable[[int], None] = _unobserved,
 ) -> dict[str, Any] | None:
     """Train to ``train.max_steps`` (or until stopped); returns the summary when finished.
 
@@ -108,6 +115,8 @@ def train(
     applied: ``fwk export`` passes its pruned architecture with the weights it retrains
     from (lottery-ticket rounds, fine-tunes, quantization-aware training). It must give the
     same model every time it is called, so that a resumed run matches its checkpoint.
+    ``observe(step)`` is called after every optimizer step (``fwk profile`` steps its
+    profiler there).
     """
     started = time.perf_counter()
     d = parallel.init(cfg.parallel, cfg.train.device)
@@ -168,6 +177,7 @@ def train(
             scheduler.step()
             step += 1
             rewind.after(step, raw)
+            observe(step)
             window.add(loss, t1 - t0)
             train_samples += samples_per_step
             train_time += time.perf_counter() - t0
