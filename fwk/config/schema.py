@@ -19,6 +19,7 @@ PARALLELS = ("auto", "none", "ddp", "fsdp", "hsdp")
 MEMORIES = ("none", "checkpoint", "offload", "microbatch", "auto")
 JITS = ("auto", "off", "compile")
 KERNELS = ("auto", "triton", "torch")
+ON_NAN = ("rollback", "skip", "stop")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DECAYS = ("cosine", "linear", "constant")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -176,6 +177,24 @@ class KernelsConfig:
 
 
 @dataclass
+class DiagnosticsConfig:
+    """What happens on a non-finite loss or gradient, or a loss spike (fwk/engine/diagnostics.py)."""
+
+    name: str = doc("rollback", "name of the option in conf/diagnostics/ (rollback, skip or stop)")
+    on_nan: str = doc(
+        "rollback",
+        "a non-finite loss or gradient: rollback (restore the last snapshot, skip the batch, go on), "
+        "skip (drop the batch's update, go on) or stop (exit 1 with one line)",
+    )
+    snapshot_every: int = doc(50, "rollback: keep the model and optimizer in host memory every N steps")
+    lr_factor: float = doc(1.0, "rollback: multiply the learning rate by this after each rollback (1 = unchanged)")
+    max_rollbacks: int = doc(3, "rollback / skip: after this many bad steps, stop with one line")
+    spike_k: float = doc(0.0, "a loss above mean + k std of the last spike_window losses is a spike; 0 = off")
+    spike_window: int = doc(50, "losses the spike detector keeps (it waits until the window is full)")
+    grad_stats: bool = doc(False, "log the gradient norm of each top-level module every train.log_every steps")
+
+
+@dataclass
 class PathsConfig:
     """Where runs live. Not part of the run id: moving runs does not change it."""
 
@@ -200,6 +219,9 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "memory strategies"})
     jit: JitConfig = field(default_factory=JitConfig, metadata={"doc": "compilation (torch.compile)"})
     kernels: KernelsConfig = field(default_factory=KernelsConfig, metadata={"doc": "Triton kernels"})
+    diagnostics: DiagnosticsConfig = field(
+        default_factory=DiagnosticsConfig, metadata={"doc": "NaN and loss-spike handling, gradient statistics"}
+    )
     paths: PathsConfig = field(default_factory=PathsConfig, metadata={"doc": "where runs are stored"})
 
     @property

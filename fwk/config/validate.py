@@ -21,6 +21,7 @@ from fwk.config.schema import (
     JITS,
     KERNELS,
     MEMORIES,
+    ON_NAN,
     PARALLELS,
     PRECISIONS,
     SWITCHES,
@@ -131,6 +132,13 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield j.min_remaining_s >= 0, "jit.min_remaining_s", j.min_remaining_s, "a number >= 0"
     yield j.trial_steps >= 1, "jit.trial_steps", j.trial_steps, "an integer >= 1"
     yield c.kernels.name in KERNELS, "kernels.name", c.kernels.name, f"one of {', '.join(KERNELS)}"
+    g = c.diagnostics
+    yield g.on_nan in ON_NAN, "diagnostics.on_nan", g.on_nan, f"one of {', '.join(ON_NAN)}"
+    yield g.snapshot_every >= 1, "diagnostics.snapshot_every", g.snapshot_every, "an integer >= 1"
+    yield 0 < g.lr_factor <= 1, "diagnostics.lr_factor", g.lr_factor, "a number in (0, 1]"
+    yield g.max_rollbacks >= 0, "diagnostics.max_rollbacks", g.max_rollbacks, "an integer >= 0"
+    yield g.spike_k >= 0, "diagnostics.spike_k", g.spike_k, "a number >= 0 (0 = off)"
+    yield g.spike_window >= 2, "diagnostics.spike_window", g.spike_window, "an integer >= 2"
     yield p.name in PARALLELS, "parallel.name", p.name, f"one of {', '.join(PARALLELS)}"
     yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
     yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"

@@ -26,17 +26,22 @@ class Window:
 
     def reset(self) -> None:
         self.loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        self.finite = torch.zeros((), device=self.device, dtype=torch.float64)
         self.steps, self.data_wait, self.start = 0, 0.0, time.perf_counter()
 
     def add(self, loss: torch.Tensor, data_wait: float) -> None:
-        self.loss_sum += loss.detach().double()
+        # a step whose loss was not finite was dropped (fwk/engine/diagnostics.py): it does not count
+        loss = loss.detach().double()
+        finite = torch.isfinite(loss)
+        self.loss_sum += torch.where(finite, loss, 0.0)
+        self.finite += finite
         self.steps += 1
         self.data_wait += data_wait
 
     def close(self, global_batch: int, d: Dist) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        [loss_sum] = all_reduce_sum([self.loss_sum.item()], d)
-        loss = loss_sum / (self.steps * d.world_size)
+        loss_sum, finite = all_reduce_sum([self.loss_sum.item(), self.finite.item()], d)
+        loss = loss_sum / finite if finite else float("nan")
         row = {
             "loss": loss,
             "samples_per_s": self.steps * global_batch / elapsed,

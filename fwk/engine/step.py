@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from fwk.config.schema import TrainConfig
+from fwk.engine.diagnostics import Diagnostics
 from fwk.engine.jit import Jit
 from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory
@@ -35,9 +36,10 @@ class TrainStep:
         kernels: Kernels,
         cfg: TrainConfig,
         d: Dist,
+        diagnostics: Diagnostics | None = None,
     ) -> None:
         self.model, self.optimizer, self.precision, self.memory, self.jit = model, optimizer, precision, memory, jit
-        self.kernels, self.cfg, self.d = kernels, cfg, d
+        self.kernels, self.cfg, self.d, self.diagnostics = kernels, cfg, d, diagnostics
 
     def __call__(self, step: int, batches: list[Batch]) -> torch.Tensor:
         """Run the step; returns the detached mean loss. An OOM, or a failed compilation, redoes
@@ -47,7 +49,7 @@ class TrainStep:
             t0 = time.perf_counter()
             try:
                 with self.memory.measure():
-                    loss = self._run(batches)
+                    loss = self._run(step, batches)
             except torch.cuda.OutOfMemoryError:  # also raised by CPU tests that simulate it
                 self.optimizer.zero_grad(set_to_none=True)
                 self.memory.retry_after_oom(step)
@@ -63,7 +65,7 @@ class TrainStep:
             self.jit.step_done(step, time.perf_counter() - t0, settled)
             return loss
 
-    def _run(self, batches: list[Batch]) -> torch.Tensor:
+    def _run(self, step: int, batches: list[Batch]) -> torch.Tensor:
         device = self.d.device
         pieces = [p for x, y in batches for p in self.memory.split(x, y)]
         total = sum(y.numel() for _, y in pieces)
@@ -78,6 +80,17 @@ class TrainStep:
                     loss = self.kernels.loss(self.model, self.precision.input(x), y, self.cfg.label_smoothing)
                 self.precision.backward(loss if weight == 1.0 else loss * weight)
             loss_sum += loss.detach() * weight
-        self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)
+        # a non-finite loss or gradient (or a spike) never reaches the optimizer
+        if self.diagnostics is None or self.diagnostics.check(step, loss_sum, lambda: self._rerun(pieces)):
+            self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum
+
+    def _rerun(self, pieces: list[Batch]) -> None:
+        """The step's forward and backward again, on the unwrapped model, for diagnostics' hooks."""
+        raw = self.diagnostics.raw  # type: ignore[union-attr]  # only diagnostics calls it
+        for x, y in pieces:
+            x, y = x.to(self.d.device), y.to(self.d.device)
+            with self.precision.autocast():
+                loss = self.kernels.loss(raw, self.precision.input(x), y, self.cfg.label_smoothing)
+            loss.backward()

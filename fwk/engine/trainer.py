@@ -26,6 +26,7 @@ from fwk.engine import parallel
 from fwk.engine.build import build_data, build_model
 from fwk.engine.checkpoint import Checkpointer, RewindPoint, set_rng_state
 from fwk.engine.comm import CommMonitor
+from fwk.engine.diagnostics import Diagnostics
 from fwk.engine.evaluate import evaluate
 from fwk.engine.jit import Jit
 from fwk.engine.kernels import Kernels
@@ -135,14 +136,19 @@ def train(
     comm = CommMonitor(cfg.parallel, d, cfg.train.accum_steps, model, reporter.message)
     optimizer = build_optimizer(cfg.optim, raw, fused=kernels.triton)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
-    train_step = TrainStep(model, optimizer, precision, memory, jit, kernels, cfg.train, d)
+    diagnostics = Diagnostics(
+        cfg.diagnostics, d, raw, optimizer, scheduler, precision, cfg.train.log_every, reporter.message
+    )
+    train_step = TrainStep(model, optimizer, precision, memory, jit, kernels, cfg.train, d, diagnostics)
     cuda = d.device.type == "cuda"
     loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
     val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
     ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, parallel.sharded(raw))
     rewind = RewindPoint(run.path / "rewind", d, cfg.checkpoint.rewind_at, cfg.train.max_steps)
 
-    parts = dict(scheduler=scheduler, loader=loader, precision=precision, memory=memory, comm=comm)
+    parts = dict(
+        scheduler=scheduler, loader=loader, precision=precision, memory=memory, comm=comm, diagnostics=diagnostics
+    )
     resumable = Resumable(raw, optimizer, **parts)
 
     step = 0
@@ -185,7 +191,15 @@ def train(
                 row = window.close(samples_per_step, d)
                 lr = scheduler.get_last_lr()[0]
                 reporter.log(
-                    step, {"loss": row.pop("loss"), "lr": lr, **row, **precision.metrics(), **comm.window(step)}
+                    step,
+                    {
+                        "loss": row.pop("loss"),
+                        "lr": lr,
+                        **row,
+                        **precision.metrics(),
+                        **comm.window(step),
+                        **diagnostics.metrics(),
+                    },
                 )
                 comm.adapt(step)
                 if stop.agreed(d):
@@ -216,5 +230,6 @@ def train(
         **memory.summary(),
         **jit.summary(),
         **comm.summary(),
+        **diagnostics.summary(),
         "replicas_in_sync": parallel.replicas_in_sync(raw, d),
     }
