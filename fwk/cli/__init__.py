@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from fwk.cli.data import data
 from fwk.cli.doctor import doctor
 from fwk.cli.export import export
 from fwk.cli.train import train
@@ -25,6 +26,7 @@ app.command(
 
 app.command()(doctor)
 app.command(context_settings={"ignore_unknown_options": True})(export)
+app.add_typer(data, name="data")
 
 
 @app.callback()

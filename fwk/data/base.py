@@ -25,12 +25,16 @@ class DataBundle:
     Datasets whose items are random (augmentation) may define ``set_epoch(epoch)``: the
     engine calls it before each epoch so that item ``i`` of epoch ``e`` is the same
     whatever the number of loader workers, and a resumed run sees the same items.
+    ``mean`` and ``std`` are what image items were normalized with (one value per channel,
+    or one for all); ``fwk data preview`` undoes it to show the images. None: not normalized.
     """
 
     train: Dataset
     val: Dataset
     task: Literal["classification", "lm"]
     num_classes: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:

@@ -45,14 +45,18 @@ def digits(cfg: DigitsConfig, *, seed: int) -> DataBundle:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.split_seed))
     val_idx, train_idx = perm[: cfg.val_size], perm[cfg.val_size :]
     x_train, x_val = images[train_idx], images[val_idx]
+    stats = None
     if cfg.normalize:
         # Statistics of the training images only, so nothing leaks from val.
         mean, std = x_train.mean(), x_train.std()
         x_train, x_val = (x_train - mean) / std, (x_val - mean) / std
+        stats = (float(mean),), (float(std),)
 
     return DataBundle(
         train=TensorDataset(x_train, labels[train_idx]),
         val=TensorDataset(x_val, labels[val_idx]),
         task="classification",
         num_classes=10,
+        mean=stats[0] if stats else None,
+        std=stats[1] if stats else None,
     )

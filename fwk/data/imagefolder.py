@@ -205,4 +205,11 @@ def imagefolder(cfg: ImageFolderConfig, *, seed: int) -> DataBundle:
         os.path.join(root, "train"), train_paths, train_labels, train_transform(cfg), seed=seed, random=True
     )
     val = JpegFolder(os.path.join(root, "val"), val_paths, val_labels, val_transform(cfg), seed=seed, random=False)
-    return DataBundle(train=train, val=val, task="classification", num_classes=len(classes))
+    return DataBundle(
+        train=train,
+        val=val,
+        task="classification",
+        num_classes=len(classes),
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+    )
