@@ -162,5 +162,5 @@ def preview(data: DataBundle, n: int, batch_size: int, world_size: int, seed: in
     cols, rows = grid_shape(len(samples))
     return (
         f"wrote {path} ({picture.width}x{picture.height} px): {whose} as training sees them, "
-        f"augmentation included, in a {cols}x{rows} grid with each label under its image ({how})"
+        f"augmentation included, in a grid of {cols}x{rows} with each label under its image ({how})"
     )
