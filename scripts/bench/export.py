@@ -58,13 +58,33 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _kept(recipe: str, runs: Path, method: str) -> tuple[RunDir, dict, dict]:
+    """--retime: the newest run of ``recipe`` under ``runs`` with an int8 export and a ``method``-pruned one."""
+    import json
+
+    for run in sorted(runs.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
+        config = run / "config.yaml"
+        if not config.is_file() or f"recipe: {recipe}\n" not in config.read_text():
+            continue
+            continue
+        reports = [json.loads(p.read_text()) for p in run.glob("exports/*/export_report.json")]
+        plain = [r for r in reports if not r.get("prune") and r["quantize"] == "int8"]
+        pruned = [r for r in reports if (r.get("prune") or {}).get("method") == method and r["quantize"] == "int8"]
+        if plain and pruned:
+            return RunDir(run), plain[-1], pruned[-1]
+    raise SystemExit(f"--retime: no run of {recipe} under {runs} has an int8 export and a {method} one")
+
+
 def bench(recipe: str, args: argparse.Namespace) -> list[str]:
-    run = trained_run(recipe, args.runs)
-    cfg = load_settings([f"export.latency_batch={args.batch}", *args.export])
-    quiet = lambda _: None  # noqa: E731
-    report = run_export(run, Plan(), "int8", cfg, 100.0, None, False, say=_say, show=quiet)
-    plan = Plan.checked(args.prune, args.ratio, None)
-    pruned = run_export(run, plan, "int8", cfg, 100.0, None, False, say=_say, show=quiet)
+    if args.retime:  # time the exports made by an earlier run of this script, on a quieter machine
+        run, report, pruned = _kept(recipe, args.runs, args.prune)
+    else:
+        run = trained_run(recipe, args.runs)
+        cfg = load_settings([f"export.latency_batch={args.batch}", *args.export])
+        quiet = lambda _: None  # noqa: E731
+        report = run_export(run, Plan(), "int8", cfg, 100.0, None, False, say=_say, show=quiet)
+        plan = Plan.checked(args.prune, args.ratio, None)
+        pruned = run_export(run, plan, "int8", cfg, 100.0, None, False, say=_say, show=quiet)
     export = run.path / "exports" / report["export_id"]
     pexport = run.path / "exports" / pruned["export_id"]
     stages = {s["stage"]: s for s in report["stages"]}
@@ -201,6 +221,7 @@ def main() -> None:
     parser.add_argument("--prune", default="lottery_ticket", help="pruning method of the pruned export")
     parser.add_argument("--ratio", type=float, default=0.5, help="pruning ratio of the pruned export and ResNet-50")
     parser.add_argument("--export", nargs="*", default=[], help="export.KEY=VALUE settings of both exports")
+    parser.add_argument("--retime", action="store_true", help="time the exports an earlier run of this made")
     parser.add_argument("--resnet50-batch", type=int, default=8, help="batch N of ResNet-50's latency (0 = skip)")
     args = parser.parse_args()
     import onnxruntime
