@@ -66,7 +66,6 @@ def _kept(recipe: str, runs: Path, method: str) -> tuple[RunDir, dict, dict]:
         config = run / "config.yaml"
         if not config.is_file() or f"recipe: {recipe}\n" not in config.read_text():
             continue
-            continue
         reports = [json.loads(p.read_text()) for p in run.glob("exports/*/export_report.json")]
         plain = [r for r in reports if not r.get("prune") and r["quantize"] == "int8"]
         pruned = [r for r in reports if (r.get("prune") or {}).get("method") == method and r["quantize"] == "int8"]
