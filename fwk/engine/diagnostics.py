@@ -291,6 +291,8 @@ class Diagnostics:
         kind = type(module).__name__
         if isinstance(module, _NORMS) or any(k in kind.lower() for k in ("norm", "softmax", "attention")):
             return f"a {kind} overflows in low precision: keep it in fp32 with precision.keep_fp32=[{name}]"
+        if not any(True for _ in module.parameters()):
+            return "it has no weights: its forward makes NaN/Inf of finite inputs (a log, sqrt or division at 0?)"
         return "lower optim.lr, or clip the gradients (train.grad_clip=1.0)"
 
     # --- the loop's view --------------------------------------------------------------------

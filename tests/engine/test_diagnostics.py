@@ -30,6 +30,10 @@ def _diagnostics(model: nn.Module, said: list[str], **cfg: object) -> Diagnostic
     return Diagnostics(DiagnosticsConfig(**cfg), SOLO, model, optimizer, scheduler, precision, 10, said.append)
 
 
+def diag_of(model: nn.Module) -> Diagnostics:
+    return _diagnostics(model, [])
+
+
 def _backward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     loss = model(x).square().mean()
     loss.backward()
@@ -79,6 +83,8 @@ def test_suggestions_fit_the_module() -> None:
     assert "keep it in fp32 with precision.keep_fp32=[1]" in diag._suggest("1")
     assert diag._suggest("2").startswith("its weights blew up (max |w| 3e+05): lower optim.lr")
     assert "lower optim.lr, or clip the gradients" in diag._suggest("0")
+    relu = diag_of(nn.Sequential(nn.ReLU(), nn.Linear(2, 2)))._suggest("0")
+    assert relu.startswith("it has no weights: its forward makes NaN/Inf")
 
 
 def test_rollback_restores_the_snapshot_and_scales_the_lr() -> None:
