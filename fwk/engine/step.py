@@ -4,6 +4,10 @@ A step consumes ``train.accum_steps`` loader batches; the memory plan may split 
 micro-batches. Each piece's loss is weighted by its share of the step's targets, so the
 summed gradient is the gradient of the mean loss over the whole step, as one big batch
 would give. DDP all-reduces gradients only on the last piece (``no_sync`` before).
+
+The parts of a step are labelled for ``torch.profiler`` (``fwk.data``: the copy to the
+device, ``fwk.forward``, ``fwk.backward``, ``fwk.optimizer``): ``fwk profile`` splits the
+step by them. A label costs about a microsecond when no profiler runs.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from fwk.config.schema import TrainConfig
 from fwk.engine.jit import Jit
@@ -73,11 +78,14 @@ class TrainStep:
             last = i == len(pieces) - 1
             no_sync = getattr(self.model, "no_sync", None)
             with contextlib.nullcontext() if last or no_sync is None else no_sync(), self.memory.saved_tensors():
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with self.precision.autocast():
+                with record_function("fwk.data"):
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with record_function("fwk.forward"), self.precision.autocast():
                     loss = self.kernels.loss(self.model, self.precision.input(x), y, self.cfg.label_smoothing)
-                self.precision.backward(loss if weight == 1.0 else loss * weight)
+                with record_function("fwk.backward"):
+                    self.precision.backward(loss if weight == 1.0 else loss * weight)
             loss_sum += loss.detach() * weight
-        self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.zero_grad(set_to_none=True)
+        with record_function("fwk.optimizer"):
+            self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)
+            self.optimizer.zero_grad(set_to_none=True)
         return loss_sum
