@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-COMMANDS = [[], ["train"], ["doctor"], ["export"]]
+COMMANDS = [[], ["train"], ["doctor"], ["export"], ["profile"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "fwk")
