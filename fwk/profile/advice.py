@@ -14,6 +14,7 @@ from typing import Any
 DATA_WAIT = 0.10  # share of the step spent waiting for the loader
 COMM = 0.15  # share of the step in collectives (parallel.adapt.threshold's default)
 FP32_COMPUTE = 0.20  # share of op time in fp32 convs/matmuls on hardware with fast bf16
+BF16_COMPUTE = 0.20  # share of op time in bf16 convs/matmuls on hardware that emulates bf16
 NCHW_AMP = 0.10  # share of op time in NCHW convolutions under AMP
 SHORT_TIME = 0.30  # share of kernel (CPU: leaf op) time in calls shorter than figures.SHORT_US
 MIN_CALLS = 100  # ... counted only with at least this many calls per step
@@ -82,6 +83,16 @@ def advise(s: dict[str, Any]) -> list[Advice]:
                 f"fp32 convolutions/matmuls {_pct(s['fp32_compute_share'])} of op time (> {_pct(FP32_COMPUTE)}) "
                 f"on {s['hardware']}, which has fast bf16",
                 f"precision=auto (bf16 autocast; now precision={s['precision']})",
+            )
+        )
+    if s["bf16_compute_share"] > BF16_COMPUTE and not s["bf16_fast"]:
+        out.append(
+            Advice(
+                "bf16_emulated",
+                f"bf16 convolutions/matmuls {_pct(s['bf16_compute_share'])} of op time (> {_pct(BF16_COMPUTE)}) "
+                f"on {s['hardware']}, which has no fast bf16",
+                f"precision=auto (it picks {'fp16' if s['device'] == 'cuda' else 'fp32'} here; now "
+                f"precision={s['precision']})",
             )
         )
     if s["nchw_amp_conv_share"] > NCHW_AMP:

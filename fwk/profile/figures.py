@@ -348,10 +348,10 @@ def _is_nchw(dims: list[int], strides: list[int]) -> bool:
 
 
 def compute_facts(trace: Trace) -> dict[str, float]:
-    """Shares of op time: conv/matmul in fp32, NCHW convs under AMP, calls under 20 µs."""
+    """Shares of op time: conv/matmul in fp32 and in bf16, NCHW convs under AMP, calls under 20 µs."""
     ops = trace.ops()
     total = sum(trace.cost(op) for op in ops) or 1.0
-    fp32 = nchw_amp = 0.0
+    fp32 = bf16 = nchw_amp = 0.0
     short_time, short_calls, calls = 0.0, 0, 0
     for op in ops:
         cost = trace.cost(op)
@@ -363,6 +363,8 @@ def compute_facts(trace: Trace) -> dict[str, float]:
         if cost and _COMPUTE.search(op.name) and types:
             if types[0] == "float":
                 fp32 += cost
+            if types[0] == "c10::BFloat16":
+                bf16 += cost
             if "conv" in op.name and types[0] in _HALF and dims and strides and _is_nchw(dims[0], strides[0]):
                 nchw_amp += cost
     if trace.on_device:
@@ -377,6 +379,7 @@ def compute_facts(trace: Trace) -> dict[str, float]:
     n_steps = max(len(trace.steps), 1)
     return {
         "fp32_compute_share": fp32 / total,
+        "bf16_compute_share": bf16 / total,
         "nchw_amp_conv_share": nchw_amp / total,
         "calls_per_step": calls / n_steps,
         "short_call_share": short_calls / calls if calls else 0.0,

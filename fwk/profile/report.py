@@ -110,7 +110,10 @@ def show(figs: dict[str, Any], console: Console) -> None:
         table.add_row(
             r["name"], r["type"], _ms(r["forward_ms_per_step"]), _ms(r["backward_ms_per_step"]), f"{r['peak_mb']:.1f}"
         )
-    console.print(table)
+    if mods["rows"]:
+        console.print(table)
+    else:
+        console.print("Modules: none recorded (a compiled model runs as one graph; profile jit=off to see each module)")
     if len(mods["rows"]) > TOP_MODULES:
         console.print(f"({len(mods['rows']) - TOP_MODULES} more modules in profile.json)")
 

@@ -83,7 +83,7 @@ def test_shown_advice_quotes_figures() -> None:
     from fwk.profile import advice, report
 
     signals = {
-        "device": "cuda", "data_share": 0.3, "comm_share": 0.0, "fp32_compute_share": 0.0,
+        "device": "cuda", "data_share": 0.3, "comm_share": 0.0, "fp32_compute_share": 0.0, "bf16_compute_share": 0.0,
         "nchw_amp_conv_share": 0.0, "calls_per_step": 0, "short_call_share": 0.0, "short_time_share": 0.0,
         "peak_memory_share": 0.0, "peak_memory_mb": 0.0, "device_memory_mb": 1.0, "bf16_fast": True,
         "hardware": "a GPU", "precision": "bf16", "memory": "none", "jit": "auto", "comm_hook": "none",

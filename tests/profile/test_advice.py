@@ -14,6 +14,7 @@ QUIET: dict[str, Any] = {
     "data_share": 0.0,
     "comm_share": 0.0,
     "fp32_compute_share": 0.0,
+    "bf16_compute_share": 0.0,
     "nchw_amp_conv_share": 0.0,
     "calls_per_step": 0.0,
     "short_call_share": 0.0,
@@ -37,6 +38,11 @@ CASES = {
     "data_wait": ({"data_share": 0.11}, {"data_share": 0.09}, ["data wait 11%", "loader.num_workers="]),
     "communication": ({"comm_share": 0.16}, {"comm_share": 0.14}, ["communication 16%", "parallel.comm_hook=bf16"]),
     "fp32": ({"fp32_compute_share": 0.21}, {"fp32_compute_share": 0.19}, ["21%", "precision=auto"]),
+    "bf16_emulated": (
+        {"bf16_compute_share": 0.21, "bf16_fast": False, "precision": "bf16"},
+        {"bf16_compute_share": 0.19, "bf16_fast": False, "precision": "bf16"},
+        ["bf16 convolutions/matmuls 21%", "no fast bf16", "precision=auto (it picks fp16 here"],
+    ),
     "channels_last": ({"nchw_amp_conv_share": 0.11}, {"nchw_amp_conv_share": 0.09}, ["11%", "channels_last=true"]),
     "small_kernels": (
         {"calls_per_step": 400, "short_time_share": 0.31, "short_call_share": 0.9},
@@ -71,6 +77,7 @@ def test_rules_respect_what_is_already_set() -> None:
     # fp32 advice only where bf16 is fast and the run asked for fp32
     assert advice.advise({**QUIET, "fp32_compute_share": 0.9, "bf16_fast": False}) == []
     assert advice.advise({**QUIET, "fp32_compute_share": 0.9, "precision": "bf16"}) == []
+    assert advice.advise({**QUIET, "bf16_compute_share": 0.9, "precision": "bf16"}) == []  # fast bf16: fine
     # already checkpointing: no memory=checkpoint advice
     assert advice.advise({**QUIET, "peak_memory_share": 0.95, "memory": "checkpoint"}) == []
     # small kernels need enough of them, and are not advised when already compiled
