@@ -13,7 +13,11 @@ autograd's sequence numbers when the trace is read (``figures.py``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import re
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +75,39 @@ class ModuleLabels:
             module.register_forward_pre_hook(enter)
             module.register_forward_hook(leave, always_call=True)  # closed even when forward raises (OOM retry)
         return model
+
+
+class EngineOutput(io.TextIOBase):
+    """The engine's stdout while profiling: every line into ``engine.log``; on screen, its
+    decisions (precision, memory, parallel, jit) but not its progress rows, whose loss and
+    accuracy after a few steps mean nothing here."""
+
+    _PROGRESS = re.compile(r"^step\s+\d+/\d+\s")
+
+    def __init__(self, log: Path) -> None:
+        self._log = open(log, "w")
+        self._screen = sys.stdout
+        self._line = ""
+
+    def write(self, text: str) -> int:
+        self._log.write(text)
+        self._line += text
+        *lines, self._line = self._line.split("\n")
+        for line in lines:
+            if not self._PROGRESS.match(line):
+                self._screen.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._log.flush()
+        self._screen.flush()
+
+    def close(self) -> None:
+        if self._line and not self._PROGRESS.match(self._line):
+            self._screen.write(self._line)
+        self._line = ""
+        super().close()  # flushes first
+        self._log.close()
 
 
 def profile_config(cfg: Config, warmup: int, steps: int) -> tuple[Config, list[str]]:
@@ -141,7 +178,12 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str]
         profile_memory=True,
     )
     say(f"profiling {steps} steps after {warmup} warm-up steps on {device.type}")
-    with tempfile.TemporaryDirectory(prefix="fwk-profile-") as tmp, prof:
+    with (
+        tempfile.TemporaryDirectory(prefix="fwk-profile-") as tmp,
+        EngineOutput(out / "engine.log") as engine,
+        contextlib.redirect_stdout(engine),
+        prof,
+    ):
         summary = train(short, RunDir(Path(tmp)), start=labels.attach, observe=lambda step: prof.step())
     if summary is None:
         raise UserError("fwk profile was interrupted; run the same command again")

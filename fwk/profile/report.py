@@ -54,6 +54,7 @@ def build(captured: Captured, settings: dict[str, Any], out: Path) -> dict[str, 
         "flame_time": str(out / "flame_time.svg"),
         "flame_memory": str(out / "flame_memory.svg"),
         "profile": str(out / "profile.json"),
+        "engine_log": str(out / "engine.log"),
     }
     return figs
 
@@ -103,12 +104,19 @@ def show(figs: dict[str, Any], console: Console) -> None:
         ("type", "left"),
         ("forward ms", "right"),
         ("backward ms", "right"),
+        ("of step", "right"),
         (f"peak MiB ({mods['memory_device']})", "right"),
     ):
         table.add_column(col, justify=justify)
     for r in mods["rows"][:TOP_MODULES]:
+        share = (r["forward_ms_per_step"] + r["backward_ms_per_step"]) / max(split["step_ms"], 1e-9)
         table.add_row(
-            r["name"], r["type"], _ms(r["forward_ms_per_step"]), _ms(r["backward_ms_per_step"]), f"{r['peak_mb']:.1f}"
+            r["name"],
+            r["type"],
+            _ms(r["forward_ms_per_step"]),
+            _ms(r["backward_ms_per_step"]),
+            f"{share:.1%}",
+            f"{r['peak_mb']:.1f}",
         )
     if mods["rows"]:
         console.print(table)
@@ -117,7 +125,7 @@ def show(figs: dict[str, Any], console: Console) -> None:
     if len(mods["rows"]) > TOP_MODULES:
         console.print(f"({len(mods['rows']) - TOP_MODULES} more modules in profile.json)")
 
-    table = Table(title=f"The step ({basis}; data: host wait)", title_justify="left", min_width=72)
+    table = Table(title=f"The step ({basis}; data: host wait)", title_justify="left", min_width=40)
     for col, justify in (("part", "left"), ("ms", "right"), ("share", "right")):
         table.add_column(col, justify=justify)
     for r in split["rows"]:

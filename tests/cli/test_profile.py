@@ -41,6 +41,9 @@ def test_writes_every_file(profiled: tuple[subprocess.CompletedProcess, Path, Pa
     figs = json.loads((prof / "profile.json").read_text())
     assert {"operators", "modules", "split", "memory", "facts", "signals", "advice", "files", "settings"} <= set(figs)
     assert figs["settings"]["run_id"] == run.name and figs["steps"] == 2
+    log = (prof / "engine.log").read_text()
+    assert "precision=auto chose" in log and "step      3/3  train" in log
+    assert "step      3/3  train" not in out.stdout  # the progress rows of a 3-step run stay in the log
     graph = (prof / "graph.html").read_text()
     assert "Before: the captured graph" in graph and "features.0" in graph
     assert "cpp_fused_" in graph or "torch.compile failed" in graph
