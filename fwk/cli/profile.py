@@ -33,6 +33,10 @@ def profile(
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     from fwk.errors import UserError
 
+    words = list(overrides or [])
+    flags = [w for w in words if w.startswith("-")]
+    if flags:
+        raise UserError(f"unknown option '{flags[0]}' for fwk profile; its options are --steps, --warmup, --graph")
     if steps < 1:
         raise UserError(f"--steps={steps} is not allowed: expected a whole number of steps >= 1")
     if warmup < 1:
@@ -43,7 +47,7 @@ def profile(
     from fwk.config.compose import compose
     from fwk.config.validate import to_typed
 
-    config = to_typed(compose(list(overrides or [])))
+    config = to_typed(compose(words))
     config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
 
     import logging

@@ -85,7 +85,7 @@ class EngineOutput(io.TextIOBase):
     _PROGRESS = re.compile(r"^step\s+\d+/\d+\s")
 
     def __init__(self, log: Path) -> None:
-        self._log = open(log, "w")
+        self._log = open(log, "w", encoding="utf-8")
         self._screen = sys.stdout
         self._line = ""
 
@@ -156,6 +156,18 @@ def _hardware(device: torch.device) -> dict[str, Any]:
     return {"bf16_fast": features.bf16_fast, "text": features.text, "memory_bytes": int(memory)}
 
 
+def _stepper(prof: Any, device: torch.device) -> Callable[[int], None]:
+    """``observe``: end the profiler's step. On CUDA the step's queued kernels finish first, so
+    each recorded step holds its own device work (the host may otherwise run a step ahead)."""
+
+    def observe(step: int) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        prof.step()
+
+    return observe
+
+
 def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str], None]) -> Captured:
     """Train ``warmup + steps`` steps of ``cfg`` under the profiler; the trace goes to ``out``."""
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -184,7 +196,7 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str]
         contextlib.redirect_stdout(engine),
         prof,
     ):
-        summary = train(short, RunDir(Path(tmp)), start=labels.attach, observe=lambda step: prof.step())
+        summary = train(short, RunDir(Path(tmp)), start=labels.attach, observe=_stepper(prof, device))
     if summary is None:
         raise UserError("fwk profile was interrupted; run the same command again")
     if not trace.exists():

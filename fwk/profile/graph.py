@@ -141,7 +141,7 @@ def write_graph(cfg: Config, out: Path, say: Callable[[str], None]) -> Path:
     seconds = time.perf_counter() - started
     folded = folded_pairs(model)
     path = out / "graph.html"
-    path.write_text(_html(cfg, device, before, parts, folded, error, seconds))
+    path.write_text(_html(cfg, device, before, parts, folded, error, seconds), encoding="utf-8")
     torch._dynamo.reset()
     return path
 

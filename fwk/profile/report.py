@@ -40,14 +40,16 @@ def build(captured: Captured, settings: dict[str, Any], out: Path) -> dict[str, 
     figs["advice"] = rules.as_dicts(rules.advise(signals))
     basis = "kernel time" if trace.on_device else "host self time"
     (out / "flame_time.svg").write_text(
-        flame.svg(flame.time_stacks(trace, captured.modules), f"fwk profile: time per op and layer ({basis})", "us")
+        flame.svg(flame.time_stacks(trace, captured.modules), f"fwk profile: time per op and layer ({basis})", "us"),
+        encoding="utf-8",
     )
     (out / "flame_memory.svg").write_text(
         flame.svg(
             flame.memory_stacks(trace, captured.modules),
             f"fwk profile: memory allocated per op and layer ({figs['memory']['device']})",
             "bytes",
-        )
+        ),
+        encoding="utf-8",
     )
     figs["files"] = {
         "trace": str(captured.trace),
@@ -60,7 +62,7 @@ def build(captured: Captured, settings: dict[str, Any], out: Path) -> dict[str, 
 
 
 def write(figs: dict[str, Any], out: Path) -> None:
-    (out / "profile.json").write_text(json.dumps(figs, indent=2) + "\n")
+    (out / "profile.json").write_text(json.dumps(figs, indent=2) + "\n", encoding="utf-8")
 
 
 def _ms(x: float) -> str:

@@ -122,6 +122,7 @@ def test_run_dir_is_the_train_run_and_holds_only_the_profile(
         (["--steps", "0"], "--steps=0 is not allowed: expected a whole number of steps >= 1"),
         (["--warmup", "0"], "--warmup=0 is not allowed"),
         (["train.nope=3"], "train.nope"),
+        (["--step", "3"], "unknown option '--step' for fwk profile; its options are --steps, --warmup, --graph"),
     ],
 )
 def test_bad_input_is_one_line(runs: Path, args: list[str], expected: str) -> None:
