@@ -243,6 +243,11 @@ def _lineage(name: str) -> list[str]:
     return [ROOT] + [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def called_modules(trace: Trace) -> set[str]:
+    """Modules whose forward ran: containers never called (``nn.ModuleList``) get no backward either."""
+    return {s.name[len(MODULE_PREFIX) :] for s in trace.spans if s.name.startswith(MODULE_PREFIX)}
+
+
 def backward_modules(trace: Trace) -> dict[int, str]:
     """Autograd sequence number -> the module whose forward ran the op with that number."""
     seq_module: dict[int, str] = {}
@@ -279,6 +284,7 @@ def modules(trace: Trace, types: dict[str, str]) -> dict[str, Any]:
     times: dict[str, dict[str, float]] = defaultdict(lambda: {"forward": 0.0, "backward": 0.0})
     windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
     seq_module = backward_modules(trace)
+    called = called_modules(trace)
     for s in trace.spans:
         if not trace.in_steps(s.start):
             continue
@@ -292,7 +298,7 @@ def modules(trace: Trace, types: dict[str, str]) -> dict[str, Any]:
             if module is None:
                 continue
             cost = _span_total(s, trace)
-            for name in _lineage(module):
+            for name in (n for n in _lineage(module) if n in called):
                 times[name]["backward"] += cost
                 windows[name].append((s.start, s.end))
     device_type = 1 if any(dev == 1 for *_, dev in trace.memory) else 0

@@ -14,14 +14,14 @@ from html import escape
 from typing import Any
 
 from fwk.profile.capture import MODULE_PREFIX
-from fwk.profile.figures import _BACKWARD, Span, Trace, _lineage, backward_modules
+from fwk.profile.figures import _BACKWARD, Span, Trace, _lineage, backward_modules, called_modules
 
 Stack = tuple[str, ...]
 
 WIDTH, ROW, FONT = 1200, 17, 11
 
 
-def _frames(span: Span, trace: Trace, seq_module: dict[int, str], types: dict[str, str]) -> list[str]:
+def _frames(span: Span, trace: Trace, seq_module: dict[int, str], types: dict[str, str], called: set[str]) -> list[str]:
     """The stack of ``span``, outermost first, with module names for module ranges and for backward ops."""
     chain = [*reversed(span.ancestors()), span]
     frames: list[str] = []
@@ -35,7 +35,7 @@ def _frames(span: Span, trace: Trace, seq_module: dict[int, str], types: dict[st
             frames.append(f"{name} {types.get(name, '')}".strip())
         elif s.name.startswith(_BACKWARD) and s.args.get("Sequence number") in seq_module:
             module = seq_module[s.args["Sequence number"]]
-            frames += [f"{m} {types.get(m, '')}".strip() for m in _lineage(module)]  # its child names the node
+            frames += [f"{m} {types.get(m, '')}".strip() for m in _lineage(module) if m in called]  # child: the node
         else:
             frames.append(s.name)
     return frames
@@ -43,21 +43,21 @@ def _frames(span: Span, trace: Trace, seq_module: dict[int, str], types: dict[st
 
 def time_stacks(trace: Trace, types: dict[str, str]) -> dict[Stack, float]:
     """Microseconds per stack: host self time on a CPU, kernel time on CUDA."""
-    seq_module = backward_modules(trace)
+    seq_module, called = backward_modules(trace), called_modules(trace)
     stacks: dict[Stack, float] = {}
     for s in trace.spans:
         if not trace.in_steps(s.start):
             continue
         value = s.device_us if trace.on_device else s.self_us
         if value > 0:
-            key = tuple(_frames(s, trace, seq_module, types))
+            key = tuple(_frames(s, trace, seq_module, types, called))
             stacks[key] = stacks.get(key, 0.0) + value
     return stacks
 
 
 def memory_stacks(trace: Trace, types: dict[str, str]) -> dict[Stack, float]:
     """Bytes allocated per stack on the device that trained (CUDA if any, else CPU)."""
-    seq_module = backward_modules(trace)
+    seq_module, called = backward_modules(trace), called_modules(trace)
     device_type = 1 if any(dev == 1 for *_, dev in trace.memory) else 0
     by_thread = {tid: sorted(spans, key=lambda s: s.start) for tid, spans in trace.threads.items()}
     starts = {tid: [s.start for s in spans] for tid, spans in by_thread.items()}
@@ -73,7 +73,9 @@ def memory_stacks(trace: Trace, types: dict[str, str]) -> dict[Stack, float]:
                 s = s.parent
             if s is not None and (owner is None or s.start > owner.start):
                 owner = s
-        key = tuple(_frames(owner, trace, seq_module, types)) if owner is not None else ("step", "(outside ops)")
+        key = (
+            tuple(_frames(owner, trace, seq_module, types, called)) if owner is not None else ("step", "(outside ops)")
+        )
         stacks[key] = stacks.get(key, 0.0) + nbytes
     return stacks
 

@@ -104,3 +104,11 @@ def test_cuda_figures_use_kernel_time() -> None:
     assert mods["fc"]["backward_ms_per_step"] == pytest.approx(0.080)
     mem = figures.memory(trace, device_memory_bytes=8000)
     assert mem["device"] == "cuda" and mem["peak_share"] == pytest.approx(0.5)
+
+
+def test_uncalled_containers_get_no_backward() -> None:
+    # blocks.0 lives in an nn.ModuleList "blocks", which has no forward of its own
+    events = [{**e, "name": "fwk.module: blocks.0"} if e["name"] == "fwk.module: fc" else e for e in _events(False)]
+    rows = {r["name"]: r for r in figures.modules(figures.Trace(events), {})["rows"]}
+    assert "blocks" not in rows
+    assert rows["blocks.0"]["backward_ms_per_step"] == pytest.approx(0.380)
