@@ -35,6 +35,10 @@ def build(captured: Captured, settings: dict[str, Any], out: Path) -> dict[str, 
         "facts": figures.compute_facts(trace),
         "notes": captured.notes,
     }
+    for r in figs["modules"]["rows"]:
+        r["share_of_step"] = (r["forward_ms_per_step"] + r["backward_ms_per_step"]) / max(
+            figs["split"]["step_ms"], 1e-9
+        )
     signals = rules.signals(figs, settings, captured.hardware)
     figs["signals"] = signals
     figs["advice"] = rules.as_dicts(rules.advise(signals))
@@ -111,13 +115,12 @@ def show(figs: dict[str, Any], console: Console) -> None:
     ):
         table.add_column(col, justify=justify)
     for r in mods["rows"][:TOP_MODULES]:
-        share = (r["forward_ms_per_step"] + r["backward_ms_per_step"]) / max(split["step_ms"], 1e-9)
         table.add_row(
             r["name"],
             r["type"],
             _ms(r["forward_ms_per_step"]),
             _ms(r["backward_ms_per_step"]),
-            f"{share:.1%}",
+            f"{r['share_of_step']:.1%}",
             f"{r['peak_mb']:.1f}",
         )
     if mods["rows"]:
