@@ -108,6 +108,7 @@ class Trace:
         self.threads = threads
         self.spans = [s for spans in threads.values() for s in spans]
         self.steps = sorted((s for s in self.spans if s.name.startswith("ProfilerStep#")), key=lambda s: s.start)
+        self._step_starts = [s.start for s in self.steps]
         self.kernels = kernels
         by_ext = {s.args.get("External id"): s for s in self.spans if s.cat == "cpu_op" and "External id" in s.args}
         for k in kernels:
@@ -126,7 +127,7 @@ class Trace:
         return cls(json.loads(Path(path).read_text())["traceEvents"])
 
     def in_steps(self, ts: float) -> bool:
-        i = bisect.bisect_right([s.start for s in self.steps], ts) - 1
+        i = bisect.bisect_right(self._step_starts, ts) - 1
         return i >= 0 and ts <= self.steps[i].end
 
     def phase_at(self, ts: float) -> str:
