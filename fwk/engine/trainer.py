@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from fwk.config.schema import Config
 from fwk.data.loader import TrainLoader, val_loader
@@ -177,7 +178,8 @@ def train(
         while step < cfg.train.max_steps:
             t0 = time.perf_counter()
             samples_per_step = cfg.train.batch_size * comm.accum_steps
-            step_batches = [next(batches) for _ in range(comm.accum_steps)]
+            with record_function("fwk.data"):  # the data wait, for fwk profile's step split
+                step_batches = [next(batches) for _ in range(comm.accum_steps)]
             t1 = time.perf_counter()
             loss = train_step(step, step_batches)
             scheduler.step()

@@ -1,0 +1,95 @@
+"""`fwk profile`: compose like `fwk train`, profile a few real training steps, say where the
+time and memory go and what to change."""
+
+from __future__ import annotations
+
+import typer
+
+
+def profile(
+    overrides: list[str] | None = typer.Argument(
+        None,
+        help="Hydra overrides, as for fwk train: recipe=NAME, group=option, a.b=value.",
+        show_default=False,
+    ),
+    steps: int = typer.Option(3, "--steps", help="Training steps recorded by the profiler."),
+    warmup: int = typer.Option(2, "--warmup", help="Training steps run first and not recorded (>= 1)."),
+    graph: bool = typer.Option(
+        False, "--graph", help="Also write the model graph before and after the JIT layer's optimizations (graph.html)."
+    ),
+) -> None:
+    """Profile the recipe's real training step and say what to change.
+
+    Runs warm-up + steps optimizer steps of the run these overrides would train (its
+    precision, memory and jit settings; one process) under torch.profiler, in a throwaway
+    run dir. Prints the top operators, time and peak memory per module, and the step split
+    (data, forward, backward, optimizer, communication), with advice that quotes its figure.
+    Writes runs/<id>/profile/: trace.json (Chrome/Perfetto), flame_time.svg,
+    flame_memory.svg and profile.json with every figure.
+    """
+    import os
+
+    # before torch loads: kineto's own "profiler_start/stop" lines on stderr say nothing to a user
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    from fwk.errors import UserError
+
+    words = list(overrides or [])
+    flags = [w for w in words if w.startswith("-")]
+    if flags:
+        raise UserError(f"unknown option '{flags[0]}' for fwk profile; its options are --steps, --warmup, --graph")
+    if steps < 1:
+        raise UserError(f"--steps={steps} is not allowed: expected a whole number of steps >= 1")
+    if warmup < 1:
+        raise UserError(f"--warmup={warmup} is not allowed: expected >= 1 (the first step builds the engine)")
+
+    from omegaconf import OmegaConf
+
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+
+    config = to_typed(compose(words))
+    config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+
+    import logging
+    import sys
+
+    from rich.console import Console
+
+    from fwk.engine.build import preflight
+    from fwk.launch.launcher import plan
+    from fwk.profile.capture import capture
+    from fwk.profile.report import build, show, write
+
+    for section in (config.model, config.data, config.optim):
+        if hasattr(section, "check"):
+            section.check()
+    preflight(config)
+    p = plan(config, config_dict)  # the run id `fwk train` would give these overrides
+    out = p.run_dir / "profile"
+    out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    captured = capture(config, warmup, steps, out, say=typer.echo)
+    settings = {
+        "recipe": config.recipe,
+        "run_id": p.run_id,
+        "warmup": warmup,
+        "precision": config.precision.name,
+        "memory": config.memory.name,
+        "jit": config.jit.name,
+        "parallel": config.parallel.name,
+        "comm_hook": config.parallel.comm_hook,
+        "num_workers": config.loader.num_workers,
+        "pin_memory": config.loader.pin_memory,
+        "batch_size": config.train.batch_size,
+    }
+    figs = build(captured, settings, out)
+    if graph:
+        from fwk.profile.graph import write_graph
+
+        figs["files"]["graph"] = str(write_graph(config, out, say=typer.echo))
+    write(figs, out)
+    console = Console(highlight=False, width=max(Console().width, 120))
+    show(figs, console)
+    typer.echo(f"profile of run {p.run_id} in {out}")
+    for name, path in figs["files"].items():
+        typer.echo(f"  {name:<13} {path}")
