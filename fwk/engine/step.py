@@ -94,8 +94,9 @@ class TrainStep:
                     self.precision.backward(loss if weight == 1.0 else loss * weight)
             loss_sum += loss.detach() * weight
         # a non-finite loss or gradient (or a spike) never reaches the optimizer
+        ok = self.diagnostics is None or self.diagnostics.check(step, loss_sum, lambda: self._rerun(pieces))
         with label("fwk.optimizer"):
-            if self.diagnostics is None or self.diagnostics.check(step, loss_sum, lambda: self._rerun(pieces)):
+            if ok:
                 self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)
             self.optimizer.zero_grad(set_to_none=True)
         return loss_sum
