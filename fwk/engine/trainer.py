@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.profiler import record_function
 
 from fwk.config.schema import Config
 from fwk.data.loader import TrainLoader, val_loader
@@ -34,7 +33,7 @@ from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory
 from fwk.engine.metrics import Reporter, Window
 from fwk.engine.precision import Precision
-from fwk.engine.step import TrainStep
+from fwk.engine.step import TrainStep, label
 from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
 from fwk.track.store import RunDir
 
@@ -178,7 +177,7 @@ def train(
         while step < cfg.train.max_steps:
             t0 = time.perf_counter()
             samples_per_step = cfg.train.batch_size * comm.accum_steps
-            with record_function("fwk.data"):  # the data wait, for fwk profile's step split
+            with label("fwk.data"):  # the data wait, for fwk profile's step split
                 step_batches = [next(batches) for _ in range(comm.accum_steps)]
             t1 = time.perf_counter()
             loss = train_step(step, step_batches)
