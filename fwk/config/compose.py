@@ -87,7 +87,7 @@ def compose(overrides: list[str]) -> dict[str, Any]:
 
     for group, registry in registries().items():
         for name in registry.names():
-            store.store(group=f"schema/{group}", name=name, node=registry.get(name).config)
+            store.store(group=f"schema/{group}", name=name, node=registry.config(name))
     root = resources_root()
     hydra_overrides = [_to_hydra(o) for o in overrides]
     _check_grammar(hydra_overrides)
