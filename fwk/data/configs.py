@@ -57,7 +57,7 @@ class StdlibTextConfig:
     val_max_bytes: int = doc(262144, "cap on val bytes so evaluation stays quick (0 = no cap)")
 
 
-def _layout(root: str) -> str:
+def layout_hint(root: str) -> str:
     return (
         f"expected an ImageNet-layout folder: {root}/train/<class>/*.JPEG and "
         f"{root}/val/<class>/*.JPEG (set data.root=...)"
@@ -67,12 +67,12 @@ def _layout(root: str) -> str:
 def check_layout(root: str) -> str:
     """The expanded root, if it is a folder with train/ and val/ folders; else UserError."""
     if not root:
-        raise UserError(f"data.root is not set; {_layout('<root>')}")
+        raise UserError(f"data.root is not set; {layout_hint('<root>')}")
     root = os.path.expanduser(root)
     if not os.path.isdir(root):
-        raise UserError(f"data.root '{root}' is not a folder; {_layout(root)}")
+        raise UserError(f"data.root '{root}' is not a folder; {layout_hint(root)}")
     if not os.path.isdir(os.path.join(root, "train")):
-        raise UserError(f"data.root '{root}' has no images (no train/ folder); {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no images (no train/ folder); {layout_hint(root)}")
     if not os.path.isdir(os.path.join(root, "val")):
-        raise UserError(f"data.root '{root}' has no val/ folder; {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no val/ folder; {layout_hint(root)}")
     return root

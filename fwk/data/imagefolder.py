@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle, item_seed
-from fwk.data.configs import ImageFolderConfig, _layout, check_layout
+from fwk.data.configs import ImageFolderConfig, check_layout, layout_hint
 from fwk.data.registry import register_data
 from fwk.errors import UserError
 
@@ -133,7 +133,7 @@ def _scan(root: str, split: str, class_index: dict[str, int]) -> tuple[list[str]
         if name not in class_index:
             raise UserError(
                 f"data.root '{root}': class folder '{name}' is in {split}/ but not in train/; "
-                f"{split}/ must use the class folders of train/ ({_layout(root)})"
+                f"{split}/ must use the class folders of train/ ({layout_hint(root)})"
             )
         files = _images(os.path.join(split_dir, name))
         paths += [f"{name}/{f}" for f in files]
@@ -153,12 +153,12 @@ def find_images(root: str) -> tuple[list[str], tuple[list[str], list[int]], tupl
     class_index = {name: i for i, name in enumerate(classes)}
     train = _scan(root, "train", class_index)
     if not train[0]:
-        raise UserError(f"data.root '{root}' has no images in {train_dir}; {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no images in {train_dir}; {layout_hint(root)}")
     if not os.path.isdir(val_dir):
-        raise UserError(f"data.root '{root}' has no val/ folder; {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no val/ folder; {layout_hint(root)}")
     val = _scan(root, "val", class_index)
     if not val[0]:
-        raise UserError(f"data.root '{root}' has no images in {val_dir}; {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no images in {val_dir}; {layout_hint(root)}")
     return classes, train, val
 
 
