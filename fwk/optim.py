@@ -2,18 +2,24 @@
 
 ``optim.name`` in the config is a function name here. Weight decay applies to matrices
 and convolution kernels only (dim >= 2): biases and norm scales are not decayed.
+
+Composing and validating a config imports this module for its config dataclasses, and
+must not import torch (`fwk train --cfg` answers in well under a second): the builders
+import torch when they are called.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from fwk.config.schema import ScheduleConfig
 from fwk.registry import Registry, doc
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 OPTIMIZERS = Registry("optimizer")
 
@@ -59,6 +65,8 @@ def _on_cuda(model: nn.Module) -> bool:
 
 @OPTIMIZERS.register(AdamWConfig)
 def adamw(cfg: AdamWConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay),
         lr=cfg.lr,
@@ -70,6 +78,8 @@ def adamw(cfg: AdamWConfig, model: nn.Module, fused: bool) -> torch.optim.Optimi
 
 @OPTIMIZERS.register(SGDConfig)
 def sgd(cfg: SGDConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.SGD(
         _param_groups(model, cfg.weight_decay),
         lr=cfg.lr,
@@ -94,6 +104,9 @@ def build_optimizer(cfg, model: nn.Module, fused: bool = False) -> torch.optim.O
 def state_floats_per_param(cfg) -> float:
     """Optimizer state elements per parameter element, measured: one step of the configured
     optimizer on a small layer (AdamW 2, SGD with momentum 1, Lion 1)."""
+    import torch
+    from torch import nn
+
     layer = nn.Linear(8, 8, bias=False)
     optimizer = build_optimizer(cfg, layer)
     layer.weight.grad = torch.ones_like(layer.weight)
@@ -115,4 +128,6 @@ def lr_factor(step: int, cfg: ScheduleConfig, max_steps: int) -> float:
 
 
 def build_schedule(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, max_steps: int):
+    import torch
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, max_steps))

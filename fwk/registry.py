@@ -3,11 +3,17 @@
 A builder's config dataclass is the typed schema of its config section: every field has
 a default and a one-line doc (``field(metadata={"doc": ...})``). The name in the YAML is
 the name of the function in the code (timm's ``@register_model`` habit).
+
+Configs and builders live in different modules: composing and validating a config (and so
+`fwk train --cfg`, `--dry-run`, a run that is already complete) needs only the config
+dataclasses, which import no torch; the builders, which do, are imported on the first
+lookup of a builder. A registry names both kinds of module and imports each when needed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,26 +35,70 @@ class Entry:
 
 
 class Registry:
-    """A named family of builders (models, datasets, optimizers)."""
+    """A named family of builders (models, datasets, optimizers).
 
-    def __init__(self, kind: str) -> None:
+    ``configs``: the module whose import registers the config dataclasses (no torch);
+    ``builders``: the modules whose import registers the builders (torch). Both are
+    imported on first need, so that looking up a config never imports a builder.
+    """
+
+    def __init__(self, kind: str, configs: str | None = None, builders: tuple[str, ...] = ()) -> None:
         self.kind = kind
-        self._entries: dict[str, Entry] = {}
+        self._configs_module = configs
+        self._builder_modules = builders
+        self._configs: dict[str, type] = {}
+        self._builders: dict[str, Callable[..., Any]] = {}
+
+    def register_config(self, config: type) -> type:
+        """Class decorator: register a config dataclass under the default of its ``name`` field."""
+        name = _default_name(config)
+        if self._configs.get(name, config) is not config:
+            raise ValueError(f"{self.kind} config {name!r} is registered twice")
+        self._configs[name] = config
+        return config
 
     def register(self, config: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Function decorator: register a builder under its function name, with its config."""
+
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if fn.__name__ in self._entries:
-                raise ValueError(f"{self.kind} {fn.__name__!r} is registered twice")
-            self._entries[fn.__name__] = Entry(fn.__name__, fn, config)
+            name = fn.__name__
+            if name in self._builders:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            if self._configs.get(name, config) is not config:
+                raise ValueError(f"{self.kind} {name!r}: the builder's config is not the registered config")
+            self._configs[name] = config
+            self._builders[name] = fn
             return fn
 
         return wrap
 
+    def config(self, name: str) -> type:
+        """The config dataclass of ``name``; imports no builder (and so no torch)."""
+        self._load(builders=False)
+        return self._configs[name]
+
     def get(self, name: str) -> Entry:
-        return self._entries[name]
+        """Builder and config of ``name``; the first call imports the builder modules."""
+        self._load(builders=True)
+        return Entry(name, self._builders[name], self._configs[name])
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        self._load(builders=False)
+        return sorted(self._configs)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._entries
+        self._load(builders=False)
+        return name in self._configs
+
+    def _load(self, builders: bool) -> None:
+        # importlib caches modules: after the first call each import is a dict lookup
+        modules = [self._configs_module] if self._configs_module else []
+        for module in modules + list(self._builder_modules if builders else ()):
+            importlib.import_module(module)
+
+
+def _default_name(config: type) -> str:
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    if "name" not in fields or not isinstance(fields["name"].default, str):
+        raise ValueError(f"{config.__name__} needs a field `name: str` whose default is its registry name")
+    return fields["name"].default

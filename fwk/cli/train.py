@@ -14,7 +14,9 @@ def train(
         show_default=False,
     ),
     cfg: bool = typer.Option(False, "--cfg", help="Print the resolved config and exit."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the run id and what would be launched, then exit."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the run id and what would be launched, then exit (no model checks)."
+    ),
 ) -> None:
     """Train a model. Runs the default recipe (digits_cnn) when given no overrides.
 
@@ -34,13 +36,11 @@ def train(
         typer.echo(config_yaml, nl=False)
         return
 
-    from fwk.engine.build import preflight
     from fwk.launch.launcher import launch, plan
 
     for section in (config.model, config.data, config.optim):
         if hasattr(section, "check"):  # cheap pre-flight checks (paths) before any run dir exists
             section.check()
-    preflight(config)
     p = plan(config, config_dict)
     if dry_run:
         typer.echo(p.describe())
@@ -52,6 +52,11 @@ def train(
     if done is not None:
         typer.echo(already_complete(done, p.run_dir))
         return
+    # Only now import torch: the checks of the model and the device take seconds to import,
+    # and --cfg, --dry-run and a finished run answer without them.
+    from fwk.engine.build import preflight
+
+    preflight(config)
     status, run = launch(p, config_yaml, config.parallel.nnodes)
     summary = run.read_summary()
     if status == 0 and summary is not None:

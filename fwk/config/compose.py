@@ -50,6 +50,54 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split("\n")[0].split())
 
 
+def _groups(root: Path) -> set[str]:
+    """Names that select a config group option (``model=gpt``), as users write them."""
+    return {p.name for p in (root / "conf").iterdir() if p.is_dir()} | {_USER_GROUP, _HYDRA_GROUP}
+
+
+def _forgive(overrides: list[str], root: Path) -> list[str]:
+    """Rewrite what a user means but Hydra rejects, before Hydra sees it.
+
+    - ``+key=value`` on a key the config already has (``+tags=[a,b]``, ``+train.max_steps=5``)
+      sets it: ``++key=value``. Hydra's ``+`` only adds a key that is not there yet.
+    - ``model._target_=pkg.Class`` without ``model=custom`` picks ``model=custom`` (any group
+      with a conf/<group>/custom.yaml); ``model.KEY=value`` then adds KEY, the class's argument.
+      With another option (``model=gpt model._target_=...``) it says what to write instead.
+    """
+    groups = _groups(root)
+    chosen = {}
+    for override in overrides:
+        head, sep, value = override.partition("=")
+        if sep and head.lstrip("+") in groups:
+            chosen[head.lstrip("+")] = value
+    custom = {group for group, option in chosen.items() if option == "custom"}
+    for override in overrides:
+        head, sep, _ = override.partition("=")
+        group, dot, key = head.lstrip("+").partition(".")
+        if not (sep and dot and key == "_target_" and group in groups):
+            continue
+        if not (root / "conf" / group / "custom.yaml").is_file():
+            options = ", ".join(sorted(f.stem for f in (root / "conf" / group).glob("*.yaml")))
+            raise UserError(f"{group} takes no _target_ (there is no {group}=custom); choose {group}=one of: {options}")
+        if chosen.get(group, "custom") != "custom":
+            raise UserError(
+                f"{group}={chosen[group]} picks a registered {group}, which has no _target_; "
+                f"for your own class write {group}=custom {group}._target_=pkg.Class"
+            )
+        custom.add(group)
+    out = [f"{group}=custom" for group in sorted(custom) if group not in chosen]
+    for override in overrides:
+        head, sep, value = override.partition("=")
+        key = head.lstrip("+")
+        if sep and key.partition(".")[0] in custom and key.partition(".")[2]:
+            out.append(f"++{key}={value}")  # custom: keys are the class's arguments, new or not
+        elif sep and head.startswith("+") and not head.startswith("++") and key not in groups and "/" not in key:
+            out.append(f"++{key}={value}")
+        else:
+            out.append(override)
+    return out
+
+
 def _check_grammar(overrides: list[str]) -> None:
     """Parse each override alone, so an error names the one that is wrong."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -87,10 +135,10 @@ def compose(overrides: list[str]) -> dict[str, Any]:
 
     for group, registry in registries().items():
         for name in registry.names():
-            store.store(group=f"schema/{group}", name=name, node=registry.get(name).config)
+            store.store(group=f"schema/{group}", name=name, node=registry.config(name))
     root = resources_root()
-    hydra_overrides = [_to_hydra(o) for o in overrides]
-    _check_grammar(hydra_overrides)
+    _check_grammar(overrides)  # before _forgive: an error names the override as the user wrote it
+    hydra_overrides = [_to_hydra(o) for o in _forgive(overrides, root)]
     try:
         with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3", job_name="fwk"):
             cfg = hydra_compose(

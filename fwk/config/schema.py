@@ -207,6 +207,11 @@ class Config:
 
     recipe: str = doc("digits_cnn", "name of the recipe this config was composed from")
     seed: int = doc(0, "seed of model init, data order and augmentation")
+    tags: list[str] = doc(
+        [],
+        "labels to find runs by (tags=[baseline,lr-sweep]); not in the run id: the same training with other "
+        "tags is the same run, and keeps the tags of its first launch",
+    )
     model: Any = doc({}, "model section: name of a registered model, or _target_ of your own class")
     data: Any = doc({}, "data section: name of a registered data set, or _target_ of your own builder")
     optim: Any = doc({}, "optimizer section: name of a registered optimizer and its settings")

@@ -1,7 +1,7 @@
 """Turn a composed (or stored) config into the typed ``Config``, or one clear error line.
 
 Used by the launcher after composing, and by every worker on the stored config.yaml;
-it imports the registries (and so torch) but never Hydra's composition.
+it imports the registries' config dataclasses (no torch) but never Hydra's composition.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _typed_section(name: str, section: Any, registry: Any) -> Any:
             f"{name}.name={choice!r} is not a registered {registry.kind}; choose one of: "
             f"{', '.join(registry.names())} (or set {name}._target_=your.module.Class)"
         )
-    return OmegaConf.to_object(_merge(registry.get(choice).config, section, f"{name}."))
+    return OmegaConf.to_object(_merge(registry.config(choice), section, f"{name}."))
 
 
 def to_typed(raw: dict[str, Any] | DictConfig) -> Config:

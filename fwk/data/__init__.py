@@ -1,6 +1,19 @@
-"""Dataset registry: ``data.name`` in the config is a function name here."""
+"""Dataset registry: ``data.name`` in the config is a function name here.
 
-from fwk.data import digits, imagefolder, synthetic, text  # noqa: F401  (registers builders)
-from fwk.data.base import DATA, DataBundle, register_data
+Importing this package imports no torch: the builders are imported by ``DATA`` on the
+first builder lookup, and ``DataBundle`` (a torch type) on first access.
+"""
+
+from typing import Any
+
+from fwk.data.registry import DATA, register_data
 
 __all__ = ["DATA", "DataBundle", "register_data"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DataBundle":
+        from fwk.data.base import DataBundle
+
+        return DataBundle
+    raise AttributeError(f"module 'fwk.data' has no attribute {name!r}")

@@ -7,12 +7,9 @@ from typing import Literal
 
 from torch.utils.data import Dataset
 
-from fwk.registry import Registry
+from fwk.data.registry import DATA, register_data  # noqa: F401  (their home before fwk/data/registry.py)
 
 _MASK64 = (1 << 64) - 1
-
-DATA = Registry("data")
-register_data = DATA.register
 
 
 @dataclass

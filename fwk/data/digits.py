@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from fwk.data.base import DataBundle, register_data
+from fwk.data.base import DataBundle
+from fwk.data.configs import DigitsConfig
+from fwk.data.registry import register_data
 from fwk.errors import UserError
-from fwk.registry import doc
-
-
-@dataclass
-class DigitsConfig:
-    name: str = doc("digits", "registry name")
-    val_size: int = doc(300, "number of images held out for validation")
-    split_seed: int = doc(0, "seed of the train/val split; independent of the run's seed so the val set is fixed")
-    normalize: bool = doc(True, "subtract the train pixels' mean and divide by their std (one scalar each)")
-    image_size: int = doc(8, "side of the images in px: 8 (the originals) or larger, upscaled bilinearly (e.g. 32)")
 
 
 @register_data(DigitsConfig)

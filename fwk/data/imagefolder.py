@@ -9,33 +9,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 from torch.utils.data import Dataset
 
-from fwk.data.base import DataBundle, item_seed, register_data
+from fwk.data.base import DataBundle, item_seed
+from fwk.data.configs import ImageFolderConfig, check_layout, layout_hint
+from fwk.data.registry import register_data
 from fwk.errors import UserError
-from fwk.registry import doc
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 EXTENSIONS = (".jpeg", ".jpg")  # compared lower-cased: ImageNet ships ".JPEG"
-
-
-@dataclass
-class ImageFolderConfig:
-    name: str = doc("imagefolder", "registry name")
-    root: str = doc("", "ImageNet-layout folder: root/train/<class>/*.JPEG, root/val/<class>/*.JPEG")
-    image_size: int = doc(224, "side of the square image fed to the model, in pixels")
-    val_resize: int = doc(256, "validation: shorter side is resized to this before the center crop, in pixels")
-    min_scale: float = doc(0.08, "train: smallest RandomResizedCrop area, as a fraction of the image area")
-    hflip: bool = doc(True, "train: flip half of the images left-right")
-
-    def check(self) -> None:
-        """Cheap checks the launcher runs before starting workers (no scan of the files)."""
-        check_layout(self.root)
 
 
 class JpegFolder(Dataset):
@@ -128,13 +114,6 @@ def val_transform(cfg: ImageFolderConfig) -> Callable[[torch.Tensor], torch.Tens
     )
 
 
-def _layout(root: str) -> str:
-    return (
-        f"expected an ImageNet-layout folder: {root}/train/<class>/*.JPEG and "
-        f"{root}/val/<class>/*.JPEG (set data.root=...)"
-    )
-
-
 def _class_dirs(split_dir: str) -> list[str]:
     with os.scandir(split_dir) as entries:
         return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
@@ -154,26 +133,12 @@ def _scan(root: str, split: str, class_index: dict[str, int]) -> tuple[list[str]
         if name not in class_index:
             raise UserError(
                 f"data.root '{root}': class folder '{name}' is in {split}/ but not in train/; "
-                f"{split}/ must use the class folders of train/ ({_layout(root)})"
+                f"{split}/ must use the class folders of train/ ({layout_hint(root)})"
             )
         files = _images(os.path.join(split_dir, name))
         paths += [f"{name}/{f}" for f in files]
         labels += [class_index[name]] * len(files)
     return paths, labels
-
-
-def check_layout(root: str) -> str:
-    """The expanded root, if it is a folder with train/ and val/ folders; else UserError."""
-    if not root:
-        raise UserError(f"data.root is not set; {_layout('<root>')}")
-    root = os.path.expanduser(root)
-    if not os.path.isdir(root):
-        raise UserError(f"data.root '{root}' is not a folder; {_layout(root)}")
-    if not os.path.isdir(os.path.join(root, "train")):
-        raise UserError(f"data.root '{root}' has no images (no train/ folder); {_layout(root)}")
-    if not os.path.isdir(os.path.join(root, "val")):
-        raise UserError(f"data.root '{root}' has no val/ folder; {_layout(root)}")
-    return root
 
 
 def find_images(root: str) -> tuple[list[str], tuple[list[str], list[int]], tuple[list[str], list[int]]]:
@@ -188,12 +153,12 @@ def find_images(root: str) -> tuple[list[str], tuple[list[str], list[int]], tupl
     class_index = {name: i for i, name in enumerate(classes)}
     train = _scan(root, "train", class_index)
     if not train[0]:
-        raise UserError(f"data.root '{root}' has no images in {train_dir}; {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no images in {train_dir}; {layout_hint(root)}")
     if not os.path.isdir(val_dir):
-        raise UserError(f"data.root '{root}' has no val/ folder; {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no val/ folder; {layout_hint(root)}")
     val = _scan(root, "val", class_index)
     if not val[0]:
-        raise UserError(f"data.root '{root}' has no images in {val_dir}; {_layout(root)}")
+        raise UserError(f"data.root '{root}' has no images in {val_dir}; {layout_hint(root)}")
     return classes, train, val
 
 

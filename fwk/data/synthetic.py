@@ -6,24 +6,14 @@ set is deterministic and costs no memory, whatever num_train is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.utils.data import Dataset
 
-from fwk.data.base import DataBundle, item_seed, register_data
-from fwk.registry import doc
+from fwk.data.base import DataBundle, item_seed
+from fwk.data.configs import SyntheticConfig
+from fwk.data.registry import register_data
 
 _TRAIN, _VAL = 0, 1  # stream ids, so that val item i is not train item i
-
-
-@dataclass
-class SyntheticConfig:
-    name: str = doc("synthetic", "registry name")
-    num_train: int = doc(1024, "number of training items")
-    num_val: int = doc(256, "number of validation items")
-    image_size: int = doc(224, "side of the square (3, S, S) images, in pixels")
-    num_classes: int = doc(1000, "labels are drawn uniformly from [0, num_classes)")
 
 
 class RandomImages(Dataset):

@@ -11,29 +11,20 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from fwk.data.base import DataBundle, register_data
+from fwk.data.base import DataBundle
+from fwk.data.configs import StdlibTextConfig
+from fwk.data.registry import register_data
 from fwk.errors import UserError
-from fwk.registry import doc
 
 # Directories skipped anywhere below the stdlib root: third-party code, the test suites
 # (huge and repetitive), IDLE and lib2to3 (unusual style, fixtures), and bytecode caches.
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
 FILE_SEPARATOR = b"\n"
-
-
-@dataclass
-class StdlibTextConfig:
-    name: str = doc("stdlib_text", "registry name")
-    seq_len: int = doc(128, "tokens (bytes) per example; items are non-overlapping windows of this length")
-    val_every: int = doc(20, "every val_every-th file of the sorted file list goes to val (>= 2)")
-    max_bytes: int = doc(0, "cap on train bytes, taken from the start of the sorted concatenation (0 = no cap)")
-    val_max_bytes: int = doc(262144, "cap on val bytes so evaluation stays quick (0 = no cap)")
 
 
 def stdlib_root() -> Path:

@@ -1,6 +1,9 @@
-"""Models: plain single-device PyTorch modules. Parallelism is applied by the engine."""
+"""Models: plain single-device PyTorch modules. Parallelism is applied by the engine.
 
-from fwk.models import cnn, gpt, vision  # noqa: F401  (registers builders)
+Importing this package imports no torch: the builders (cnn, gpt, vision) are imported
+by ``MODELS`` on the first builder lookup.
+"""
+
 from fwk.models.registry import MODELS, register_model
 
 __all__ = ["MODELS", "register_model"]

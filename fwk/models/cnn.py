@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from fwk.models.configs import SmallCNNConfig
 from fwk.models.registry import register_model
-from fwk.registry import doc
-
-
-@dataclass
-class SmallCNNConfig:
-    name: str = doc("small_cnn", "registry name")
-    in_channels: int = doc(1, "channels of the input image (1 for grayscale)")
-    channels1: int = doc(32, "output channels of the first 3x3 conv")
-    channels2: int = doc(64, "output channels of the second 3x3 conv")
-    hidden: int = doc(128, "width of the hidden layer of the head, in features")
-    num_classes: int = doc(10, "number of output classes (logits per image)")
-    dropout: float = doc(0.0, "dropout probability before the last linear layer (0 = off)")
 
 
 class SmallCNN(nn.Module):

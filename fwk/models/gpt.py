@@ -9,26 +9,13 @@ the residual stream's variance does not grow with depth.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fwk.models.configs import GPTConfig
 from fwk.models.registry import register_model
-from fwk.registry import doc
-
-
-@dataclass
-class GPTConfig:
-    name: str = doc("gpt", "registry name")
-    vocab_size: int = doc(256, "number of token ids (256 for bytes)")
-    block_size: int = doc(128, "longest context the model accepts, in tokens (size of the position table)")
-    n_layer: int = doc(4, "number of transformer blocks")
-    n_head: int = doc(4, "attention heads per block; must divide n_embd")
-    n_embd: int = doc(192, "width of the residual stream, in features")
-    dropout: float = doc(0.0, "dropout probability on embeddings, attention and residual branches (0 = off)")
-    bias: bool = doc(False, "use bias in Linear and LayerNorm layers (False is a little faster and as good)")
 
 
 class CausalSelfAttention(nn.Module):

@@ -12,8 +12,9 @@ import fwk
 
 # Folders whose content decides what a run computes; changes elsewhere (docs, tests) do not.
 _CODE_DIRS = ("fwk", "conf", "recipes")
-# Config sections that say where or how a run is stored, not what it computes.
-_NOT_HASHED = ("paths",)
+# Config keys that say where a run is stored or how it is labelled, not what it computes:
+# the same training with other tags is the same run (it keeps the tags of its first launch).
+_NOT_HASHED = ("paths", "tags")
 # Parallel fields that say where a run's processes meet, not what they compute: a SLURM job
 # requeued onto other nodes gets another rendezvous host and must find its run again, and
 # with rdzv_backend=static every node has its own node_rank but all share one run.
@@ -52,8 +53,8 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_id(config: dict[str, Any], code: str) -> str:
-    """A 10-hex-digit hash of the resolved config (minus storage paths and the rendezvous
-    location), code version and seed."""
+    """A 10-hex-digit hash of the resolved config (minus storage paths, tags and the
+    rendezvous location), code version and seed."""
     hashed = identity(config)
     payload = json.dumps({"config": hashed, "code": code, "seed": config.get("seed")}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]

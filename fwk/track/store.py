@@ -98,7 +98,7 @@ def _versions() -> dict[str, str]:
 
 def _same_run(stored_yaml: str, config_yaml: str) -> bool:
     """Whether two resolved configs are one run: equal but for what the run id leaves out
-    (storage paths, the rendezvous host of a job requeued onto other nodes)."""
+    (storage paths, tags, the rendezvous host of a job requeued onto other nodes)."""
     if stored_yaml == config_yaml:
         return True
     try:

@@ -60,6 +60,29 @@ def test_custom_target_model() -> None:
     assert cfg.model == {"_target_": "torch.nn.Linear", "in_features": 64, "out_features": 10}
 
 
+@pytest.mark.parametrize("target", ["model._target_=torch.nn.Linear", "+model._target_=torch.nn.Linear"])
+def test_target_without_model_custom_picks_custom(target: str) -> None:
+    # a class's arguments are new keys: `+` or not, both add them
+    cfg = to_typed(compose([target, "model.in_features=64", "+model.out_features=10"]))
+    assert cfg.model == {"_target_": "torch.nn.Linear", "in_features": 64, "out_features": 10}
+
+
+def test_custom_target_data() -> None:
+    cfg = to_typed(compose(["data._target_=my_pkg.build", "data.root=/d"]))
+    assert cfg.data == {"_target_": "my_pkg.build", "root": "/d"}
+
+
+@pytest.mark.parametrize("tags", ["tags=[baseline,lr-sweep]", "+tags=[baseline,lr-sweep]"])
+def test_tags(tags: str) -> None:
+    assert to_typed(compose([tags])).tags == ["baseline", "lr-sweep"]
+    assert to_typed(compose([])).tags == []
+
+
+def test_plus_on_an_existing_key_sets_it() -> None:
+    cfg = to_typed(compose(["+train.max_steps=7", "+model.channels1=8"]))
+    assert (cfg.train.max_steps, cfg.model.channels1) == (7, 8)
+
+
 def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FWK_RUNS", str(tmp_path))
     assert to_typed(compose([])).paths.runs == str(tmp_path)
@@ -80,6 +103,9 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["precision.name=fp99"], "precision.name='fp99' is not allowed"),
         (["parallel=none", "parallel.nproc_per_node=2"], "parallel.name='none' is not allowed"),
         (["model=custom"], "model._target_ is not set"),
+        (["model=gpt", "model._target_=a.B"], "write model=custom model._target_=pkg.Class"),
+        (["optim._target_=a.B"], "optim takes no _target_ (there is no optim=custom); choose optim=one of: adamw"),
+        (["+foo=1"], "unknown key 'foo'"),
         (
             ["recipe=gpt_stdlib", "data.seq_len=256"],
             "data.seq_len=256 is not allowed: expected at most model.block_size=128",

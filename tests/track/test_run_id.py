@@ -16,6 +16,11 @@ def test_paths_do_not_change_the_id() -> None:
     assert run_id({**CFG, "paths": {"runs": "/b"}}, "git:abc") == run_id(CFG, "git:abc")
 
 
+def test_tags_do_not_change_the_id() -> None:
+    # tags label a run; the same training with other tags is the same run
+    assert run_id({**CFG, "tags": ["baseline"]}, "git:abc") == run_id({**CFG, "tags": []}, "git:abc")
+
+
 def test_seed_config_and_code_change_the_id() -> None:
     base = run_id(CFG, "git:abc")
     assert run_id({**CFG, "seed": 1}, "git:abc") != base

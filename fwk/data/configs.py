@@ -1,0 +1,78 @@
+"""Config dataclasses of the registered data sets: torch-free, so composing and validating a
+config never imports torch. Each builder (fwk/data/<name>.py) takes its config from here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from fwk.data.registry import DATA
+from fwk.errors import UserError
+from fwk.registry import doc
+
+
+@DATA.register_config
+@dataclass
+class DigitsConfig:
+    name: str = doc("digits", "registry name")
+    val_size: int = doc(300, "number of images held out for validation")
+    split_seed: int = doc(0, "seed of the train/val split; independent of the run's seed so the val set is fixed")
+    normalize: bool = doc(True, "subtract the train pixels' mean and divide by their std (one scalar each)")
+    image_size: int = doc(8, "side of the images in px: 8 (the originals) or larger, upscaled bilinearly (e.g. 32)")
+
+
+@DATA.register_config
+@dataclass
+class ImageFolderConfig:
+    name: str = doc("imagefolder", "registry name")
+    root: str = doc("", "ImageNet-layout folder: root/train/<class>/*.JPEG, root/val/<class>/*.JPEG")
+    image_size: int = doc(224, "side of the square image fed to the model, in pixels")
+    val_resize: int = doc(256, "validation: shorter side is resized to this before the center crop, in pixels")
+    min_scale: float = doc(0.08, "train: smallest RandomResizedCrop area, as a fraction of the image area")
+    hflip: bool = doc(True, "train: flip half of the images left-right")
+
+    def check(self) -> None:
+        """Cheap checks the launcher runs before starting workers (no scan of the files)."""
+        check_layout(self.root)
+
+
+@DATA.register_config
+@dataclass
+class SyntheticConfig:
+    name: str = doc("synthetic", "registry name")
+    num_train: int = doc(1024, "number of training items")
+    num_val: int = doc(256, "number of validation items")
+    image_size: int = doc(224, "side of the square (3, S, S) images, in pixels")
+    num_classes: int = doc(1000, "labels are drawn uniformly from [0, num_classes)")
+
+
+@DATA.register_config
+@dataclass
+class StdlibTextConfig:
+    name: str = doc("stdlib_text", "registry name")
+    seq_len: int = doc(128, "tokens (bytes) per example; items are non-overlapping windows of this length")
+    val_every: int = doc(20, "every val_every-th file of the sorted file list goes to val (>= 2)")
+    max_bytes: int = doc(0, "cap on train bytes, taken from the start of the sorted concatenation (0 = no cap)")
+    val_max_bytes: int = doc(262144, "cap on val bytes so evaluation stays quick (0 = no cap)")
+
+
+def layout_hint(root: str) -> str:
+    return (
+        f"expected an ImageNet-layout folder: {root}/train/<class>/*.JPEG and "
+        f"{root}/val/<class>/*.JPEG (set data.root=...)"
+    )
+
+
+def check_layout(root: str) -> str:
+    """The expanded root, if it is a folder with train/ and val/ folders; else UserError."""
+    if not root:
+        raise UserError(f"data.root is not set; {layout_hint('<root>')}")
+    root = os.path.expanduser(root)
+    if not os.path.isdir(root):
+        raise UserError(f"data.root '{root}' is not a folder; {layout_hint(root)}")
+    if not os.path.isdir(os.path.join(root, "train")):
+        raise UserError(f"data.root '{root}' has no images (no train/ folder); {layout_hint(root)}")
+    if not os.path.isdir(os.path.join(root, "val")):
+        raise UserError(f"data.root '{root}' has no val/ folder; {layout_hint(root)}")
+    return root

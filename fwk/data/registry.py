@@ -1,0 +1,14 @@
+"""Dataset registry: ``data.name`` in the config is a function name here.
+
+Torch-free: the config dataclasses are in fwk/data/configs.py, the builders (torch) in the
+modules below, imported on the first builder lookup.
+"""
+
+from fwk.registry import Registry
+
+DATA = Registry(
+    "data",
+    configs="fwk.data.configs",
+    builders=("fwk.data.digits", "fwk.data.imagefolder", "fwk.data.synthetic", "fwk.data.text"),
+)
+register_data = DATA.register

@@ -1,0 +1,90 @@
+"""`fwk train --cfg`, `--dry-run` and a run that is already complete answer without torch.
+
+Importing torch takes seconds on a small machine; these paths only compose, validate and
+read the run dir. Each command runs in a subprocess that reports the torch modules it
+loaded (no timing: machines are noisy).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import run_fwk
+
+# Runs the real CLI entry point, then prints which torch modules were imported.
+PROBE = """
+import json, sys
+from fwk.cli import main
+sys.argv = ["fwk", *sys.argv[1:]]
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code or 0
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+print("LOADED " + json.dumps(loaded), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def probe(*args: str, runs: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    env = {**os.environ, "FWK_RUNS": str(runs)}
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120, env=env)
+    line = [x for x in out.stderr.splitlines() if x.startswith("LOADED ")][-1]
+    return out, json.loads(line.removeprefix("LOADED "))
+
+
+def test_config_modules_import_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "from fwk.config.validate import registries\n"
+        "names = {k: r.names() for k, r in registries().items()}\n"
+        "[r.config(n) for r in registries().values() for n in r.names()]\n"
+        "import fwk.models.configs, fwk.data.configs, fwk.optim, fwk.models, fwk.data\n"
+        "assert 'small_cnn' in names['model'] and 'digits' in names['data'], names\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_cfg_and_dry_run_import_no_torch(runs: Path) -> None:
+    out, loaded = probe("train", "--cfg", "recipe=gpt_stdlib", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["model"]["name"] == "gpt"
+    assert loaded == []
+    out, loaded = probe("train", "--dry-run", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("run ")
+    assert loaded == []
+    assert not runs.exists()  # a dry run creates nothing
+
+
+def test_already_complete_imports_no_torch_and_tags_keep_the_run(runs: Path) -> None:
+    first = run_fwk("train", "train.max_steps=2", "train.eval_every=0", "tags=[baseline,lr-sweep]", runs=runs)
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = runs.iterdir()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["tags"] == ["baseline", "lr-sweep"]
+    # other tags, written with Hydra's `+`: the same training, so the same (complete) run
+    out, loaded = probe("train", "train.max_steps=2", "train.eval_every=0", "+tags=[other]", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert f"run {run_dir.name} is already complete" in out.stdout
+    assert loaded == []
+    assert [p.name for p in runs.iterdir()] == [run_dir.name]
+
+
+def test_target_without_custom_just_works(runs: Path) -> None:
+    out = run_fwk("train", "--cfg", "model._target_=my_pkg.MyNet", "model.width=64", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["model"] == {"_target_": "my_pkg.MyNet", "width": 64}
+
+
+def test_target_with_a_registered_model_says_what_to_write(runs: Path) -> None:
+    out = run_fwk("train", "--cfg", "model=gpt", "model._target_=my_pkg.MyNet", runs=runs)
+    assert out.returncode == 2
+    assert "write model=custom model._target_=pkg.Class" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
