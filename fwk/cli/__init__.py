@@ -9,6 +9,7 @@ import typer
 from fwk.cli.data import data
 from fwk.cli.doctor import doctor
 from fwk.cli.export import export
+from fwk.cli.runs import runs
 from fwk.cli.train import train
 from fwk.errors import UserError
 
@@ -27,6 +28,7 @@ app.command(
 app.command()(doctor)
 app.command(context_settings={"ignore_unknown_options": True})(export)
 app.add_typer(data, name="data")
+app.add_typer(runs, name="runs")
 
 
 @app.callback()
