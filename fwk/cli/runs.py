@@ -84,7 +84,10 @@ def list_runs(
     table = Table(box=None, pad_edge=False)
     for name in ("id", "recipe", "status", "step", "metrics", "tags", "created", "updated"):
         table.add_column(
-            name, justify="right" if name == "step" else "left", no_wrap=name in ("id", "metrics", "created", "updated")
+            name,
+            justify="right" if name == "step" else "left",
+            no_wrap=name != "tags",
+            min_width=11 if name == "status" else None,
         )
     colors = {"running": "cyan", "complete": "green", "failed": "red", "interrupted": "yellow"}
     for r in rows:
