@@ -30,7 +30,7 @@ def _root(root: Path | None) -> Path:
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False, width=max(Console().width, 120))
+    return Console(highlight=False, width=max(Console().width, 150))
 
 
 def _echo_json(data: Any) -> None:
