@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 from fwk.config.schema import Config
 from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
+from fwk.track import index
 from fwk.track.run_id import code_version, run_id
 from fwk.track.store import RunDir, RunLock, open_run
 
@@ -44,8 +46,29 @@ def launch(p: Plan, config_yaml: str, nnodes: int) -> tuple[int, RunDir]:
     run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size)
     # Each node's launcher opens the same shared run dir in a multi-node run: lock one-node runs only.
     with RunLock(run) if nnodes == 1 else nullcontext():
-        if p.argv is None:
-            from fwk.engine.worker import run_worker
+        index.record_quietly(run, "running")
+        status, outcome = 1, "failed"
+        try:
+            if p.argv is None:
+                from fwk.engine.worker import run_worker
 
-            return run_worker(run.path), run
-        return run_torchrun(p.argv, run.path / "logs", p.nproc_per_node), run
+                status = run_worker(run.path)
+            else:
+                status = run_torchrun(p.argv, run.path / "logs", p.nproc_per_node)
+            # a clean exit without a summary is a run stopped at a step boundary (Ctrl-C, SIGTERM)
+            outcome = "failed" if status != 0 else "complete" if run.summary.is_file() else "interrupted"
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+            raise
+        finally:
+            _record_end(run, outcome, status)
+        return status, run
+
+
+def _record_end(run: RunDir, outcome: str, status: int) -> None:
+    """How the launch ended: in meta.json (the truth a rebuilt index reads) and the index."""
+    try:
+        index.record_outcome(run, outcome, status)
+    except OSError as exc:
+        print(f"fwk: warning: could not note the outcome in {run.meta}: {exc}", file=sys.stderr)
+    index.record_quietly(run, outcome)

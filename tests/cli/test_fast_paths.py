@@ -67,14 +67,14 @@ def test_cfg_and_dry_run_import_no_torch(runs: Path) -> None:
 def test_already_complete_imports_no_torch_and_tags_keep_the_run(runs: Path) -> None:
     first = run_fwk("train", "train.max_steps=2", "train.eval_every=0", "tags=[baseline,lr-sweep]", runs=runs)
     assert first.returncode == 0, first.stderr
-    (run_dir,) = runs.iterdir()
+    (run_dir,) = runs.glob("*/")
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["tags"] == ["baseline", "lr-sweep"]
     # other tags, written with Hydra's `+`: the same training, so the same (complete) run
     out, loaded = probe("train", "train.max_steps=2", "train.eval_every=0", "+tags=[other]", runs=runs)
     assert out.returncode == 0, out.stderr
     assert f"run {run_dir.name} is already complete" in out.stdout
     assert loaded == []
-    assert [p.name for p in runs.iterdir()] == [run_dir.name]
+    assert [p.name for p in runs.glob("*/")] == [run_dir.name]
 
 
 def test_target_without_custom_just_works(runs: Path) -> None:

@@ -23,7 +23,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
     runs = tmp_path_factory.mktemp("profile") / "runs"
     out = run_fwk("profile", *ARGS, runs=runs)
     assert out.returncode == 0, out.stderr + out.stdout
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")
     return out, runs, run
 
 

@@ -13,7 +13,7 @@ FAST = ["train.max_steps=150", "train.eval_every=75", "train.log_every=25"]
 def test_digits_trains_and_second_run_does_not_retrain(runs: Path) -> None:
     out = run_fwk("train", *FAST, runs=runs)
     assert out.returncode == 0, out.stderr
-    run_dirs = list(runs.iterdir())
+    run_dirs = list(runs.glob("*/"))  # run dirs, not the index
     assert len(run_dirs) == 1
     run = run_dirs[0]
     summary = json.loads((run / "summary.json").read_text())
@@ -95,7 +95,7 @@ def test_resnet50_recipe_on_a_tiny_jpeg_tree(runs: Path, tmp_path: Path) -> None
         runs=runs,
     )
     assert out.returncode == 0, out.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_step"] == 2 and 0.0 <= summary["eval"]["val_acc"] <= 1.0
 
@@ -156,6 +156,6 @@ def test_gpt_with_jit_auto_switches_to_compiled(runs: Path) -> None:
     assert "jit=auto: 2 steps with one signature; compiling from step 4 (torch.compile inductor" in out.stdout
     assert "step 4: compiled in" in out.stdout
     assert "jit=auto keeps compiled" in out.stdout or "jit=auto goes back to eager" in out.stdout
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert summary["jit"] in ("compiled", "off") and summary["final_step"] == 12

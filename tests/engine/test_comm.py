@@ -75,7 +75,7 @@ def _env(runs: Path) -> dict[str, str]:
 
 
 def _rows(runs: Path) -> list[dict]:
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -101,7 +101,7 @@ def test_slow_rank_climbs_the_ladder(runs: Path) -> None:
     assert after and re.search(r"communication wait \d+% of step time \(was \d+%\)", after[0])
     shares = [r["comm_wait"] for r in _rows(runs) if r["kind"] == "train"]
     assert max(shares) > 0.15  # the slowed all-reduce shows as waiting
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert summary["replicas_in_sync"] is True
     assert len(summary["comm_adaptations"]) == len(rungs)
@@ -119,7 +119,7 @@ def test_adapting_is_opt_in(runs: Path) -> None:
     assert "parallel.adapt.enabled=true lets fwk adapt" in advice
     shares = [r["comm_wait"] for r in _rows(runs) if r["kind"] == "train"]
     assert max(shares) > 0.15
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     assert json.loads((run / "summary.json").read_text())["comm_adaptations"] == []
 
 
@@ -133,6 +133,6 @@ def test_adaptations_survive_a_resume(runs: Path) -> None:
     env = {**_env(runs), "FWK_DEBUG_SLOW_RANK": ""}  # no slow rank now: nothing new to adapt
     resumed = subprocess.run([sys.executable, "-m", "fwk", *SLOW], env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert [c.split(": ", 1)[1] for c in summary["comm_adaptations"]] == [line.split("): ", 1)[1] for line in before]

@@ -36,7 +36,7 @@ def test_two_process_ddp_digits(runs: Path, strategy: list[str]) -> None:
         timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2
     assert summary["replicas_in_sync"] is True  # with micro-batches, DDP syncs on the last piece of every step

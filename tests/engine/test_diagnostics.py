@@ -150,7 +150,7 @@ def test_a_run_that_emits_nan_rolls_back_and_finishes(runs: Path) -> None:
     line = next(x for x in out.stdout.splitlines() if x.startswith("non-finite"))
     assert "at step 12 (loss nan): first non-finite output in module poison (Poison)" in line
     assert "rolled back to the state of step 10" in line and "skipping batches 11-12" in line
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rollbacks"] == 1 and summary["bad_steps"] == 1
     assert summary["eval"]["val_acc"] > 0.6 and math.isfinite(summary["eval"]["val_loss"])
@@ -171,7 +171,7 @@ def test_both_ddp_ranks_roll_back_together(runs: Path) -> None:
     args = [*POISONED, "+model.rank=1", *SHORT, "parallel.nproc_per_node=2"]
     out = run_fwk("train", *args, runs=runs, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     # the NaN came from rank 1 only; rank 0 reports it and both restored the same snapshot
     assert summary["rollbacks"] == 1 and summary["replicas_in_sync"] is True

@@ -20,7 +20,7 @@ def _gloo() -> None:
 
 
 def _summary(runs: Path) -> dict:
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     return json.loads((run / "summary.json").read_text())
 
 
@@ -57,7 +57,7 @@ def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ran
     assert summary["replicas_in_sync"] is True  # hsdp: both replica groups hold the same weights
     assert summary["eval"]["val_acc"] > 0.8
     assert f"mesh {mesh};" in out.stdout
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     final = run / "checkpoints" / "step-00000040"
     assert (final / "sharded" / ".metadata").exists()
     shards = sorted(p.name for p in (final / "sharded").glob("*.distcp"))
@@ -93,7 +93,7 @@ ARGS = [
 def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     straight = run_fwk(*ARGS, runs=tmp_path / "straight", timeout=600)
     assert straight.returncode == 0, straight.stdout + straight.stderr
-    (run,) = (tmp_path / "straight").iterdir()
+    (run,) = (tmp_path / "straight").glob("*/")
     expected = model_weights(run / "checkpoints" / "step-00000200")
 
     runs = tmp_path / "stopped"
@@ -103,7 +103,7 @@ def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     resumed = run_fwk(*ARGS, runs=runs, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed run" in resumed.stdout
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     got = model_weights(run / "checkpoints" / "step-00000200")
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():

@@ -68,5 +68,5 @@ def test_lion_trains_digits(runs: Path) -> None:
     # Lion wants a ~3x smaller lr and ~100x larger weight decay than the recipe's AdamW
     out = run_fwk("train", "optim=lion", "optim.lr=1e-3", "optim.weight_decay=1e-2", runs=runs)
     assert out.returncode == 0, out.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     assert json.loads((run / "summary.json").read_text())["eval"]["val_acc"] >= 0.98

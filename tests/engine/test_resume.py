@@ -25,7 +25,7 @@ ARGS = [
 
 
 def _final_weights(runs: Path) -> dict[str, torch.Tensor]:
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     final = sorted((run / "checkpoints").glob("step-*"))[-1]
     assert final.name == "step-00000120"
     return torch.load(final / "state.pt", weights_only=True)["model"]
@@ -59,7 +59,7 @@ def test_resume_is_bit_identical(tmp_path: Path, sig: signal.Signals) -> None:
     _wait_for_checkpoint(runs, proc)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     assert not (run / "summary.json").exists(), "the run was stopped before its end"
     if sig == signal.SIGINT:
         assert proc.returncode == 0, err
@@ -96,7 +96,7 @@ def test_staged_resumes_mid_phase_exactly(tmp_path: Path) -> None:
     assert straight.returncode == 0, straight.stderr
     assert "step 15: precision phase warmup -> main (fp16 autocast)" in straight.stdout
     assert "step 45: precision phase main -> final (fp16, final layers fp32)" in straight.stdout
-    (run,) = (tmp_path / "straight").iterdir()
+    (run,) = (tmp_path / "straight").glob("*/")
     expected = torch.load(run / "checkpoints/step-00000060/state.pt", weights_only=True)
     for resume_at, phase in ((50, "final"), (30, "main")):  # as if the run had died after that checkpoint
         (run / "summary.json").unlink()
@@ -122,7 +122,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_stays_exact(tmp_path: Path) ->
     straight = run_fwk(*ARGS, runs=runs)
     assert straight.returncode == 0, straight.stderr
     expected = _final_weights(runs)
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     (run / "summary.json").unlink()
     for ckpt in (run / "checkpoints").glob("step-*"):
         if int(ckpt.name[5:]) > 60:

@@ -23,7 +23,7 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = tmp_path_factory.mktemp("digits") / "runs"
     out = run_fwk("train", *DIGITS, runs=runs)
     assert out.returncode == 0, out.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     assert json.loads((run / "summary.json").read_text())["eval"]["val_acc"] > 0.9
     return run
 

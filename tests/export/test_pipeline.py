@@ -141,7 +141,7 @@ def test_gpt_dynamic_int8_with_dynamic_batch_and_sequence(tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr
     out = run_fwk("export", "--quantize", "dynamic_int8", "--max-accuracy-drop", "5", *QUICK, runs=runs)
     assert out.returncode == 0, out.stdout + out.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     export = _export_dir(run)
     report = json.loads((export / "export_report.json").read_text())
     assert report["task"] == "lm" and report["metric"] == "val_loss"
@@ -192,7 +192,7 @@ def test_resnet_digits_folds_and_quantizes_per_channel(tmp_path: Path) -> None:
     quick = ["export.batch_size=20", "export.calib_batches=1", "export.latency_batch=4", "export.iterations=1"]
     out = run_fwk("export", "--max-accuracy-drop", "100", *quick, "export.warmup=0", runs=runs)
     assert out.returncode == 0, out.stdout + out.stderr
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     export = _export_dir(run)
     report = json.loads((export / "export_report.json").read_text())
     assert report["folded_batchnorms"] == 20

@@ -146,7 +146,7 @@ def test_lottery_ticket_needs_rewind_weights(tmp_path: Path) -> None:
     assert out.returncode == 2
     (line,) = out.stderr.strip().splitlines()
     assert "has no rewind weights" in line and "checkpoint.rewind_at=0.02" in line
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     assert not list((run / "exports").glob("*/export_report.json"))
 
 

@@ -212,7 +212,7 @@ def test_sbatch_trains_a_run(slurm_cluster: dict[str, str], tmp_path: Path) -> N
     state = _wait(slurm_cluster, job, log, _ended)
     out = log.read_text()
     assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("COMPLETED", "0:0", "0"), out
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_step"] == 60 and summary["world_size"] == 1
     assert summary["eval"]["val_acc"] >= 0.9, summary  # 60 steps reach about 0.97 on the digits
@@ -247,7 +247,7 @@ def test_preempted_job_requeues_and_resumes_exactly(
     out = log.read_text()
     assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("COMPLETED", "0:0", "1"), out
 
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     stopped = re.search(r"stopped at step (\d+); checkpoint saved", out)
     assert stopped and 0 < int(stopped.group(1)) < 300, out
     step = int(stopped.group(1))
@@ -258,7 +258,7 @@ def test_preempted_job_requeues_and_resumes_exactly(
     assert "Traceback" not in out
     if nproc > 1:  # torchrun ignored the USR1 that SLURM sent it too: no SignalException of its own
         assert "Traceback" not in (run / "logs/torchrun.log").read_text()
-    (reference,) = (tmp_path / "straight").iterdir()
+    (reference,) = (tmp_path / "straight").glob("*/")
     assert reference.name == run.name  # the same command outside SLURM is the same run
     expected, got = _weights(reference, 300), _weights(run, 300)
     assert got.keys() == expected.keys()

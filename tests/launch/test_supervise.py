@@ -65,7 +65,7 @@ def _worker(runs: Path, rank: int) -> int:
 
 
 def _weights(runs: Path, step: int = 400) -> dict[str, torch.Tensor]:
-    (run,) = runs.iterdir()
+    (run,) = runs.glob("*/")  # run dirs, not the index
     return torch.load(run / f"checkpoints/step-{step:08d}/state.pt", weights_only=True)["model"]
 
 
@@ -78,7 +78,7 @@ def test_stop_shows_fwk_line_and_exit_code(tmp_path: Path, sig: signal.Signals, 
     assert proc.returncode == code
     assert "checkpoint saved. Run the same command to resume." in out
     assert err == ""  # no torchrun traceback, banner or warning
-    (run,) = tmp_path.iterdir()
+    (run,) = tmp_path.glob("*/")  # run dirs, not the index
     assert "SignalException" not in (run / "logs/torchrun.log").read_text()
 
 
@@ -132,7 +132,7 @@ def test_dead_worker_without_restarts_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    (run,) = tmp_path.iterdir()
+    (run,) = tmp_path.glob("*/")  # run dirs, not the index
     assert lines[0].startswith("fwk: error: rank 1 failed (killed by SIGKILL)")
     assert lines[0].endswith(f"full logs: {run / 'logs'}")
 

@@ -1,0 +1,307 @@
+"""`fwk runs`: list, show, diff and remove runs. Reads the run index; imports no torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fwk.errors import UserError
+
+runs = typer.Typer(
+    help="List the runs under the runs root (newest first); show, diff or remove one.",
+    invoke_without_command=True,
+)
+
+_ROOT = typer.Option(None, "--root", help="The runs root (default: $FWK_RUNS, else ./runs).", show_default=False)
+_JSON = typer.Option(False, "--json", help="Print machine-readable JSON to stdout instead of a table.")
+
+
+def _root(root: Path | None) -> Path:
+    from fwk.track.lookup import runs_root
+
+    return root or runs_root()
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, width=max(Console().width, 150))
+
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _when(ts: float | None) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _metrics_text(metrics: dict[str, Any]) -> str:
+    return "  ".join(f"{k} {_num(v)}" for k, v in metrics.items())
+
+
+@runs.callback()
+def list_runs(
+    ctx: typer.Context,
+    recipe: str | None = typer.Option(None, "--recipe", help="Only runs of this recipe."),
+    status: str | None = typer.Option(
+        None, "--status", help="Only runs in this state: running, complete, failed, interrupted."
+    ),
+    tag: list[str] = typer.Option([], "--tag", help="Only runs with this tag (repeat: all of them)."),
+    sweep: str | None = typer.Option(None, "--sweep", help="Only runs of this sweep id."),
+    root: Path | None = _ROOT,
+    as_json: bool = _JSON,
+) -> None:
+    """List the runs under the runs root, newest first (`fwk runs show|diff|rm` for one run)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from fwk.track.index import STATUSES, query
+
+    if status is not None and status not in STATUSES:
+        raise UserError(f"--status {status} is not a run state: expected one of {', '.join(STATUSES)}")
+    rows = query(_root(root), recipe=recipe, status=status, tags=tag, sweep=sweep)
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        typer.echo(
+            f"no runs under {_root(root)}" + (" match these filters" if recipe or status or tag or sweep else "")
+        )
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for name in ("id", "recipe", "status", "step", "metrics", "tags", "created", "updated"):
+        table.add_column(
+            name,
+            justify="right" if name == "step" else "left",
+            no_wrap=name != "tags",
+            min_width=11 if name == "status" else None,
+        )
+    colors = {"running": "cyan", "complete": "green", "failed": "red", "interrupted": "yellow"}
+    for r in rows:
+        step = "-" if r["step"] is None else str(r["step"])
+        if r["max_steps"] and r["status"] != "complete":
+            step += f"/{r['max_steps']}"
+        table.add_row(
+            r["id"],
+            r["recipe"] or "-",
+            f"[{colors[r['status']]}]{r['status']}[/]" if r["status"] in colors else r["status"],
+            step,
+            _metrics_text(r["metrics"]),
+            ",".join(r["tags"]),
+            _when(r["created"]),
+            _when(r["updated"]),
+        )
+    _console().print(table)
+
+
+def _files(run_path: Path) -> list[dict[str, Any]]:
+    """Top-level files with their sizes; folders as their file count and total size."""
+    out = []
+    for p in sorted(run_path.iterdir()):
+        if p.name.startswith("."):
+            continue
+        if p.is_dir():
+            inner = [f for f in p.rglob("*") if f.is_file()]
+            out.append({"name": p.name + "/", "files": len(inner), "bytes": sum(f.stat().st_size for f in inner)})
+        else:
+            out.append({"name": p.name, "files": 1, "bytes": p.stat().st_size})
+    return out
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@runs.command()
+def show(
+    run_id: str = typer.Argument(..., metavar="ID", help="A run id or a unique prefix of one."),
+    root: Path | None = _ROOT,
+    as_json: bool = _JSON,
+) -> None:
+    """Show one run: its row, config, summary, lineage (parent, sweep, exports) and files."""
+    from fwk.track.index import read_config, read_json, row_from_dir
+    from fwk.track.lookup import find_run
+
+    run = find_run(_root(root), run_id)
+    row = row_from_dir(run)
+    exports = (
+        sorted(p.name for p in (run.path / "exports").iterdir() if p.is_dir())
+        if (run.path / "exports").is_dir()
+        else []
+    )
+    data = {
+        **row,
+        "path": str(run.path),
+        "config": read_config(run),
+        "summary": read_json(run.summary),
+        "meta": read_json(run.meta),
+        "lineage": {"parent": row["parent"], "sweep": row["sweep"], "exports": exports},
+        "files": _files(run.path),
+    }
+    if as_json:
+        _echo_json(data)
+        return
+    from rich.table import Table
+
+    console = _console()
+    head = Table(box=None, show_header=False, pad_edge=False)
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("run", f"{row['id']}  ({run.path})")
+    head.add_row("recipe", row["recipe"] or "-")
+    head.add_row("status", row["status"])
+    head.add_row("step", "-" if row["step"] is None else f"{row['step']} of {row['max_steps']}")
+    head.add_row("tags", ", ".join(row["tags"]) or "-")
+    head.add_row("created", _when(row["created"]))
+    meta = data["meta"] or {}
+    head.add_row("code", str(meta.get("code", "-")))
+    head.add_row("launches", str(len(meta.get("launches") or [])))
+    head.add_row("parent", row["parent"] or "-")
+    head.add_row("sweep", row["sweep"] or "-")
+    head.add_row("exports", ", ".join(exports) or "-")
+    console.print(head)
+    if data["summary"]:
+        console.print("\n[bold]summary[/]")
+        summary = Table(box=None, show_header=False, pad_edge=False)
+        summary.add_column()
+        summary.add_column()
+        for key, value in _flatten(data["summary"]).items():
+            summary.add_row(key, _num(value))
+        console.print(summary)
+    console.print("\n[bold]config[/] (config.yaml)")
+    console.print(run.config.read_text().rstrip(), markup=False)
+    console.print("\n[bold]files[/]")
+    files = Table(box=None, show_header=False, pad_edge=False)
+    files.add_column()
+    files.add_column(justify="right")
+    for f in data["files"]:
+        files.add_row(f["name"], _size(f["bytes"]) + (f"  ({f['files']} files)" if f["name"].endswith("/") else ""))
+    console.print(files)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(tree, dict) or (prefix and not tree):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+_MISSING = "<absent>"
+
+
+def _final_metrics(run) -> dict[str, Any]:
+    from fwk.track.index import last_train, read_json
+
+    summary = read_json(run.summary) or {}
+    step, loss = last_train(run)
+    out: dict[str, Any] = {"step": summary.get("final_step", step), "train loss": loss}
+    out.update(summary.get("eval") or {})
+    return {k: v for k, v in out.items() if v is not None}
+
+
+@runs.command()
+def diff(
+    a: str = typer.Argument(..., metavar="A", help="A run id or unique prefix."),
+    b: str = typer.Argument(..., metavar="B", help="Another run id or unique prefix."),
+    root: Path | None = _ROOT,
+    as_json: bool = _JSON,
+) -> None:
+    """Compare two runs: the config keys that differ, then final metrics side by side."""
+    from fwk.track.index import read_config
+    from fwk.track.lookup import find_run
+
+    run_a, run_b = find_run(_root(root), a), find_run(_root(root), b)
+    conf_a, conf_b = _flatten(read_config(run_a)), _flatten(read_config(run_b))
+    config = [
+        {"key": k, "a": conf_a.get(k, _MISSING), "b": conf_b.get(k, _MISSING)}
+        for k in sorted(set(conf_a) | set(conf_b))
+        if conf_a.get(k, _MISSING) != conf_b.get(k, _MISSING)
+    ]
+    met_a, met_b = _final_metrics(run_a), _final_metrics(run_b)
+    metrics = []
+    for name in list(dict.fromkeys([*met_a, *met_b])):
+        va, vb = met_a.get(name), met_b.get(name)
+        both = isinstance(va, int | float) and isinstance(vb, int | float)
+        metrics.append({"name": name, "a": va, "b": vb, "diff": vb - va if both else None})
+    if as_json:
+        _echo_json({"a": run_a.id, "b": run_b.id, "config": config, "metrics": metrics})
+        return
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title=f"config: {len(config)} keys differ", box=None, pad_edge=False, title_justify="left")
+    table.add_column("key")
+    table.add_column(f"A {run_a.id}")
+    table.add_column(f"B {run_b.id}")
+    for row in config:
+        table.add_row(row["key"], _num(row["a"]), _num(row["b"]))
+    console.print(table)
+    console.print()
+    table = Table(title="final metrics", box=None, pad_edge=False, title_justify="left")
+    table.add_column("metric")
+    for name in (f"A {run_a.id}", f"B {run_b.id}", "B - A"):
+        table.add_column(name, justify="right")
+    for row in metrics:
+        d = row["diff"]
+        table.add_row(
+            row["name"],
+            "-" if row["a"] is None else _num(row["a"]),
+            "-" if row["b"] is None else _num(row["b"]),
+            "-" if d is None else (f"{d:+.4g}" if isinstance(d, float) else f"{d:+d}"),
+        )
+    console.print(table)
+
+
+@runs.command()
+def rm(
+    run_id: str = typer.Argument(..., metavar="ID", help="A run id or a unique prefix of one."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
+    root: Path | None = _ROOT,
+    as_json: bool = _JSON,
+) -> None:
+    """Remove a run dir (config, metrics, checkpoints, exports) and its index row. Asks first."""
+    import fcntl
+
+    from fwk.track.index import forget, lock_holder, row_from_dir
+    from fwk.track.lookup import find_run
+
+    run = find_run(_root(root), run_id)
+    if lock_holder(run):
+        raise UserError(f"run {run.id} is running; stop it (Ctrl-C in its terminal) before removing it")
+    row = row_from_dir(run)
+    what = f"run {run.id} ({row['recipe']}, {row['status']}, step {row['step']}) at {run.path}"
+    if not yes and not typer.confirm(f"Remove {what}?", default=False, err=True):
+        typer.echo("nothing removed", err=True)
+        raise typer.Exit(1)
+    # hold the run's lock while removing: a `fwk train` of this run cannot start halfway
+    with open(run.path / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"run {run.id} started running; nothing removed") from None
+        shutil.rmtree(run.path)
+    forget(run.path.parent, run.id)
+    if as_json:
+        _echo_json({"removed": run.id, "path": str(run.path)})
+    else:
+        print(f"removed {what}", file=sys.stdout)
