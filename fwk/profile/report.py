@@ -140,6 +140,6 @@ def show(figs: dict[str, Any], console: Console) -> None:
     if figs["advice"]:
         console.print("[bold]Advice[/bold]")
         for a in figs["advice"]:
-            console.print(f"- {a['line']}", markup=False)
+            console.print(f"- {a['line']}", markup=False, soft_wrap=True)  # one line each, however long
     else:
         console.print("Advice: none; no figure crosses a threshold")
