@@ -123,12 +123,18 @@ def failure_line(log_dir: Path, start: dict[Path, int]) -> str:
     if own is not None:
         return own
     report = _new_text(log_dir / "torchrun.log", start) if (log_dir / "torchrun.log").exists() else ""
-    # torchrun names the first failure; the others are usually ranks it stopped itself
-    report = report.rsplit("Root Cause (first observed failure)", 1)[-1]
-    ranks = re.findall(r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*exitcode\s*:\s*(-?\d+)", report)
+    # torchrun's last report lists every failed rank and names the first it observed; the
+    # others are usually ranks it stopped itself. But a rank that aborted (SIGABRT: its
+    # collective's peer vanished) is reacting to a peer that died in the same instant:
+    # when another rank failed otherwise, that one is the cause.
+    report = report.rsplit("Failures:", 1)[-1]
+    pattern = r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*exitcode\s*:\s*(-?\d+)"
+    root = re.findall(pattern, report.rsplit("Root Cause (first observed failure)", 1)[-1])
+    ranks = root + [r for r in re.findall(pattern, report) if r not in root]
     if not ranks:
         return f"the workers failed; see {log_dir}"
-    rank, code = int(ranks[0][0]), int(ranks[0][1])
+    causes = [r for r in ranks if int(r[1]) != -signal.SIGABRT]
+    rank, code = (int(x) for x in (causes or ranks)[0])
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
     log = log_dir / f"rank{rank}.log"
     last = [line.strip() for line in _new_text(log, start).splitlines() if line.strip()] if log.exists() else []

@@ -145,3 +145,25 @@ def test_a_workers_user_error_is_its_own_line(tmp_path: Path) -> None:
     assert out.stderr.strip().splitlines() == [
         "fwk: error: train.device='cuda' but no CUDA device is visible; use train.device=auto or cpu"
     ]
+
+
+def test_a_rank_that_aborted_because_its_peer_died_is_not_the_cause(tmp_path: Path) -> None:
+    """torchrun saw rank 0's SIGABRT (gloo lost its peer) first, in the same instant as rank 1's SIGKILL."""
+    from fwk.launch.supervise import failure_line
+
+    failures = [(1, -9, "SIGKILL"), (0, -6, "SIGABRT")]  # listed, then the "root cause"
+    blocks = [
+        f"[{r}]:\n  rank      : {r} (local_rank: {r})\n  exitcode  : {c} (pid: 1{r})  ({name})\n"
+        for r, c, name in failures
+    ]
+    report = "fwk.engine.worker FAILED\nFailures:\n" + blocks[0] + "Root Cause (first observed failure):\n" + blocks[1]
+    (tmp_path / "torchrun.log").write_text(report)
+    (tmp_path / "rank0.log").write_text("terminate called without an active exception\n")
+    (tmp_path / "rank1.log").write_text("step 10/100\n")
+    assert (
+        failure_line(tmp_path, {})
+        == f"rank 1 failed (killed by SIGKILL); its last line: step 10/100; full logs: {tmp_path}"
+    )
+    # a root cause that is not an abort stays the cause
+    (tmp_path / "torchrun.log").write_text(report.replace("-6 (pid", "1 (pid"))
+    assert failure_line(tmp_path, {}).startswith("rank 0 failed (exit code 1)")
