@@ -66,7 +66,8 @@ def list_runs(
     """List the runs under the runs root, newest first (`fwk runs show|diff|rm` for one run)."""
     if ctx.invoked_subcommand is not None:
         return
-    from fwk.track.index import STATUSES, query
+    from fwk.track.index import query
+    from fwk.track.status import STATUSES
 
     if status is not None and status not in STATUSES:
         raise UserError(f"--status {status} is not a run state: expected one of {', '.join(STATUSES)}")
@@ -136,8 +137,8 @@ def show(
     as_json: bool = _JSON,
 ) -> None:
     """Show one run: its row, config, summary, lineage (parent, sweep, exports) and files."""
-    from fwk.track.index import read_config, read_json, row_from_dir
     from fwk.track.lookup import find_run
+    from fwk.track.status import read_config, read_json, row_from_dir
 
     run = find_run(_root(root), run_id)
     row = row_from_dir(run)
@@ -210,7 +211,7 @@ _MISSING = "<absent>"
 
 
 def _final_metrics(run) -> dict[str, Any]:
-    from fwk.track.index import last_train, read_json
+    from fwk.track.status import last_train, read_json
 
     summary = read_json(run.summary) or {}
     step, loss = last_train(run)
@@ -227,8 +228,8 @@ def diff(
     as_json: bool = _JSON,
 ) -> None:
     """Compare two runs: the config keys that differ, then final metrics side by side."""
-    from fwk.track.index import read_config
     from fwk.track.lookup import find_run
+    from fwk.track.status import read_config
 
     run_a, run_b = find_run(_root(root), a), find_run(_root(root), b)
     conf_a, conf_b = _flatten(read_config(run_a)), _flatten(read_config(run_b))
@@ -282,8 +283,9 @@ def rm(
     """Remove a run dir (config, metrics, checkpoints, exports) and its index row. Asks first."""
     import fcntl
 
-    from fwk.track.index import forget, lock_holder, row_from_dir
+    from fwk.track.index import forget
     from fwk.track.lookup import find_run
+    from fwk.track.status import lock_holder, row_from_dir
 
     run = find_run(_root(root), run_id)
     if lock_holder(run):

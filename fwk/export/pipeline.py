@@ -103,6 +103,7 @@ def _build(
 
     from fwk.export import fold, optimize, prune, to_onnx, verify
     from fwk.export import quantize as quant
+    from fwk.export.source import training_sample
 
     task = source.data.task
     seconds: dict[str, float] = {}
@@ -141,9 +142,7 @@ def _build(
 
     def calibration() -> Iterator[np.ndarray]:
         """The int8 calibration batches: the same ones for PTQ and for QAT's starting ranges."""
-        seed = torch.Generator().manual_seed(source.config.seed)
-        order = torch.randperm(len(source.data.train), generator=seed)[: cfg.calib_batches * cfg.batch_size]
-        calib = torch.utils.data.Subset(source.data.train, order.tolist())
+        calib = training_sample(source, cfg.calib_batches * cfg.batch_size)
         return (x for x, _ in verify.batches(calib, cfg.batch_size))
 
     if quantize != "none":
@@ -269,7 +268,7 @@ def _build(
         "model": getattr(source.config.model, "name", None) or source.config.model.get("_target_"),
         "task": task,
         "quantize": quantize,
-        "prune": _pruning(plan, pruned),
+        "prune": rep.pruning(plan, pruned),
         "reference": reference,
         "max_accuracy_drop": max_drop,
         "metric": "val_loss" if task == "lm" else "val_acc",
@@ -300,24 +299,6 @@ def _build(
     report["recommendation"] = rep.recommendation(report)
     (out / rep.REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def _pruning(plan: Plan, pruned: Any) -> dict[str, Any] | None:
-    """The pruning section of the report: sizes before and after, each round's retrain."""
-    if pruned is None:
-        return None
-    from fwk.export.prune import HISTORY
-
-    return {
-        **asdict(plan),
-        "round_to": pruned.round_to,
-        "before": pruned.before,
-        "after": pruned.after,
-        "params_left": pruned.after["params"] / pruned.before["params"],
-        "macs_left": pruned.after["macs"] / pruned.before["macs"],
-        "rounds_run": pruned.rounds,
-        "history": HISTORY,
-    }
 
 
 def _measured(q: Any) -> dict[str, float]:

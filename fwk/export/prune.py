@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from fwk.errors import UserError
+from fwk.export.report import HISTORY
 
 if TYPE_CHECKING:
     from fwk.config.schema import ExportConfig
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from fwk.export.source import Source
 
 History = list[tuple[str, bool, list[int]]]
-HISTORY = "pruning_history.json"
 
 
 def per_round(ratio: float, rounds: int) -> float:
@@ -239,13 +239,13 @@ def _taylor_grads(source: Source, batches: int, batch_size: int) -> Callable[[nn
     """Gradients of the training loss on a few training batches (Taylor importance needs them)."""
     import torch.nn.functional as F
 
+    from fwk.export.source import training_sample
+    from fwk.export.verify import batches as batched
+
     def grads(model: nn.Module) -> None:
-        generator = torch.Generator().manual_seed(source.config.seed)
-        order = torch.randperm(len(source.data.train), generator=generator)[: batches * batch_size]
         model.eval()  # BatchNorm uses its running statistics: the ranking does not change them
-        for i in range(0, len(order), batch_size):
-            xs, ys = zip(*(source.data.train[int(j)] for j in order[i : i + batch_size]), strict=True)
-            x, y = torch.stack(xs), torch.stack([torch.as_tensor(t) for t in ys])
+        for x, y in batched(training_sample(source, batches * batch_size), batch_size):
+            x, y = torch.from_numpy(x), torch.from_numpy(y)
             if source.data.task == "lm":
                 loss = model(x, y)
             else:

@@ -11,9 +11,14 @@ bug, not a rounding effect).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fwk.export.settings import Plan
 
 REPORT = "export_report.json"
+HISTORY = "pruning_history.json"  # fwk/export/prune.py: the removals, to replay on a fresh model
 TORCH, PRUNED, FOLDED, ONNX_FP32 = "torch fp32", "torch pruned", "folded", "onnx fp32"
 ONNX_QAT = "onnx int8 qat"  # --qat-steps: int8 after quantization-aware training, beside PTQ's "onnx int8"
 
@@ -61,6 +66,22 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     points = "point" if limit == 1 else "points"
     within = f"loss within {limit:g}% of" if task == "lm" else f"accuracy within {limit:g} {points} of"
     return {"passed": True, "stage": None, "reason": f"every stage's {within} torch fp32"}
+
+
+def pruning(plan: Plan, pruned: Any) -> dict[str, Any] | None:
+    """The pruning section of the report: sizes before and after, each round's retrain."""
+    if pruned is None:
+        return None
+    return {
+        **asdict(plan),
+        "round_to": pruned.round_to,
+        "before": pruned.before,
+        "after": pruned.after,
+        "params_left": pruned.after["params"] / pruned.before["params"],
+        "macs_left": pruned.after["macs"] / pruned.before["macs"],
+        "rounds_run": pruned.rounds,
+        "history": HISTORY,
+    }
 
 
 def _metric_text(task: str, s: dict[str, Any]) -> str:

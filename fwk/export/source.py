@@ -20,6 +20,7 @@ from fwk.track.lookup import is_complete
 from fwk.track.store import RunDir
 
 if TYPE_CHECKING:  # torch is imported by load() only: the checks above it stay fast
+    import torch
     from torch import nn
 
     from fwk.config.schema import Config
@@ -111,3 +112,11 @@ def load(run: RunDir) -> Source:
         raise UserError(f"checkpoint {checkpoint} does not fit the model of {run.config}: {first}") from None
     step = int(_STEP.match(checkpoint.name).group(1))  # type: ignore[union-attr]
     return Source(run=run, config=cfg, checkpoint=checkpoint, step=step, model=model.float().eval(), data=data)
+
+
+def training_sample(source: Source, n: int) -> torch.utils.data.Dataset:
+    """``n`` training samples drawn with the run's seed: int8 calibration and Taylor ranking use them."""
+    import torch
+
+    order = torch.randperm(len(source.data.train), generator=torch.Generator().manual_seed(source.config.seed))
+    return torch.utils.data.Subset(source.data.train, order[:n].tolist())

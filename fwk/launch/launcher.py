@@ -14,6 +14,7 @@ from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
 from fwk.track import index
 from fwk.track.run_id import code_version, run_id
+from fwk.track.status import record_outcome
 from fwk.track.store import RunDir, RunLock, open_run
 
 
@@ -68,7 +69,7 @@ def launch(p: Plan, config_yaml: str, nnodes: int) -> tuple[int, RunDir]:
 def _record_end(run: RunDir, outcome: str, status: int) -> None:
     """How the launch ended: in meta.json (the truth a rebuilt index reads) and the index."""
     try:
-        index.record_outcome(run, outcome, status)
+        record_outcome(run, outcome, status)
     except OSError as exc:
         print(f"fwk: warning: could not note the outcome in {run.meta}: {exc}", file=sys.stderr)
     index.record_quietly(run, outcome)

@@ -7,7 +7,7 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from fwk.track import index
+from fwk.track import index, status
 from fwk.track.store import RunDir, RunLock
 from tests.track.fake_runs import make_run
 
@@ -17,24 +17,24 @@ def test_status_comes_from_the_run_dir(tmp_path: Path) -> None:
     stopped = make_run(tmp_path, "bbb", checkpoint=True)
     failed = make_run(tmp_path, "ccc", outcome="failed")
     running = make_run(tmp_path, "ddd")
-    assert index.derive_status(done) == "complete"
-    assert index.derive_status(stopped) == "interrupted"
-    assert index.derive_status(failed) == "failed"
+    assert status.derive_status(done) == "complete"
+    assert status.derive_status(stopped) == "interrupted"
+    assert status.derive_status(failed) == "failed"
     with RunLock(running):
-        assert index.lock_holder(running)
-        assert index.derive_status(running) == "running"
-    assert not index.lock_holder(running)
-    assert index.derive_status(running) == "interrupted"
+        assert status.lock_holder(running)
+        assert status.derive_status(running) == "running"
+    assert not status.lock_holder(running)
+    assert status.derive_status(running) == "interrupted"
 
 
 def test_row_reads_recipe_tags_step_and_metrics(tmp_path: Path) -> None:
     run = make_run(tmp_path, "aaa", recipe="gpt_tiny", tags=["base", "lr"], eval_metrics={"val_loss": 1.5})
-    row = index.row_from_dir(run)
+    row = status.row_from_dir(run)
     assert row["recipe"] == "gpt_tiny" and row["tags"] == ["base", "lr"]
     assert row["step"] == 10 and row["max_steps"] == 10
     assert row["metrics"] == {"loss": 1.9, "val_loss": 1.5}
     # a config from before the `tags` field: no tags, no error
-    assert index.row_from_dir(make_run(tmp_path, "bbb"))["tags"] == []
+    assert status.row_from_dir(make_run(tmp_path, "bbb"))["tags"] == []
 
 
 def test_query_filters_newest_first(tmp_path: Path) -> None:
@@ -140,6 +140,6 @@ def test_concurrent_writers_lose_no_rows(tmp_path: Path) -> None:
 
 def test_outcome_is_noted_in_meta(tmp_path: Path) -> None:
     run = make_run(tmp_path, "aaa")
-    index.record_outcome(run, "failed", 1)
+    status.record_outcome(run, "failed", 1)
     assert json.loads(run.meta.read_text())["launches"][-1]["outcome"] == "failed"
-    assert index.derive_status(run) == "failed"
+    assert status.derive_status(run) == "failed"
