@@ -57,7 +57,7 @@ def train(
     from fwk.engine.build import preflight
 
     preflight(config)
-    status, run = launch(p, config_yaml, config.parallel.nnodes)
+    status, run = launch(p, config_yaml, config.parallel.nnodes, overrides=list(overrides or []))
     summary = run.read_summary()
     if status == 0 and summary is not None:
         typer.echo(finished(summary, run.path))

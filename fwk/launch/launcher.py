@@ -42,9 +42,16 @@ def plan(cfg: Config, config_dict: dict[str, Any]) -> Plan:
     return Plan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv)
 
 
-def launch(p: Plan, config_yaml: str, nnodes: int) -> tuple[int, RunDir]:
-    """Run the plan; returns (exit status, run dir). torchrun's status is passed through."""
-    run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size)
+def launch(
+    p: Plan,
+    config_yaml: str,
+    nnodes: int,
+    lineage: dict[str, str] | None = None,
+    overrides: list[str] | None = None,
+) -> tuple[int, RunDir]:
+    """Run the plan; returns (exit status, run dir). torchrun's status is passed through.
+    ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``)."""
+    run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, lineage, overrides)
     # Each node's launcher opens the same shared run dir in a multi-node run: lock one-node runs only.
     with RunLock(run) if nnodes == 1 else nullcontext():
         index.record_quietly(run, "running")

@@ -108,8 +108,21 @@ def _same_run(stored_yaml: str, config_yaml: str) -> bool:
     return isinstance(stored, dict) and identity(stored) == identity(yaml.safe_load(config_yaml))
 
 
-def open_run(root: Path, run_id: str, config_yaml: str, code: str, world_size: int) -> RunDir:
-    """Create the run dir (or reopen it), and record this launch in meta.json."""
+def open_run(
+    root: Path,
+    run_id: str,
+    config_yaml: str,
+    code: str,
+    world_size: int,
+    lineage: dict[str, str] | None = None,
+    overrides: list[str] | None = None,
+) -> RunDir:
+    """Create the run dir (or reopen it), and record this launch in meta.json.
+
+    ``lineage`` is where a new run comes from, kept from its first launch: ``parent`` (the
+    run it replays or derives from), ``sweep`` (the sweep that launched it), ``kind``
+    (``replay``, ``sweep``). ``overrides`` are the command-line overrides as typed.
+    """
     run = RunDir(root / run_id)
     try:
         run.path.mkdir(parents=True, exist_ok=True)
@@ -132,11 +145,13 @@ def open_run(root: Path, run_id: str, config_yaml: str, code: str, world_size: i
             "world_size": world_size,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "launches": [],
+            **(lineage or {}),
         }
     )
-    meta["launches"].append(
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(), "argv": sys.argv}
-    )
+    launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(), "argv": sys.argv}
+    if overrides is not None:
+        launch["overrides"] = list(overrides)
+    meta["launches"].append(launch)
     write_atomic(run.meta, json.dumps(meta, indent=2) + "\n")
     return run
 
