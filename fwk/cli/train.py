@@ -54,9 +54,11 @@ def train(
         return
     # Only now import torch: the checks of the model and the device take seconds to import,
     # and --cfg, --dry-run and a finished run answer without them.
+    from fwk.engine import tracking
     from fwk.engine.build import preflight
 
     preflight(config)
+    tracking.check(config.tracking)  # a tracking server that does not answer: before any run dir
     status, run = launch(p, config_yaml, config.parallel.nnodes, overrides=list(overrides or []))
     summary = run.read_summary()
     if status == 0 and summary is not None:

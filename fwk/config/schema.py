@@ -24,6 +24,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 DECAYS = ("cosine", "linear", "constant")
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+TRACKINGS = ("tensorboard", "mlflow")
 
 
 @dataclass
@@ -195,6 +196,18 @@ class DiagnosticsConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Where metrics go besides metrics.jsonl (fwk/engine/tracking.py). Not in the run id:
+    it says where results are sent, not what a run computes."""
+
+    name: str = doc("tensorboard", "name of the option in conf/tracking/ (tensorboard, or mlflow: both)")
+    tensorboard: bool = doc(True, "write TensorBoard event files to <run dir>/tensorboard/ (tensorboard --logdir runs)")
+    mlflow: bool = doc(False, "also send params, metrics and artifacts to the MLflow tracking server at uri")
+    uri: str = doc("", "MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: $MLFLOW_TRACKING_URI)")
+    experiment: str = doc("", "MLflow experiment the run is logged under; empty = the recipe's name")
+
+
+@dataclass
 class PathsConfig:
     """Where runs live. Not part of the run id: moving runs does not change it."""
 
@@ -226,6 +239,9 @@ class Config:
     kernels: KernelsConfig = field(default_factory=KernelsConfig, metadata={"doc": "Triton kernels"})
     diagnostics: DiagnosticsConfig = field(
         default_factory=DiagnosticsConfig, metadata={"doc": "NaN and loss-spike handling, gradient statistics"}
+    )
+    tracking: TrackingConfig = field(
+        default_factory=TrackingConfig, metadata={"doc": "TensorBoard events and the optional MLflow server"}
     )
     paths: PathsConfig = field(default_factory=PathsConfig, metadata={"doc": "where runs are stored"})
 

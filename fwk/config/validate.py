@@ -25,6 +25,7 @@ from fwk.config.schema import (
     PARALLELS,
     PRECISIONS,
     SWITCHES,
+    TRACKINGS,
     Config,
 )
 from fwk.errors import UserError
@@ -139,6 +140,14 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield g.max_rollbacks >= 0, "diagnostics.max_rollbacks", g.max_rollbacks, "an integer >= 0"
     yield g.spike_k >= 0, "diagnostics.spike_k", g.spike_k, "a number >= 0 (0 = off)"
     yield g.spike_window >= 2, "diagnostics.spike_window", g.spike_window, "an integer >= 2"
+    k = c.tracking
+    yield k.name in TRACKINGS, "tracking.name", k.name, f"one of {', '.join(TRACKINGS)}"
+    yield (
+        not k.mlflow or bool(k.uri.strip()),
+        "tracking.uri",
+        k.uri,
+        "an MLflow tracking URI with tracking=mlflow, e.g. http://127.0.0.1:5000 (or set $MLFLOW_TRACKING_URI)",
+    )
     yield p.name in PARALLELS, "parallel.name", p.name, f"one of {', '.join(PARALLELS)}"
     yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
     yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from fwk.engine.parallel import Dist, all_reduce_sum
+from fwk.engine.tracking import Tracking
 
 
 class Window:
@@ -64,16 +65,20 @@ def _fmt(key: str, value: Any) -> str:
 
 
 class Reporter:
-    """Writes metrics.jsonl and shows progress; a no-op on ranks other than 0."""
+    """Writes metrics.jsonl, forwards every row to the tracking sinks (TensorBoard, MLflow)
+    and shows progress; a no-op on ranks other than 0."""
 
-    def __init__(self, path: Path, d: Dist, max_steps: int) -> None:
+    def __init__(self, path: Path, d: Dist, max_steps: int, tracking: Tracking | None = None) -> None:
         self.enabled = d.is_main
-        self.path, self.max_steps = path, max_steps
+        self.path, self.max_steps, self.tracking = path, max_steps, tracking
         self.tty = self.enabled and sys.stdout.isatty()
         self._bar = None
 
     def start(self, step: int) -> None:
-        """Show the progress bar from ``step`` on (a TTY only); messages before it print plainly."""
+        """Open the tracking sinks and show the progress bar from ``step`` on (a TTY only);
+        messages before it print plainly."""
+        if self.tracking is not None:
+            self.tracking.start(step)
         if self.tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -93,6 +98,8 @@ class Reporter:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, "kind": kind, **row}) + "\n")
+        if self.tracking is not None:
+            self.tracking.log(step, row, kind)
         text = "  ".join(_fmt(k, v) for k, v in row.items())
         if self._bar is not None:
             if kind == "train":  # the bar shows the two numbers that fit a narrow terminal

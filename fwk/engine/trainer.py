@@ -34,6 +34,7 @@ from fwk.engine.memory import Memory
 from fwk.engine.metrics import Reporter, Window
 from fwk.engine.precision import Precision
 from fwk.engine.step import TrainStep, label
+from fwk.engine.tracking import Tracking
 from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
 from fwk.track.store import RunDir
 
@@ -109,6 +110,7 @@ def train(
     run: RunDir,
     start: Callable[[torch.nn.Module], torch.nn.Module] = _as_built,
     observe: Callable[[int], None] = _unobserved,
+    tracking: Tracking | None = None,
 ) -> dict[str, Any] | None:
     """Train to ``train.max_steps`` (or until stopped); returns the summary when finished.
 
@@ -117,14 +119,15 @@ def train(
     from (lottery-ticket rounds, fine-tunes, quantization-aware training). It must give the
     same model every time it is called, so that a resumed run matches its checkpoint.
     ``observe(step)`` is called after every optimizer step (``fwk profile`` steps its
-    profiler there).
+    profiler there). ``tracking`` gets every logged row (the worker's TensorBoard and MLflow
+    sinks; its caller closes it); fwk export's retrains and fwk profile's runs pass none.
     """
     started = time.perf_counter()
     d = parallel.init(cfg.parallel, cfg.train.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
     per_rank = cfg.train.batch_size // d.world_size
-    reporter = Reporter(run.metrics, d, cfg.train.max_steps)
+    reporter = Reporter(run.metrics, d, cfg.train.max_steps, tracking)
     precision = Precision(cfg.precision, d, cfg.train.max_steps, reporter.message)
     memory = Memory(cfg.memory, d, per_rank, reporter.message)
     jit = Jit(cfg.jit, d, cfg.train.max_steps, reporter.message)

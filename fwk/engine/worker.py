@@ -21,19 +21,24 @@ from fwk.track.store import RunDir
 def run_worker(run_dir: Path) -> int:
     """Train the run in this process; 0 when finished or stopped cleanly."""
     from fwk.engine import parallel
+    from fwk.engine.tracking import Tracking
     from fwk.engine.trainer import train
 
     redirect_worker_output(int(os.environ.get("RANK", "0")))  # under torchrun: into runs/<id>/logs/
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     run = RunDir(Path(run_dir))
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
+    is_main = os.environ.get("RANK", "0") == "0"
+    tracking = Tracking(cfg.tracking, run, is_main)
     clean = False
     try:
-        summary = train(cfg, run)
-        if summary is not None and os.environ.get("RANK", "0") == "0":
+        summary = train(cfg, run, tracking=tracking)
+        if summary is not None and is_main:
             run.write_summary(summary)
+            tracking.finish()  # summary.json is on disk: the artifacts go to MLflow
         clean = True
     finally:
+        tracking.close()
         parallel.shutdown(clean)
     return 0
 

@@ -12,9 +12,11 @@ import fwk
 
 # Folders whose content decides what a run computes; changes elsewhere (docs, tests) do not.
 _CODE_DIRS = ("fwk", "conf", "recipes")
-# Config keys that say where a run is stored or how it is labelled, not what it computes:
-# the same training with other tags is the same run (it keeps the tags of its first launch).
-_NOT_HASHED = ("paths", "tags")
+# Config keys that say where a run is stored, how it is labelled or where its results are
+# sent, not what it computes: the same training with other tags is the same run (it keeps
+# the tags of its first launch); with another tracking it is the same run, tracked as this
+# launch says.
+_NOT_HASHED = ("paths", "tags", "tracking")
 # Parallel fields that say where a run's processes meet, not what they compute: a SLURM job
 # requeued onto other nodes gets another rendezvous host and must find its run again, and
 # with rdzv_backend=static every node has its own node_rank but all share one run.

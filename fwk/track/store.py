@@ -98,7 +98,7 @@ def _versions() -> dict[str, str]:
 
 def _same_run(stored_yaml: str, config_yaml: str) -> bool:
     """Whether two resolved configs are one run: equal but for what the run id leaves out
-    (storage paths, tags, the rendezvous host of a job requeued onto other nodes)."""
+    (storage paths, tags, tracking, the rendezvous host of a job requeued onto other nodes)."""
     if stored_yaml == config_yaml:
         return True
     try:
@@ -106,6 +106,22 @@ def _same_run(stored_yaml: str, config_yaml: str) -> bool:
     except yaml.YAMLError:
         return False
     return isinstance(stored, dict) and identity(stored) == identity(yaml.safe_load(config_yaml))
+
+
+def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:
+    """The stored config with this launch's ``tracking`` section, or None when they agree.
+
+    The run id leaves tracking out, so a run interrupted under one tracking resumes under
+    another: the workers read config.yaml, and must send the results where this launch says.
+    """
+    if stored_yaml == config_yaml:
+        return None
+    stored, launched = yaml.safe_load(stored_yaml), yaml.safe_load(config_yaml)
+    if stored.get("tracking") == launched.get("tracking"):
+        return None
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml({**stored, "tracking": launched.get("tracking")})
 
 
 def open_run(
@@ -135,6 +151,8 @@ def open_run(
         )
     if not run.config.exists():
         write_atomic(run.config, config_yaml)
+    elif (relaunched := _tracked_as_launched(run.config.read_text(), config_yaml)) is not None:
+        write_atomic(run.config, relaunched)
     meta = (
         json.loads(run.meta.read_text())
         if run.meta.exists()

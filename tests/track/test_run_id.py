@@ -40,3 +40,9 @@ def test_rendezvous_location_does_not_change_the_id() -> None:
     assert run_id({**CFG, "parallel": {"nnodes": 4, "rdzv_endpoint": "node0:15001"}}, "git:abc") != run_id(
         cfg, "git:abc"
     )
+
+
+def test_tracking_does_not_change_the_id() -> None:
+    # where results are sent (TensorBoard, an MLflow server) is not what a run computes
+    mlflow = {**CFG, "tracking": {"name": "mlflow", "mlflow": True, "uri": "http://127.0.0.1:5000"}}
+    assert run_id(mlflow, "git:abc") == run_id({**CFG, "tracking": {"name": "tensorboard"}}, "git:abc")

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fwk.errors import UserError
 from fwk.track.store import RunDir, RunLock, open_run
@@ -48,3 +49,19 @@ def test_reopened_on_another_rendezvous_host(tmp_path: Path) -> None:
     assert run.config.read_text() == first
     with pytest.raises(UserError, match="differs"):
         open_run(tmp_path, "abc123", first.replace("nnodes: 2", "nnodes: 3"), "git:x", 6)
+
+
+def test_reopened_with_another_tracking_tracks_as_launched(tmp_path: Path) -> None:
+    # tracking says where results go, not what a run computes: the same run, resumed under
+    # this launch's tracking (the workers read config.yaml); the rest stays as first launched
+    first = "seed: 0\ntags:\n- a\ntracking:\n  mlflow: false\n  uri: ''\n"
+    run = open_run(tmp_path, "abc123", first, "git:x", 1)
+    launched = "seed: 0\ntags:\n- b\ntracking:\n  mlflow: true\n  uri: http://127.0.0.1:5000\n"
+    open_run(tmp_path, "abc123", launched, "git:x", 1)
+    assert yaml.safe_load(run.config.read_text()) == {
+        "seed": 0,
+        "tags": ["a"],
+        "tracking": {"mlflow": True, "uri": "http://127.0.0.1:5000"},
+    }
+    open_run(tmp_path, "abc123", first, "git:x", 1)
+    assert run.config.read_text() == first
