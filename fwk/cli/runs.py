@@ -137,11 +137,15 @@ def show(
     as_json: bool = _JSON,
 ) -> None:
     """Show one run: its row, config, summary, lineage (parent, sweep, exports) and files."""
+    from fwk.track import lineage
+    from fwk.track.index import query
     from fwk.track.lookup import find_run
     from fwk.track.status import read_config, read_json, row_from_dir
 
     run = find_run(_root(root), run_id)
     row = row_from_dir(run)
+    chain = lineage.ancestors(run)
+    derived = lineage.children(_root(root), query(_root(root)), run.id)
     exports = (
         sorted(p.name for p in (run.path / "exports").iterdir() if p.is_dir())
         if (run.path / "exports").is_dir()
@@ -153,7 +157,15 @@ def show(
         "config": read_config(run),
         "summary": read_json(run.summary),
         "meta": read_json(run.meta),
-        "lineage": {"parent": row["parent"], "sweep": row["sweep"], "exports": exports},
+        "env": read_json(run.path / "env.json"),
+        "lineage": {
+            "parent": row["parent"],
+            "kind": chain[-1]["kind"],
+            "chain": chain,
+            "children": derived,
+            "sweep": row["sweep"],
+            "exports": exports,
+        },
         "files": _files(run.path),
     }
     if as_json:
@@ -173,8 +185,12 @@ def show(
     head.add_row("created", _when(row["created"]))
     meta = data["meta"] or {}
     head.add_row("code", str(meta.get("code", "-")))
-    head.add_row("launches", str(len(meta.get("launches") or [])))
-    head.add_row("parent", row["parent"] or "-")
+    data_fp = meta.get("data") or {}
+    head.add_row("data", f"{data_fp.get('digest') or '-'}: {data_fp.get('what', 'not recorded')}")
+    head.add_row("launches", _launches_text(meta, data["env"]))
+    head.add_row("lineage", lineage.chain_text(chain))
+    if derived:
+        head.add_row("derived", ", ".join(f"{c['id']} ({c['kind'] or 'run'}, {c['status']})" for c in derived))
     head.add_row("sweep", row["sweep"] or "-")
     head.add_row("exports", ", ".join(exports) or "-")
     console.print(head)
@@ -195,6 +211,19 @@ def show(
     for f in data["files"]:
         files.add_row(f["name"], _size(f["bytes"]) + (f"  ({f['files']} files)" if f["name"].endswith("/") else ""))
     console.print(files)
+
+
+def _launches_text(meta: dict[str, Any], env: dict[str, Any] | None) -> str:
+    """'2 (resumed at step 150); last on vm: NVIDIA H200, ...' from meta.json and env.json."""
+    count = len(meta.get("launches") or [])
+    runs = (env or {}).get("launches") or []
+    resumed = [str(r.get("from_step")) for r in runs if r.get("from_step")]
+    text = f"{count}" + (f" (resumed at step {', '.join(resumed)})" if resumed else "")
+    if runs:
+        machine = runs[-1].get("machine") or {}
+        where = f"{machine.get('host', '?')}: {machine.get('device', '?')}"
+        text += f"; last on {where}, world size {machine.get('world_size', '?')}"
+    return text
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -132,11 +132,9 @@ def test_runs_commands_import_no_torch(three: Path) -> None:
         "        pass\n"
         "print('TORCH', 'torch' in sys.modules)\n"
     )
-    start = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "TORCH False"
-    assert time.monotonic() - start < 5  # five commands in one interpreter; each alone is ~0.3 s
     assert not (three / "9f00000000").exists()
 
 

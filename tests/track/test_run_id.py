@@ -40,3 +40,11 @@ def test_rendezvous_location_does_not_change_the_id() -> None:
     assert run_id({**CFG, "parallel": {"nnodes": 4, "rdzv_endpoint": "node0:15001"}}, "git:abc") != run_id(
         cfg, "git:abc"
     )
+
+
+def test_data_fingerprint_and_salt_change_the_id() -> None:
+    base = run_id(CFG, "git:abc")
+    assert run_id(CFG, "git:abc", data="") == base  # nothing to fingerprint: the id of before
+    assert run_id(CFG, "git:abc", data="09f66e6debdee2cd") != base
+    assert run_id(CFG, "git:abc", data="09f66e6debdee2cd") != run_id(CFG, "git:abc", data="09f66e6debdee2ce")
+    assert run_id(CFG, "git:abc", salt="replay of x") != base
