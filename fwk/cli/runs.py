@@ -1,4 +1,4 @@
-"""`fwk runs`: list, show, diff and remove runs. Reads the run index; imports no torch."""
+"""`fwk runs`: list, show, diff, plot and remove runs. Reads the run index and run dirs; imports no torch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import typer
 from fwk.errors import UserError
 
 runs = typer.Typer(
-    help="List the runs under the runs root (newest first); show, diff or remove one.",
+    help="List the runs under the runs root (newest first); show, diff, plot or remove them.",
     invoke_without_command=True,
 )
 
@@ -336,3 +336,48 @@ def rm(
         _echo_json({"removed": run.id, "path": str(run.path)})
     else:
         print(f"removed {what}", file=sys.stdout)
+
+
+def _plot_name(ids: list[str]) -> str:
+    """<id1>+<id2>+<id3>.png; more runs: the first id, the count and a hash of them all."""
+    if len(ids) <= 3:
+        return "+".join(ids) + ".png"
+    import hashlib
+
+    digest = hashlib.sha1(",".join(sorted(ids)).encode()).hexdigest()[:8]
+    return f"{ids[0]}+{len(ids) - 1}-more-{digest}.png"
+
+
+@runs.command()
+def plot(
+    run_ids: list[str] = typer.Argument(..., metavar="ID", help="Run ids or unique prefixes, overlaid."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Where to write the PNG (default: <runs root>/plots/<id>+<id>.png).", show_default=False
+    ),
+    root: Path | None = _ROOT,
+    as_json: bool = typer.Option(False, "--json", help="Print the path, runs and metrics as JSON instead of the path."),
+) -> None:
+    """Plot train loss and each eval metric over steps for one or more runs, into a PNG; print its path."""
+    from fwk.track.lookup import find_run
+    from fwk.track.plot import draw, load, metric_names, no_data, with_data
+
+    if out is not None and out.suffix.lower() != ".png":
+        raise UserError(f"--out {out} is not a .png path: the plot is a PNG; give a name ending in .png")
+    named = [find_run(_root(root), i) for i in run_ids]
+    found = list({run.id: run for run in named}.values())  # a run named twice (two prefixes): plotted once
+    curves = with_data(load(found))
+    empty = [r for r in found if r.id not in {c.run.id for c in curves}]
+    if empty:  # a run just started, beside others: plot those
+        print(f"fwk: warning: {no_data(empty)}; plotting the other {len(curves)}", file=sys.stderr)
+    path = draw(curves, out or _root(root) / "plots" / _plot_name([c.run.id for c in curves])).resolve()
+    if as_json:
+        _echo_json(
+            {
+                "path": str(path),
+                "runs": [c.run.id for c in curves],
+                "metrics": metric_names(curves),
+                "skipped": [r.id for r in empty],
+            }
+        )
+    else:
+        print(path, file=sys.stdout)
