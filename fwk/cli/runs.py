@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from fwk.errors import UserError
+from fwk.track.status import flatten
 
 runs = typer.Typer(
     help="List the runs under the runs root (newest first); show, diff, plot or remove them.",
@@ -199,7 +200,7 @@ def show(
         summary = Table(box=None, show_header=False, pad_edge=False)
         summary.add_column()
         summary.add_column()
-        for key, value in _flatten(data["summary"]).items():
+        for key, value in flatten(data["summary"]).items():
             summary.add_row(key, _num(value))
         console.print(summary)
     console.print("\n[bold]config[/] (config.yaml)")
@@ -224,16 +225,6 @@ def _launches_text(meta: dict[str, Any], env: dict[str, Any] | None) -> str:
         where = f"{machine.get('host', '?')}: {machine.get('device', '?')}"
         text += f"; last on {where}, world size {machine.get('world_size', '?')}"
     return text
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
-    if not isinstance(tree, dict) or (prefix and not tree):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 _MISSING = "<absent>"
@@ -261,7 +252,7 @@ def diff(
     from fwk.track.status import read_config
 
     run_a, run_b = find_run(_root(root), a), find_run(_root(root), b)
-    conf_a, conf_b = _flatten(read_config(run_a)), _flatten(read_config(run_b))
+    conf_a, conf_b = flatten(read_config(run_a)), flatten(read_config(run_b))
     config = [
         {"key": k, "a": conf_a.get(k, _MISSING), "b": conf_b.get(k, _MISSING)}
         for k in sorted(set(conf_a) | set(conf_b))

@@ -59,13 +59,29 @@ def series(run: RunDir) -> Series:
     return {name: (sorted(by_step), [by_step[s] for s in sorted(by_step)]) for name, by_step in points.items()}
 
 
-def label(run: RunDir) -> str:
-    """The legend entry of a run: "id recipe [tag, tag]"."""
-    from fwk.track.status import read_config
+# Config keys that never tell runs apart in a legend: where they are stored, how they are labelled.
+_NOT_LABELS = ("paths.", "tags", "recipe")  # the recipe is in every label already
+MAX_LABEL_KEYS = 3
+
+
+def differing(configs: list[dict]) -> list[str]:
+    """The flattened config keys whose values differ between ``configs`` (sorted, at most
+    MAX_LABEL_KEYS): what a legend says to tell the runs apart."""
+    from fwk.track.status import flatten
+
+    flat = [flatten(c) for c in configs]
+    keys = sorted({k for f in flat for k in f if not k.startswith(_NOT_LABELS)})
+    return [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1][:MAX_LABEL_KEYS]
+
+
+def label(run: RunDir, keys: list[str] = ()) -> str:
+    """The legend entry of a run: "id recipe key=value ... [tag, tag]"."""
+    from fwk.track.status import flatten, read_config
 
     config = read_config(run)
     tags = config.get("tags")
-    text = f"{run.id} {config.get('recipe') or '-'}"
+    flat = flatten(config)
+    text = " ".join([run.id, str(config.get("recipe") or "-"), *(f"{k}={flat.get(k, '-')}" for k in keys)])
     return text + (f" [{', '.join(str(t) for t in tags)}]" if isinstance(tags, list) and tags else "")
 
 
@@ -77,7 +93,10 @@ class Curves:
 
 
 def load(runs: list[RunDir]) -> list[Curves]:
-    return [Curves(run, label(run), series(run)) for run in runs]
+    from fwk.track.status import read_config
+
+    keys = differing([read_config(run) for run in runs]) if len(runs) > 1 else []
+    return [Curves(run, label(run, keys), series(run)) for run in runs]
 
 
 def metric_names(curves: list[Curves]) -> list[str]:

@@ -49,6 +49,11 @@ def test_panels_and_labels(tmp_path: Path) -> None:
     # train loss first (though b has none), then eval metrics as the runs first log them
     assert metric_names(curves) == ["loss", "val_ppl", "val_loss", "val_acc"]
     assert [label(a), label(b)] == ["a1 digits_cnn [base, hi-lr]", "b2 gpt_tiny"]
+    # several runs: the legend names the config keys that tell them apart (tags are not config)
+    c = make_run(tmp_path, "c3", lr=0.01, tags=["other"])
+    labels = [x.label for x in load([a, c])]
+    assert labels == ["a1 digits_cnn optim.lr=0.001 [base, hi-lr]", "c3 digits_cnn optim.lr=0.01 [other]"]
+    assert [x.label for x in load([a, b])][1] == "b2 gpt_tiny"  # the recipe is there once
     assert [_grid(n) for n in (1, 2, 3, 4, 5, 7)] == [(1, 1), (1, 2), (2, 2), (2, 2), (2, 3), (3, 3)]
 
 
