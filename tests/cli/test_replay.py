@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.cli.test_fast_paths import probe
 from tests.conftest import run_fwk
 
 TINY = ["train.max_steps=6", "train.log_every=2", "train.eval_every=3", "jit=off", "train.deterministic=true"]
@@ -40,9 +41,9 @@ def test_replay_of_a_digits_run_is_identical_and_linked(runs: Path) -> None:
     assert f"{orig} -> {replay} (replay)" in shown
     assert f"{replay} (replay, complete)" in run_fwk("runs", "show", orig, runs=runs).stdout
 
-    # again: the replay is found (content-addressed) and compared, nothing trains
-    out = run_fwk("replay", orig, "--json", runs=runs)
-    assert out.returncode == 0 and "already complete" in out.stderr
+    # again: the replay is found (content-addressed) and compared, nothing trains, no torch
+    out, loaded = probe("replay", orig, "--json", runs=runs)
+    assert out.returncode == 0 and "already complete" in out.stderr and loaded == []
     verdict = json.loads(out.stdout)
     assert (verdict["verdict"], verdict["rows"], verdict["differing"]) == ("identical", 5, 0)
     assert _dirs(runs) == sorted([orig, replay])
