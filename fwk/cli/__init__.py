@@ -10,6 +10,7 @@ from fwk.cli.data import data
 from fwk.cli.doctor import doctor
 from fwk.cli.export import export
 from fwk.cli.profile import profile
+from fwk.cli.replay import replay
 from fwk.cli.runs import runs
 from fwk.cli.train import train
 from fwk.errors import UserError
@@ -29,6 +30,7 @@ app.command(
 app.command()(doctor)
 app.command(context_settings={"ignore_unknown_options": True})(export)
 app.command(context_settings={"ignore_unknown_options": True})(profile)
+app.command()(replay)
 app.add_typer(data, name="data")
 app.add_typer(runs, name="runs")
 

@@ -1,4 +1,4 @@
-"""`fwk runs`: list, show, diff and remove runs. Reads the run index; imports no torch."""
+"""`fwk runs`: list, show, diff, plot and remove runs. Reads the run index and run dirs; imports no torch."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 import typer
 
 from fwk.errors import UserError
+from fwk.track.status import flatten
 
 runs = typer.Typer(
-    help="List the runs under the runs root (newest first); show, diff or remove one.",
+    help="List the runs under the runs root (newest first); show, diff, plot or remove them.",
     invoke_without_command=True,
 )
 
@@ -137,11 +138,15 @@ def show(
     as_json: bool = _JSON,
 ) -> None:
     """Show one run: its row, config, summary, lineage (parent, sweep, exports) and files."""
+    from fwk.track import lineage
+    from fwk.track.index import query
     from fwk.track.lookup import find_run
     from fwk.track.status import read_config, read_json, row_from_dir
 
     run = find_run(_root(root), run_id)
     row = row_from_dir(run)
+    chain = lineage.ancestors(run)
+    derived = lineage.children(_root(root), query(_root(root)), run.id)
     exports = (
         sorted(p.name for p in (run.path / "exports").iterdir() if p.is_dir())
         if (run.path / "exports").is_dir()
@@ -153,7 +158,15 @@ def show(
         "config": read_config(run),
         "summary": read_json(run.summary),
         "meta": read_json(run.meta),
-        "lineage": {"parent": row["parent"], "sweep": row["sweep"], "exports": exports},
+        "env": read_json(run.path / "env.json"),
+        "lineage": {
+            "parent": row["parent"],
+            "kind": chain[-1]["kind"],
+            "chain": chain,
+            "children": derived,
+            "sweep": row["sweep"],
+            "exports": exports,
+        },
         "files": _files(run.path),
     }
     if as_json:
@@ -173,8 +186,12 @@ def show(
     head.add_row("created", _when(row["created"]))
     meta = data["meta"] or {}
     head.add_row("code", str(meta.get("code", "-")))
-    head.add_row("launches", str(len(meta.get("launches") or [])))
-    head.add_row("parent", row["parent"] or "-")
+    data_fp = meta.get("data") or {}
+    head.add_row("data", f"{data_fp.get('digest') or '-'}: {data_fp.get('what', 'not recorded')}")
+    head.add_row("launches", _launches_text(meta, data["env"]))
+    head.add_row("lineage", lineage.chain_text(chain))
+    if derived:
+        head.add_row("derived", ", ".join(f"{c['id']} ({c['kind'] or 'run'}, {c['status']})" for c in derived))
     head.add_row("sweep", row["sweep"] or "-")
     head.add_row("exports", ", ".join(exports) or "-")
     console.print(head)
@@ -183,7 +200,7 @@ def show(
         summary = Table(box=None, show_header=False, pad_edge=False)
         summary.add_column()
         summary.add_column()
-        for key, value in _flatten(data["summary"]).items():
+        for key, value in flatten(data["summary"]).items():
             summary.add_row(key, _num(value))
         console.print(summary)
     console.print("\n[bold]config[/] (config.yaml)")
@@ -197,14 +214,17 @@ def show(
     console.print(files)
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
-    if not isinstance(tree, dict) or (prefix and not tree):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
+def _launches_text(meta: dict[str, Any], env: dict[str, Any] | None) -> str:
+    """'2 (resumed at step 150); last on vm: NVIDIA H200, ...' from meta.json and env.json."""
+    count = len(meta.get("launches") or [])
+    runs = (env or {}).get("launches") or []
+    resumed = [str(r.get("from_step")) for r in runs if r.get("from_step")]
+    text = f"{count}" + (f" (resumed at step {', '.join(resumed)})" if resumed else "")
+    if runs:
+        machine = runs[-1].get("machine") or {}
+        where = f"{machine.get('host', '?')}: {machine.get('device', '?')}"
+        text += f"; last on {where}, world size {machine.get('world_size', '?')}"
+    return text
 
 
 _MISSING = "<absent>"
@@ -232,7 +252,7 @@ def diff(
     from fwk.track.status import read_config
 
     run_a, run_b = find_run(_root(root), a), find_run(_root(root), b)
-    conf_a, conf_b = _flatten(read_config(run_a)), _flatten(read_config(run_b))
+    conf_a, conf_b = flatten(read_config(run_a)), flatten(read_config(run_b))
     config = [
         {"key": k, "a": conf_a.get(k, _MISSING), "b": conf_b.get(k, _MISSING)}
         for k in sorted(set(conf_a) | set(conf_b))
@@ -307,3 +327,48 @@ def rm(
         _echo_json({"removed": run.id, "path": str(run.path)})
     else:
         print(f"removed {what}", file=sys.stdout)
+
+
+def _plot_name(ids: list[str]) -> str:
+    """<id1>+<id2>+<id3>.png; more runs: the first id, the count and a hash of them all."""
+    if len(ids) <= 3:
+        return "+".join(ids) + ".png"
+    import hashlib
+
+    digest = hashlib.sha1(",".join(sorted(ids)).encode()).hexdigest()[:8]
+    return f"{ids[0]}+{len(ids) - 1}-more-{digest}.png"
+
+
+@runs.command()
+def plot(
+    run_ids: list[str] = typer.Argument(..., metavar="ID", help="Run ids or unique prefixes, overlaid."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Where to write the PNG (default: <runs root>/plots/<id>+<id>.png).", show_default=False
+    ),
+    root: Path | None = _ROOT,
+    as_json: bool = typer.Option(False, "--json", help="Print the path, runs and metrics as JSON instead of the path."),
+) -> None:
+    """Plot train loss and each eval metric over steps for one or more runs, into a PNG; print its path."""
+    from fwk.track.lookup import find_run
+    from fwk.track.plot import draw, load, metric_names, no_data, with_data
+
+    if out is not None and out.suffix.lower() != ".png":
+        raise UserError(f"--out {out} is not a .png path: the plot is a PNG; give a name ending in .png")
+    named = [find_run(_root(root), i) for i in run_ids]
+    found = list({run.id: run for run in named}.values())  # a run named twice (two prefixes): plotted once
+    curves = with_data(load(found))
+    empty = [r for r in found if r.id not in {c.run.id for c in curves}]
+    if empty:  # a run just started, beside others: plot those
+        print(f"fwk: warning: {no_data(empty)}; plotting the other {len(curves)}", file=sys.stderr)
+    path = draw(curves, out or _root(root) / "plots" / _plot_name([c.run.id for c in curves])).resolve()
+    if as_json:
+        _echo_json(
+            {
+                "path": str(path),
+                "runs": [c.run.id for c in curves],
+                "metrics": metric_names(curves),
+                "skipped": [r.id for r in empty],
+            }
+        )
+    else:
+        print(path, file=sys.stdout)

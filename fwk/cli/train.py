@@ -50,6 +50,9 @@ def train(
 
     done = RunDir(p.run_dir).read_summary()
     if done is not None:
+        from fwk.track.index import record_quietly
+
+        record_quietly(RunDir(p.run_dir))  # an index rebuilt or copied without it learns of it here
         typer.echo(already_complete(done, p.run_dir))
         return
     # Only now import torch: the checks of the model and the device take seconds to import,

@@ -40,6 +40,11 @@ class TrainConfig:
     grad_clip: float = doc(0.0, "clip the global gradient norm to this value; 0 = off")
     accum_steps: int = doc(1, "loader batches whose gradients are summed into one optimizer step (1 = none)")
     device: str = doc("auto", "'auto' (cuda if available, else cpu), 'cpu' or 'cuda'")
+    deterministic: bool = doc(
+        False,
+        "deterministic kernels (torch.use_deterministic_algorithms, cuDNN/cuBLAS settings) and no decisions "
+        "from measured step times (jit=auto stays eager), so `fwk replay` can match a GPU run exactly",
+    )
 
 
 @dataclass

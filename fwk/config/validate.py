@@ -181,6 +181,12 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     )
     yield 0 < p.auto_memory_share <= 1, "parallel.auto_memory_share", p.auto_memory_share, "a number in (0, 1]"
     a = p.adapt
+    yield (
+        not (a.enabled and t.deterministic),
+        "parallel.adapt.enabled",
+        a.enabled,
+        "false with train.deterministic=true (adapting changes the step from measured times)",
+    )
     yield 0 < a.threshold < 1, "parallel.adapt.threshold", a.threshold, "a number in (0, 1)"
     yield a.windows >= 1, "parallel.adapt.windows", a.windows, "an integer >= 1"
     yield (

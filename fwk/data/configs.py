@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from fwk.data import sources
 from fwk.data.registry import DATA
+from fwk.data.sources import Fingerprint
 from fwk.errors import UserError
 from fwk.registry import doc
 
@@ -20,6 +23,9 @@ class DigitsConfig:
     split_seed: int = doc(0, "seed of the train/val split; independent of the run's seed so the val set is fixed")
     normalize: bool = doc(True, "subtract the train pixels' mean and divide by their std (one scalar each)")
     image_size: int = doc(8, "side of the images in px: 8 (the originals) or larger, upscaled bilinearly (e.g. 32)")
+
+    def fingerprint(self) -> Fingerprint:
+        return sources.of_content(sources.digits_file())
 
 
 @DATA.register_config
@@ -35,6 +41,12 @@ class ImageFolderConfig:
     def check(self) -> None:
         """Cheap checks the launcher runs before starting workers (no scan of the files)."""
         check_layout(self.root)
+
+    def fingerprint(self) -> Fingerprint:
+        """The image files of train/ and val/: names, sizes, mtimes (one directory walk)."""
+        root = Path(check_layout(self.root))
+        files = [f for split in ("train", "val") for f in sources.walk(root / split, sources.IMAGE_EXTENSIONS)]
+        return sources.of_files(root, files)
 
 
 @DATA.register_config
@@ -55,6 +67,10 @@ class StdlibTextConfig:
     val_every: int = doc(20, "every val_every-th file of the sorted file list goes to val (>= 2)")
     max_bytes: int = doc(0, "cap on train bytes, taken from the start of the sorted concatenation (0 = no cap)")
     val_max_bytes: int = doc(262144, "cap on val bytes so evaluation stays quick (0 = no cap)")
+
+    def fingerprint(self) -> Fingerprint:
+        root = sources.stdlib_root()
+        return sources.of_files(root, sources.source_files(root))
 
 
 def layout_hint(root: str) -> str:

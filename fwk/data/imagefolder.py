@@ -17,11 +17,11 @@ from torch.utils.data import Dataset
 from fwk.data.base import DataBundle, item_seed
 from fwk.data.configs import ImageFolderConfig, check_layout, layout_hint
 from fwk.data.registry import register_data
+from fwk.data.sources import IMAGE_EXTENSIONS as EXTENSIONS
 from fwk.errors import UserError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-EXTENSIONS = (".jpeg", ".jpg")  # compared lower-cased: ImageNet ships ".JPEG"
 
 
 class JpegFolder(Dataset):

@@ -9,8 +9,6 @@ bytes, so compare losses only between runs on the same Python.
 
 from __future__ import annotations
 
-import os
-import sysconfig
 from pathlib import Path
 
 import torch
@@ -19,26 +17,10 @@ from torch.utils.data import Dataset
 from fwk.data.base import DataBundle
 from fwk.data.configs import StdlibTextConfig
 from fwk.data.registry import register_data
+from fwk.data.sources import EXCLUDED_DIRS, source_files, stdlib_root  # noqa: F401  (tests patch them here)
 from fwk.errors import UserError
 
-# Directories skipped anywhere below the stdlib root: third-party code, the test suites
-# (huge and repetitive), IDLE and lib2to3 (unusual style, fixtures), and bytecode caches.
-EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
 FILE_SEPARATOR = b"\n"
-
-
-def stdlib_root() -> Path:
-    """Directory of the running Python's standard library."""
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def source_files(root: Path) -> list[Path]:
-    """All ``*.py`` files under ``root`` outside EXCLUDED_DIRS, sorted by relative posix path."""
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]  # prune: never walk into them
-        found.extend(Path(dirpath, f) for f in filenames if f.endswith(".py"))
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
 def split_files(files: list[Path], val_every: int) -> tuple[list[Path], list[Path]]:

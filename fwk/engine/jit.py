@@ -66,10 +66,16 @@ class _Dispatch(nn.Module):
 
 
 class Jit:
-    def __init__(self, cfg: JitConfig, d: Dist, max_steps: int, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, cfg: JitConfig, d: Dist, max_steps: int, say: Callable[[str], None], deterministic: bool = False
+    ) -> None:
+        """``deterministic`` (train.deterministic): auto decides from step times, so it stays eager."""
         self.cfg, self.d, self.max_steps, self.say = cfg, d, max_steps, say
         self.compiled: Callable[..., Any] | None = None
         self.state = "off" if cfg.name == "off" else "eager"  # eager -> trial -> compiled, or off
+        if cfg.name == "auto" and deterministic:
+            self.state = "off"
+            say("jit=auto stays eager: train.deterministic=true (compiling is decided from measured step times)")
         self.step_sigs: list[Signature] = []  # signatures of this step's calls
         self.last: tuple | None = None
         self.run = 0  # consecutive steps with the same signatures

@@ -30,6 +30,7 @@ import yaml
 from fwk.config.schema import TrackingConfig
 from fwk.errors import UserError
 from fwk.track.run_id import identity
+from fwk.track.status import flatten
 from fwk.track.store import RunDir, write_atomic
 
 # mlflow retries a failed request 7 times with exponential backoff (minutes on a dead
@@ -49,16 +50,12 @@ def scalars(row: dict[str, Any], kind: str) -> dict[str, float]:
     }
 
 
-def params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def params(config: dict[str, Any]) -> dict[str, str]:
     """A config as MLflow params: ``{"optim.lr": "0.003", ...}``, values cut to MLflow's limit."""
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            out.update(params(value, f"{prefix}{key}."))
-        else:
-            text = value if isinstance(value, str) else json.dumps(value)
-            out[f"{prefix}{key}"] = text[:_PARAM_CHARS]
-    return out
+    return {
+        key: (value if isinstance(value, str) else json.dumps(value))[:_PARAM_CHARS]
+        for key, value in flatten(config).items()
+    }
 
 
 class TensorBoard:

@@ -33,6 +33,7 @@ from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory
 from fwk.engine.metrics import Reporter, Window
 from fwk.engine.precision import Precision
+from fwk.engine.reproduce import make_deterministic, record_launch
 from fwk.engine.step import TrainStep, label
 from fwk.engine.tracking import Tracking
 from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
@@ -123,6 +124,7 @@ def train(
     sinks; its caller closes it); fwk export's retrains and fwk profile's runs pass none.
     """
     started = time.perf_counter()
+    make_deterministic(cfg.train.deterministic)
     d = parallel.init(cfg.parallel, cfg.train.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
@@ -130,7 +132,7 @@ def train(
     reporter = Reporter(run.metrics, d, cfg.train.max_steps, tracking)
     precision = Precision(cfg.precision, d, cfg.train.max_steps, reporter.message)
     memory = Memory(cfg.memory, d, per_rank, reporter.message)
-    jit = Jit(cfg.jit, d, cfg.train.max_steps, reporter.message)
+    jit = Jit(cfg.jit, d, cfg.train.max_steps, reporter.message, cfg.train.deterministic)
     kernels = Kernels(cfg.kernels, d.device, reporter.message)
     raw = start(build_model(cfg.model, data)).to(d.device)
     raw = memory.apply(precision.prepare(kernels.apply(raw)))
@@ -168,6 +170,7 @@ def train(
     def save() -> None:
         ckpt.save(step, resumable.state_dict(step))
 
+    record_launch(run, d, data, cfg.seed, step)
     reporter.start(step)
     if found is not None:
         reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")

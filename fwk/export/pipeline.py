@@ -30,7 +30,7 @@ from fwk.config.schema import ExportConfig
 from fwk.errors import UserError
 from fwk.export import report as rep
 from fwk.export.settings import Plan
-from fwk.track.store import RunDir
+from fwk.track.store import RunDir, versions
 
 PRUNED_WEIGHTS = "pruned.pt"  # the pruned torch model's weights: replay pruning_history.json, then load
 
@@ -293,7 +293,7 @@ def _build(
         "stages": stages,
         "qat": qat_report,
         "final": final_path.name,
-        "versions": _versions(),
+        "versions": versions(("torch", "torch-pruning", "onnx", "onnxscript", "onnxruntime")),
     }
     report["verdict"] = rep.verdict(report)
     report["recommendation"] = rep.recommendation(report)
@@ -304,18 +304,6 @@ def _build(
 def _measured(q: Any) -> dict[str, float]:
     """A verify.Quality as the fields of a report stage that rep.drop reads."""
     return {"val_loss": q.loss, "val_acc": q.metric}
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("torch", "torch-pruning", "onnx", "onnxscript", "onnxruntime"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 def write_output(src: Path, output: Path, overwrite: bool) -> None:

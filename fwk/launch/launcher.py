@@ -28,18 +28,33 @@ class Plan:
     world_size: int
     nproc_per_node: int
     argv: list[str] | None  # torchrun's command line, or None for one in-process worker
+    data: dict[str, str]  # the data's fingerprint (sources.Fingerprint), or why there is none
 
     def describe(self) -> str:
         how = shlex.join(self.argv) if self.argv else "in this process (1 worker)"
-        return f"run {self.run_id} -> {self.run_dir}\ncode {self.code}, world size {self.world_size}\nlaunch: {how}"
+        return (
+            f"run {self.run_id} -> {self.run_dir}\ncode {self.code}, world size {self.world_size}\n"
+            f"data {self.data['digest'] or '-'}: {self.data['what']}\nlaunch: {how}"
+        )
 
 
-def plan(cfg: Config, config_dict: dict[str, Any]) -> Plan:
+def data_fingerprint(data: Any) -> dict[str, str]:
+    """What the run's data is, as a digest that enters the run id (see fwk/data/sources.py)."""
+    if hasattr(data, "fingerprint"):
+        return data.fingerprint().to_dict()
+    if getattr(data, "name", None) == "synthetic":
+        return {"digest": "", "what": "generated from the data config"}
+    return {"digest": "", "what": f"not fingerprinted: fwk cannot see what data '{data.name}' reads"}
+
+
+def plan(cfg: Config, config_dict: dict[str, Any], salt: str = "") -> Plan:
+    """``salt`` makes a run with the same config another run (a replay)."""
     code = code_version()
-    rid = run_id(config_dict, code)
+    data = data_fingerprint(cfg.data)
+    rid = run_id(config_dict, code, data["digest"], salt)
     run_dir = Path(cfg.paths.runs).expanduser().resolve() / rid
     argv = torchrun_argv(cfg.parallel, run_dir, rid) if cfg.world_size > 1 else None
-    return Plan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv)
+    return Plan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv, data)
 
 
 def launch(
@@ -51,7 +66,8 @@ def launch(
 ) -> tuple[int, RunDir]:
     """Run the plan; returns (exit status, run dir). torchrun's status is passed through.
     ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``)."""
-    run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, lineage, overrides)
+    first = {**(lineage or {}), "data": p.data}
+    run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
     # Each node's launcher opens the same shared run dir in a multi-node run: lock one-node runs only.
     with RunLock(run) if nnodes == 1 else nullcontext():
         index.record_quietly(run, "running")

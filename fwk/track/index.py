@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS runs (
     metrics TEXT NOT NULL DEFAULT '{}',  -- JSON: summary eval metrics + last train loss
     created REAL,                        -- unix time of the first launch
     updated REAL,                        -- unix time of the last write
-    parent TEXT,                         -- the run this one derives from (none yet: resumes are the same run)
+    parent TEXT,                         -- the run this one derives from (a replay; resumes are the same run)
     sweep TEXT,                          -- the sweep that launched it
     tags TEXT NOT NULL DEFAULT '[]'      -- JSON list of config.yaml's top-level tags
 );

@@ -54,9 +54,12 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
     return hashed
 
 
-def run_id(config: dict[str, Any], code: str) -> str:
-    """A 10-hex-digit hash of the resolved config (minus storage paths, tags and the
-    rendezvous location), code version and seed."""
+def run_id(config: dict[str, Any], code: str, data: str = "", salt: str = "") -> str:
+    """A 10-hex-digit hash of the resolved config (minus storage paths, tags, tracking and the
+    rendezvous location), code version, seed and the data's fingerprint; ``salt`` tells
+    apart runs of one config that are meant to be separate (a replay and its original)."""
     hashed = identity(config)
-    payload = json.dumps({"config": hashed, "code": code, "seed": config.get("seed")}, sort_keys=True)
+    fields: dict[str, Any] = {"config": hashed, "code": code, "seed": config.get("seed")}
+    fields.update({k: v for k, v in (("data", data), ("salt", salt)) if v})
+    payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]

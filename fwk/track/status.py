@@ -82,6 +82,16 @@ def read_config(run: RunDir) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(tree, dict) or (prefix and not tree):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
 def last_train(run: RunDir) -> tuple[int | None, float | None]:
     """(last logged step, last train loss) from the tail of metrics.jsonl, without reading it all."""
     try:

@@ -84,11 +84,16 @@ class RunDir:
             write_atomic(self.metrics, "".join(line + "\n" for line in kept))
 
 
-def _versions() -> dict[str, str]:
+# The packages whose version can change what a run computes or how it is launched.
+PACKAGES = ("fwk", "torch", "torchvision", "triton", "numpy", "scikit-learn", "hydra-core", "omegaconf")
+
+
+def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Python's and the installed ``packages``' versions (those installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for name in ("fwk", "torch", "torchvision", "hydra-core", "omegaconf", "numpy"):
+    for name in packages:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -130,14 +135,15 @@ def open_run(
     config_yaml: str,
     code: str,
     world_size: int,
-    lineage: dict[str, str] | None = None,
+    first: dict[str, Any] | None = None,
     overrides: list[str] | None = None,
 ) -> RunDir:
     """Create the run dir (or reopen it), and record this launch in meta.json.
 
-    ``lineage`` is where a new run comes from, kept from its first launch: ``parent`` (the
-    run it replays or derives from), ``sweep`` (the sweep that launched it), ``kind``
-    (``replay``, ``sweep``). ``overrides`` are the command-line overrides as typed.
+    ``first`` is recorded when the run dir is created and kept after: its lineage
+    (``parent``: the run it replays or derives from, ``sweep``: the sweep that launched it,
+    ``kind``: replay, sweep) and ``data``: its data's fingerprint. ``overrides`` are this
+    launch's command-line overrides as typed.
     """
     run = RunDir(root / run_id)
     try:
@@ -159,11 +165,11 @@ def open_run(
         else {
             "run_id": run_id,
             "code": code,
-            "versions": _versions(),
+            "versions": versions(),
             "world_size": world_size,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "launches": [],
-            **(lineage or {}),
+            **(first or {}),
         }
     )
     launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(), "argv": sys.argv}

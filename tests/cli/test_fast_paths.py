@@ -1,4 +1,4 @@
-"""`fwk train --cfg`, `--dry-run` and a run that is already complete answer without torch.
+"""`fwk train --cfg`, `--dry-run`, a run that is already complete and `fwk runs plot` answer without torch.
 
 Importing torch takes seconds on a small machine; these paths only compose, validate and
 read the run dir. Each command runs in a subprocess that reports the torch modules it
@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import run_fwk
+from tests.track.fake_runs import make_run
 
 # Runs the real CLI entry point, then prints which torch modules were imported.
 PROBE = """
@@ -88,3 +89,12 @@ def test_target_with_a_registered_model_says_what_to_write(runs: Path) -> None:
     assert out.returncode == 2
     assert "write model=custom model._target_=pkg.Class" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_runs_plot_imports_no_torch(runs: Path) -> None:
+    make_run(runs, "a1b2c3d4e5", losses=(2.3, 1.9, 1.2), evals={3: {"val_loss": 1.4, "val_acc": 0.6}})
+    out, loaded = probe("runs", "plot", "a1b", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()) == (runs / "plots" / "a1b2c3d4e5.png").resolve()
+    assert Path(out.stdout.strip()).stat().st_size > 10_000  # three panels, drawn
+    assert loaded == []

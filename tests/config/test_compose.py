@@ -130,6 +130,10 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["precision.backoff_factor=1.5"], "precision.backoff_factor=1.5 is not allowed: expected a number in (0, 1)"),
         (["train.accum_steps=0"], "train.accum_steps=0 is not allowed"),
         (["memory.budget_gb=-1"], "memory.budget_gb=-1.0 is not allowed"),
+        (
+            ["train.deterministic=true", "parallel.adapt.enabled=true"],
+            "parallel.adapt.enabled=True is not allowed: expected false with train.deterministic=true",
+        ),
     ],
 )
 def test_bad_overrides_are_one_line(overrides: list[str], expected: str) -> None:

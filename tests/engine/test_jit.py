@@ -86,6 +86,17 @@ def test_auto_stays_eager_when_compiling_cannot_pay_off() -> None:
     ]
 
 
+def test_auto_under_train_deterministic_never_compiles() -> None:
+    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=1, min_remaining_s=0.0)
+    jit = Jit(cfg, SOLO, 100, (said := []).append, deterministic=True)
+    model = jit.wrap(_gpt())
+    for step in range(3):
+        model(_tokens()[0])
+        jit.step_done(step, 0.01)
+    assert jit.state == "off" and jit.compiled is None
+    assert said == ["jit=auto stays eager: train.deterministic=true (compiling is decided from measured step times)"]
+
+
 def test_new_signatures_recompile_up_to_the_limit_then_run_eager() -> None:
     jit = Jit(JitConfig(name="compile", backend="aot_eager", max_recompiles=1), SOLO, 100, (said := []).append)
     model = jit.wrap(_gpt())

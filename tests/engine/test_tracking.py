@@ -144,7 +144,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
-            server.wait(timeout=5)
+            server.wait(timeout=3)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()

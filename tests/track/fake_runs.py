@@ -20,12 +20,16 @@ def make_run(
     steps: int = 10,
     losses: tuple[float, ...] = (2.3, 1.9),
     eval_metrics: dict[str, float] | None = None,
+    evals: dict[int, dict[str, float]] | None = None,
     tags: list[str] | None = None,
     created: float | None = None,
     outcome: str | None = None,
     checkpoint: bool = False,
 ) -> RunDir:
-    """A run dir; complete (with summary.json) when ``eval_metrics`` is given."""
+    """A run dir; complete (with summary.json) when ``eval_metrics`` is given.
+
+    ``losses`` are train rows at steps 1, 2, ...; ``evals`` are eval rows, {step: metrics}.
+    """
     run = RunDir(root / run_id)
     run.path.mkdir(parents=True)
     config: dict[str, Any] = {"recipe": recipe, "seed": 0, "optim": {"lr": lr}, "train": {"max_steps": steps}}
@@ -38,6 +42,8 @@ def make_run(
         launch["outcome"] = outcome
     run.meta.write_text(json.dumps({"run_id": run_id, "created": stamp, "launches": [launch]}))
     rows = [{"step": i + 1, "kind": "train", "loss": loss} for i, loss in enumerate(losses)]
+    rows += [{"step": step, "kind": "eval", **metrics} for step, metrics in (evals or {}).items()]
+    rows.sort(key=lambda r: r["step"])  # stable: a step's train row before its eval row, as the trainer logs
     run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     if checkpoint:
         (run.checkpoints / "step_2").mkdir(parents=True)

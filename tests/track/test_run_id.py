@@ -46,3 +46,11 @@ def test_tracking_does_not_change_the_id() -> None:
     # where results are sent (TensorBoard, an MLflow server) is not what a run computes
     mlflow = {**CFG, "tracking": {"name": "mlflow", "mlflow": True, "uri": "http://127.0.0.1:5000"}}
     assert run_id(mlflow, "git:abc") == run_id({**CFG, "tracking": {"name": "tensorboard"}}, "git:abc")
+
+
+def test_data_fingerprint_and_salt_change_the_id() -> None:
+    base = run_id(CFG, "git:abc")
+    assert run_id(CFG, "git:abc", data="") == base  # nothing to fingerprint: the id of before
+    assert run_id(CFG, "git:abc", data="09f66e6debdee2cd") != base
+    assert run_id(CFG, "git:abc", data="09f66e6debdee2cd") != run_id(CFG, "git:abc", data="09f66e6debdee2ce")
+    assert run_id(CFG, "git:abc", salt="replay of x") != base

@@ -1,0 +1,139 @@
+"""`fwk replay ID`: re-run a run from its recorded config into a new run dir linked to it,
+then compare the two runs' metrics step by step and say whether they match."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from fwk.errors import UserError
+
+
+def replay(
+    run_id: str = typer.Argument(..., metavar="ID", help="A run id or a unique prefix of one."),
+    force: bool = typer.Option(
+        False, "--force", help="Replay even if the code or the data changed since the run (prints the code diff)."
+    ),
+    tolerance: float = typer.Option(
+        1e-4,
+        "--tolerance",
+        help="Largest relative difference (|a - b| / max(1, |a|, |b|)) accepted when values are not identical.",
+    ),
+    root: Path | None = typer.Option(
+        None, "--root", help="The runs root (default: $FWK_RUNS, else ./runs).", show_default=False
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON to stdout."),
+) -> None:
+    """Re-execute a run from its recorded config (same code and data, else refused unless --force)
+    and compare its metrics with the original's, step by step.
+
+    Identical on CPU; on a GPU set train.deterministic=true in the original run for bit-exact
+    replays, else the largest difference is held against --tolerance. The replay is a new
+    run dir linked to the original (`fwk runs show` prints the lineage); replaying again
+    compares the existing replay.
+    """
+    from omegaconf import OmegaConf
+
+    from fwk.config.validate import to_typed
+    from fwk.launch.launcher import plan
+    from fwk.track import replay as rp
+    from fwk.track.lookup import find_run, runs_root
+    from fwk.track.run_id import code_version
+    from fwk.track.status import read_config, read_json
+    from fwk.track.store import RunDir
+
+    if tolerance < 0:
+        raise UserError(f"--tolerance {tolerance:g} must be >= 0")
+    original = find_run(root or runs_root(), run_id)
+    config_dict = read_config(original)
+    if not config_dict:
+        raise UserError(f"{original.config} is missing or not valid YAML; run {original.id} cannot be replayed")
+    if not original.metrics.is_file():
+        raise UserError(f"run {original.id} logged no metrics ({original.metrics} is missing): nothing to compare")
+    config_dict.setdefault("paths", {})["runs"] = str(original.path.parent)  # the replay lands beside it
+    try:
+        config = to_typed(config_dict)
+    except UserError as exc:
+        raise UserError(f"run {original.id}'s recorded config does not validate on this code: {exc}") from None
+    if config.parallel.nnodes > 1:
+        raise UserError(
+            f"run {original.id} ran on {config.parallel.nnodes} nodes; replay it with the same multi-node launch "
+            "(fwk train with its config on every node)"
+        )
+    # the config as `fwk train` writes it: keys added to the schema since the run take their defaults
+    config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    meta = read_json(original.meta) or {}
+    notes = rp.check_code(str(meta.get("code", "unknown")), code_version(), force)
+    p = plan(config, config_dict, salt=rp.salt(original))
+    notes += rp.check_data(meta.get("data"), p.data, force)
+    for line in notes:
+        print(line, file=sys.stderr)
+    status = _run(original, p, config, config_dict, RunDir(p.run_dir))
+    _verdict(original, RunDir(p.run_dir), tolerance, status, as_json)
+
+
+def _run(original, p, config, config_dict, run) -> int:
+    """Train the replay unless it already finished; returns the launch's exit status."""
+    if run.summary.is_file():
+        print(f"replay {run.id} of run {original.id} is already complete; comparing it", file=sys.stderr)
+        return 0
+    from omegaconf import OmegaConf
+
+    from fwk.engine import tracking
+    from fwk.engine.build import preflight  # torch: only when there is training to do
+    from fwk.launch.launcher import launch
+
+    print(f"replaying run {original.id} as run {run.id} ({run.path})", file=sys.stderr)
+    preflight(config)
+    tracking.check(config.tracking)  # the recorded MLflow server, if any, answers
+    yaml_text = OmegaConf.to_yaml(config_dict)
+    status, _ = launch(p, yaml_text, config.parallel.nnodes, lineage={"parent": original.id, "kind": "replay"})
+    return status
+
+
+def _verdict(original, run, tolerance: float, status: int, as_json: bool) -> None:
+    from fwk.track.replay import compare
+
+    c = compare(original, run)
+    largest = c.largest
+    if status != 0:
+        verdict, code = f"the replay failed (exit {status}) after {c.rows} comparable rows", status
+    elif c.only_a:
+        verdict, code = f"differs: the replay lacks {len(c.only_a)} rows the original logged", 1
+    elif c.identical:
+        verdict, code = f"identical: {c.values} values in {c.rows} rows are equal", 0
+    else:
+        assert largest is not None
+        ok = c.within(tolerance)
+        verdict = (
+            f"{'within tolerance' if ok else 'differs'}: {c.differing} of {c.values} values differ, "
+            f"{'at most' if ok else 'up to'} {largest.relative:.2e} relative (tolerance {tolerance:g})"
+        )
+        code = 0 if ok else 1
+    if as_json:
+        data = {
+            "original": original.id,
+            "replay": run.id,
+            "verdict": verdict.split(":")[0],
+            "rows": c.rows,
+            "values": c.values,
+            "differing": c.differing,
+            "largest": None if largest is None else {**largest.__dict__, "relative": largest.relative},
+            "tolerance": tolerance,
+            "replay_only_rows": len(c.only_b),
+        }
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        if largest is not None:
+            typer.echo(
+                f"largest difference: {largest.key} at {largest.kind} step {largest.step}: "
+                f"{largest.a!r} vs {largest.b!r}"
+            )
+        if c.only_b:
+            typer.echo(f"the replay logged {len(c.only_b)} rows past where run {original.id} stopped (not compared)")
+        typer.echo(f"replay {run.id} of run {original.id}: {verdict}")
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,79 @@
+"""`fwk replay` end to end: a digits run replays identically; lineage; what it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli.test_fast_paths import probe
+from tests.conftest import run_fwk
+
+TINY = ["train.max_steps=6", "train.log_every=2", "train.eval_every=3", "jit=off", "train.deterministic=true"]
+
+
+def _dirs(runs: Path) -> list[str]:
+    return sorted(p.name for p in runs.glob("*/") if (p / "config.yaml").is_file())
+
+
+def _edit_json(path: Path, **changes: object) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_replay_of_a_digits_run_is_identical_and_linked(runs: Path) -> None:
+    out = run_fwk("train", *TINY, runs=runs)
+    assert out.returncode == 0, out.stderr
+    [orig] = _dirs(runs)
+    env = json.loads((runs / orig / "env.json").read_text())["launches"][0]
+    assert env["machine"]["deterministic_algorithms"] is True and env["machine"]["cpu_count"] >= 1
+    assert env["data"]["train"] == "TensorDataset, 1,497 items" and env["versions"]["torch"]
+    meta = json.loads((runs / orig / "meta.json").read_text())
+    assert meta["launches"][0]["overrides"] == TINY and len(meta["data"]["digest"]) == 16
+
+    out = run_fwk("replay", orig[:6], runs=runs)
+    assert out.returncode == 0, out.stderr
+    [replay] = [d for d in _dirs(runs) if d != orig]
+    assert f"replay {replay} of run {orig}: identical: 10 values in 5 rows are equal" in out.stdout
+    replay_meta = json.loads((runs / replay / "meta.json").read_text())
+    assert (replay_meta["parent"], replay_meta["kind"]) == (orig, "replay")
+    rows = {r["id"]: r for r in json.loads(run_fwk("runs", "--json", runs=runs).stdout)}
+    assert rows[replay]["parent"] == orig and rows[orig]["parent"] is None
+    shown = run_fwk("runs", "show", replay, runs=runs).stdout
+    assert f"{orig} -> {replay} (replay)" in shown
+    assert f"{replay} (replay, complete)" in run_fwk("runs", "show", orig, runs=runs).stdout
+
+    # again: the replay is found (content-addressed) and compared, nothing trains, no torch
+    out, loaded = probe("replay", orig, "--json", runs=runs)
+    assert out.returncode == 0 and "already complete" in out.stderr and loaded == []
+    verdict = json.loads(out.stdout)
+    assert (verdict["verdict"], verdict["rows"], verdict["differing"]) == ("identical", 5, 0)
+    assert _dirs(runs) == sorted([orig, replay])
+
+    # a difference within the tolerance, then beyond it
+    metrics = runs / orig / "metrics.jsonl"
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    loss = lines[0]["loss"]
+    lines[0]["loss"] = loss * (1 + 1e-6)
+    metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = run_fwk("replay", orig, runs=runs)
+    assert out.returncode == 0 and "within tolerance: 1 of 10 values differ" in out.stdout, out.stdout
+    out = run_fwk("replay", orig, "--tolerance", "1e-7", runs=runs)
+    assert out.returncode == 1 and "differs: 1 of 10 values differ" in out.stdout
+    assert f"largest difference: loss at train step 2: {lines[0]['loss']!r} vs {loss!r}" in out.stdout
+
+
+def test_replay_refuses_other_code_or_data_in_one_line(runs: Path) -> None:
+    out = run_fwk("train", *TINY[:1], "train.eval_every=0", "jit=off", runs=runs)
+    assert out.returncode == 0, out.stderr
+    [orig] = _dirs(runs)
+    meta = runs / orig / "meta.json"
+    real = json.loads(meta.read_text())
+    _edit_json(meta, code="git:0123456789ab")
+    out = run_fwk("replay", orig, runs=runs)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "trained on code git:0123456789ab" in out.stderr and "--force" in out.stderr
+    _edit_json(meta, code=real["code"], data={"digest": "0000000000000000", "what": "older digits"})
+    out = run_fwk("replay", orig, runs=runs)
+    assert out.returncode == 2 and "data changed since it was trained: recorded 0000000000000000" in out.stderr
+    assert _dirs(runs) == [orig]  # nothing was created
+    out = run_fwk("replay", "zzz", runs=runs)
+    assert out.returncode == 2 and f"closest ids: {orig}" in out.stderr
