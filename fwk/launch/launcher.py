@@ -34,6 +34,35 @@ class Plan:
         return f"run {self.run_id} -> {self.run_dir}\ncode {self.code}, world size {self.world_size}\nlaunch: {how}"
 
 
+@dataclass
+class Resolved:
+    """One run's config, composed and validated: typed, as a plain dict (hashed), as YAML (written)."""
+
+    config: Config
+    as_dict: dict[str, Any]
+    as_yaml: str
+
+
+def resolve(overrides: list[str]) -> Resolved:
+    """Compose and validate the config of ``overrides`` (a user's mistake: UserError, one line)."""
+    from omegaconf import OmegaConf
+
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+
+    config = to_typed(compose(overrides))
+    as_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    assert isinstance(as_dict, dict)
+    return Resolved(config, as_dict, OmegaConf.to_yaml(as_dict))
+
+
+def check(config: Config) -> None:
+    """Cheap pre-flight checks (paths exist), before any run dir exists."""
+    for section in (config.model, config.data, config.optim):
+        if hasattr(section, "check"):
+            section.check()
+
+
 def plan(cfg: Config, config_dict: dict[str, Any]) -> Plan:
     code = code_version()
     rid = run_id(config_dict, code)
