@@ -60,7 +60,9 @@ def list_runs(
         None, "--status", help="Only runs in this state: running, complete, failed, interrupted."
     ),
     tag: list[str] = typer.Option([], "--tag", help="Only runs with this tag (repeat: all of them)."),
-    sweep: str | None = typer.Option(None, "--sweep", help="Only runs of this sweep id."),
+    sweep: str | None = typer.Option(
+        None, "--sweep", help="The runs of this sweep id (or prefix) side by side, the best marked."
+    ),
     root: Path | None = _ROOT,
     as_json: bool = _JSON,
 ) -> None:
@@ -72,6 +74,14 @@ def list_runs(
 
     if status is not None and status not in STATUSES:
         raise UserError(f"--status {status} is not a run state: expected one of {', '.join(STATUSES)}")
+    if sweep is not None:
+        from fwk.track.sweeps import find_sweep
+
+        record = find_sweep(_root(root), sweep)
+        if record is not None:  # else: a sweep known only from meta.json (its record was deleted)
+            rows = query(_root(root), recipe=recipe, status=status, tags=tag)
+            _show_sweep(record, rows, as_json, pending=not (recipe or status or tag))
+            return
     rows = query(_root(root), recipe=recipe, status=status, tags=tag, sweep=sweep)
     if as_json:
         _echo_json(rows)
@@ -107,6 +117,56 @@ def list_runs(
             _when(r["updated"]),
         )
     _console().print(table)
+
+
+def print_sweep(root: Path, sid: str) -> None:
+    """The table of `fwk runs --sweep ID` (what `fwk train -m` prints at its end)."""
+    from fwk.track.index import query
+    from fwk.track.sweeps import find_sweep
+
+    record = find_sweep(root, sid)
+    if record is not None:
+        _show_sweep(record, query(root), as_json=False, pending=True)
+
+
+def _show_sweep(record: dict[str, Any], rows: list[dict[str, Any]], as_json: bool, pending: bool) -> None:
+    """One row per run in the order of the combinations: a column per swept key, the metrics, ★ the best."""
+    from fwk.track.sweeps import sweep_rows
+
+    members, metric = sweep_rows(record, rows, pending)
+    if as_json:
+        _echo_json(members)
+        return
+    from rich.table import Table
+
+    keys = list(record.get("swept") or [])
+    names = list(dict.fromkeys(name for r in members for name in r["metrics"]))
+    if metric is not None:
+        names.sort(key=lambda n: n != metric[0])  # the ranking metric first
+    best = f"★ best by {_metric_name(metric[0])} ({metric[1]})" if metric else "no complete run yet"
+    console = _console()
+    console.print(f"sweep {record['sweep_id']}: {len(members)} runs over {', '.join(keys) or 'no key'}; {best}")
+    table = Table(box=None, pad_edge=False)
+    for name in ("", "#", "id", *keys, "status", "step"):
+        table.add_column(name, justify="right" if name in ("#", "step") else "left", no_wrap=True)
+    for name in names:
+        table.add_column(_metric_name(name), justify="right", no_wrap=True)
+    order = {m["run_id"]: str(i) for i, m in enumerate(record["members"], 1)}
+    for r in members:
+        table.add_row(
+            "★" if r["best"] else "",
+            order.get(r["id"], "-"),
+            r["id"],
+            *(str(r["swept"].get(k, "-")) for k in keys),
+            r["status"],
+            "-" if r["step"] is None else str(r["step"]),
+            *("-" if r["metrics"].get(n) is None else _num(r["metrics"][n]) for n in names),
+        )
+    console.print(table)
+
+
+def _metric_name(name: str) -> str:
+    return "train loss" if name == "loss" else name  # the index's "loss" is the last train loss
 
 
 def _files(run_path: Path) -> list[dict[str, Any]]:

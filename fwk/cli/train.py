@@ -1,4 +1,4 @@
-"""`fwk train`: compose the config, resolve the run, launch the workers."""
+"""`fwk train`: compose the config, resolve the run, launch the workers (`-m`: one run per combination)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,19 @@ import typer
 def train(
     overrides: list[str] | None = typer.Argument(
         None,
-        help="Hydra overrides: recipe=NAME, group=option, a.b=value, +new=x, ~key.",
+        help="Hydra overrides: recipe=NAME, group=option, a.b=value, +new=x, ~key. With -m: a=1,2 range(..) glob(..).",
         show_default=False,
     ),
     cfg: bool = typer.Option(False, "--cfg", help="Print the resolved config and exit."),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the run id and what would be launched, then exit (no model checks)."
+    ),
+    multirun: bool = typer.Option(
+        False,
+        "--multirun",
+        "-m",
+        help="Sweep: one run per combination of the swept values (optim.lr=0.1,0.01 precision=fp32,bf16), "
+        "one after another, grouped under a sweep id (fwk runs --sweep ID).",
     ),
 ) -> None:
     """Train a model. Runs the default recipe (digits_cnn) when given no overrides.
@@ -23,25 +30,17 @@ def train(
     The same command on the same code is the same run: it resumes from its latest
     checkpoint, or shows the summary of a run that already finished.
     """
-    from omegaconf import OmegaConf
-
-    from fwk.config.compose import compose
-    from fwk.config.validate import to_typed
-
-    raw = compose(list(overrides or []))
-    config = to_typed(raw)
-    config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
-    config_yaml = OmegaConf.to_yaml(config_dict)
-    if cfg:
-        typer.echo(config_yaml, nl=False)
+    if multirun:
+        _sweep(list(overrides or []), cfg, dry_run)
         return
+    from fwk.launch.launcher import check, launch, plan, resolve
 
-    from fwk.launch.launcher import launch, plan
-
-    for section in (config.model, config.data, config.optim):
-        if hasattr(section, "check"):  # cheap pre-flight checks (paths) before any run dir exists
-            section.check()
-    p = plan(config, config_dict)
+    r = resolve(list(overrides or []))
+    if cfg:
+        typer.echo(r.as_yaml, nl=False)
+        return
+    check(r.config)
+    p = plan(r.config, r.as_dict)
     if dry_run:
         typer.echo(p.describe())
         return
@@ -60,10 +59,31 @@ def train(
     from fwk.engine import tracking
     from fwk.engine.build import preflight
 
-    preflight(config)
-    tracking.check(config.tracking)  # a tracking server that does not answer: before any run dir
-    status, run = launch(p, config_yaml, config.parallel.nnodes, overrides=list(overrides or []))
+    preflight(r.config)
+    tracking.check(r.config.tracking)  # a tracking server that does not answer: before any run dir
+    status, run = launch(p, r.as_yaml, r.config.parallel.nnodes, overrides=list(overrides or []))
     summary = run.read_summary()
     if status == 0 and summary is not None:
         typer.echo(finished(summary, run.path))
     sys.exit(status)
+
+
+def _sweep(overrides: list[str], cfg: bool, dry_run: bool) -> None:
+    """`fwk train -m`: every combination is composed and checked before the first one runs."""
+    from fwk.launch.sweep import prepare, run_sweep
+
+    sweep = prepare(overrides, checks=not cfg)
+    if cfg:
+        typer.echo(sweep.configs(), nl=False)
+        return
+    if dry_run:
+        typer.echo(sweep.describe())
+        return
+    outcome = run_sweep(sweep)
+    from fwk.cli.runs import print_sweep
+
+    print_sweep(sweep.root, sweep.id)
+    last = outcome.last_line(sweep)
+    if last is not None:
+        print(last, file=sys.stderr)
+    sys.exit(outcome.status)

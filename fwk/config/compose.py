@@ -114,6 +114,19 @@ def _check_grammar(overrides: list[str]) -> None:
             ) from None
 
 
+def _reject_sweeps(overrides: list[str]) -> None:
+    """A sweep (``a=1,2``, ``range(...)``) composes one config per value: only ``fwk train -m`` does that."""
+    from fwk.config.sweep import sweeps
+
+    found = sweeps(overrides)
+    if found:
+        key, _, values = found[0].partition("=")
+        as_list = "" if "(" in values else f", or write {key}=[{values}] for a list"  # a,b, not range(...)
+        raise UserError(
+            f"'{found[0]}' sweeps over several values; add -m to train one run per value (fwk train -m ...){as_list}"
+        )
+
+
 def compose(overrides: list[str]) -> dict[str, Any]:
     """Compose and resolve the config; a user's mistake raises UserError with one line."""
     from hydra import compose as hydra_compose
@@ -138,6 +151,7 @@ def compose(overrides: list[str]) -> dict[str, Any]:
             store.store(group=f"schema/{group}", name=name, node=registry.config(name))
     root = resources_root()
     _check_grammar(overrides)  # before _forgive: an error names the override as the user wrote it
+    _reject_sweeps(overrides)
     hydra_overrides = [_to_hydra(o) for o in _forgive(overrides, root)]
     try:
         with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3", job_name="fwk"):

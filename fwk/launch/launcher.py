@@ -47,6 +47,35 @@ def data_fingerprint(data: Any) -> dict[str, str]:
     return {"digest": "", "what": f"not fingerprinted: fwk cannot see what data '{data.name}' reads"}
 
 
+@dataclass
+class Resolved:
+    """One run's config, composed and validated: typed, as a plain dict (hashed), as YAML (written)."""
+
+    config: Config
+    as_dict: dict[str, Any]
+    as_yaml: str
+
+
+def resolve(overrides: list[str]) -> Resolved:
+    """Compose and validate the config of ``overrides`` (a user's mistake: UserError, one line)."""
+    from omegaconf import OmegaConf
+
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+
+    config = to_typed(compose(overrides))
+    as_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    assert isinstance(as_dict, dict)
+    return Resolved(config, as_dict, OmegaConf.to_yaml(as_dict))
+
+
+def check(config: Config) -> None:
+    """Cheap pre-flight checks (paths exist), before any run dir exists."""
+    for section in (config.model, config.data, config.optim):
+        if hasattr(section, "check"):
+            section.check()
+
+
 def plan(cfg: Config, config_dict: dict[str, Any], salt: str = "") -> Plan:
     """``salt`` makes a run with the same config another run (a replay)."""
     code = code_version()

@@ -36,7 +36,7 @@ def ancestors(run: RunDir) -> list[dict[str, Any]]:
 def children(root: Path, rows: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
     """Runs whose parent is ``run_id`` (from index rows), with their kind, oldest first."""
     out = []
-    for row in sorted(rows, key=lambda r: r.get("created") or 0):
+    for row in sorted(rows, key=lambda r: (r.get("created") or 0, r["id"])):
         if row.get("parent") == run_id:
             out.append({"id": row["id"], "kind": origin(RunDir(Path(root) / row["id"]))[1], "status": row["status"]})
     return out

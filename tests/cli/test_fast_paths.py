@@ -65,6 +65,29 @@ def test_cfg_and_dry_run_import_no_torch(runs: Path) -> None:
     assert not runs.exists()  # a dry run creates nothing
 
 
+def test_sweep_cfg_and_dry_run_import_no_torch(runs: Path) -> None:
+    """-m: each combination printed (bf16 is composed and planned here, never trained)."""
+    sweep = ["optim.lr=0.1,0.01", "precision=fp32,bf16", "parallel.nproc_per_node=2"]
+    out, loaded = probe("train", "-m", "--cfg", *sweep, runs=runs)
+    assert out.returncode == 0, out.stderr
+    docs = list(yaml.safe_load_all(out.stdout))
+    assert [(d["optim"]["lr"], d["precision"]["name"]) for d in docs] == [
+        (0.1, "fp32"),
+        (0.1, "bf16"),
+        (0.01, "fp32"),
+        (0.01, "bf16"),
+    ]
+    assert loaded == []
+    out, loaded = probe("train", "-m", "--dry-run", *sweep, runs=runs)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("sweep ") and lines[0].endswith(": 4 runs over optim.lr, precision")
+    assert "run 4/4: optim.lr=0.01 precision=bf16 -> run " in lines[-4]
+    assert out.stdout.count("torch.distributed.run --nproc-per-node=2 --standalone") == 4
+    assert loaded == []
+    assert not runs.exists()  # a dry run creates nothing, not even the sweep's record
+
+
 def test_already_complete_imports_no_torch_and_tags_keep_the_run(runs: Path) -> None:
     first = run_fwk("train", "train.max_steps=2", "train.eval_every=0", "tags=[baseline,lr-sweep]", runs=runs)
     assert first.returncode == 0, first.stderr

@@ -1,0 +1,196 @@
+"""`fwk train -m`: a sweep's runs, each composed and checked up front, then run one after another.
+
+Every member is an ordinary run (its own content-addressed run id and run dir), launched the
+way `fwk train` launches one run: in this process for one worker, through torchrun for
+several, so a sweep over ``parallel.nproc_per_node`` just works (each torchrun is
+``--standalone``: it picks a free port, and the previous one has exited). Running the same
+sweep again finds the same sweep id: finished members say so, unfinished ones resume.
+A failed member does not stop the sweep; Ctrl-C does (the member stops at a step boundary,
+as a single run does, and no further member starts).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fwk.config.sweep import Combination, expand
+from fwk.errors import UserError
+from fwk.launch.launcher import Plan, Resolved, check, launch, plan, resolve
+from fwk.track.store import RunDir
+from fwk.track.sweeps import sweep_id, write_sweep
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Member:
+    number: int  # 1-based, in the order of the combinations
+    combination: Combination
+    resolved: Resolved
+    plan: Plan
+
+
+@dataclass
+class Sweep:
+    id: str
+    root: Path
+    overrides: list[str]  # the command's, as typed
+    keys: list[str]  # the swept keys, in the order of the command
+    members: list[Member]
+
+    def header(self, m: Member) -> str:
+        return f"sweep {self.id} run {m.number}/{len(self.members)}: {m.combination.label()} -> run {m.plan.run_id}"
+
+    def title(self) -> str:
+        runs = f"{len(self.members)} run" + ("s" if len(self.members) > 1 else "")
+        return f"sweep {self.id}: {runs} over {', '.join(self.keys) or 'no key'}"
+
+    def describe(self) -> str:
+        """What `--dry-run` prints: the sweep, then each member's run id and launch line."""
+        lines = [self.title()]
+        for m in self.members:
+            lines.append(self.header(m))
+            lines += [f"  {line}" for line in m.plan.describe().splitlines()]
+        return "\n".join(lines)
+
+    def configs(self) -> str:
+        """What `--cfg` prints: each member's resolved config, as YAML documents."""
+        return "".join(
+            f"---\n# sweep run {m.number}/{len(self.members)}: {m.combination.label()}\n{m.resolved.as_yaml}"
+            for m in self.members
+        )
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "sweep_id": self.id,
+            "overrides": self.overrides,
+            "swept": self.keys,
+            "members": [
+                {
+                    "run_id": m.plan.run_id,
+                    "overrides": list(m.combination.overrides),
+                    "values": dict(m.combination.values),
+                }
+                for m in self.members
+            ],
+        }
+
+
+@contextmanager
+def _naming(number: int, total: int, combination: Combination) -> Iterator[None]:
+    """A user's mistake in one combination names it: the whole sweep fails on that one line."""
+    try:
+        yield
+    except UserError as exc:
+        raise type(exc)(f"sweep run {number}/{total} ({combination.label()}): {exc}") from None
+
+
+def prepare(overrides: list[str], checks: bool = True) -> Sweep:
+    """Expand, compose, validate and plan every combination; nothing runs, nothing is written."""
+    keys, combinations = expand(overrides)
+    members = []
+    for number, combination in enumerate(combinations, 1):
+        with _naming(number, len(combinations), combination):
+            resolved = resolve(list(combination.overrides))
+            if checks:
+                check(resolved.config)
+            members.append(Member(number, combination, resolved, plan(resolved.config, resolved.as_dict)))
+    _check_distinct(members)
+    return Sweep(sweep_id([m.plan.run_id for m in members]), members[0].plan.run_dir.parent, overrides, keys, members)
+
+
+def _check_distinct(members: list[Member]) -> None:
+    """Members are distinct runs under one runs root (the sweep's record lives there)."""
+    roots = {m.plan.run_dir.parent for m in members}
+    if len(roots) > 1:
+        raise UserError(f"a sweep's runs share one runs root, not {len(roots)}; do not sweep paths.runs")
+    seen: dict[str, Member] = {}
+    for m in members:
+        first = seen.setdefault(m.plan.run_id, m)
+        if first is not m:
+            raise UserError(
+                f"sweep runs {first.number} ({first.combination.label()}) and {m.number} ({m.combination.label()}) "
+                f"are the same run {m.plan.run_id} (only tags or paths differ); sweep a key that changes training"
+            )
+
+
+@dataclass
+class Outcome:
+    failed: list[Member] = field(default_factory=list)
+    stopped: Member | None = None  # the member during which the sweep was interrupted
+
+    @property
+    def status(self) -> int:
+        return 130 if self.stopped else 1 if self.failed else 0
+
+    def last_line(self, sweep: Sweep) -> str | None:
+        """The closing line on stderr of a sweep that did not finish every run, else None."""
+        if self.stopped is not None:
+            return (
+                f"fwk: sweep {sweep.id} stopped during run {self.stopped.number}/{len(sweep.members)}; "
+                "run the same command again to go on"
+            )
+        if self.failed:
+            names = ", ".join(f"{m.number} ({m.combination.label()}, run {m.plan.run_id})" for m in self.failed)
+            return f"fwk: error: sweep {sweep.id}: {len(self.failed)} of {len(sweep.members)} runs failed: {names}"
+        return None
+
+
+def run_sweep(sweep: Sweep, say: Say = print) -> Outcome:
+    """Run each member in turn; the model and device checks of every unfinished one come first."""
+    todo = [m for m in sweep.members if not RunDir(m.plan.run_dir).summary.is_file()]
+    if todo:
+        from fwk.engine import tracking
+        from fwk.engine.build import preflight  # imports torch: only when there is something to train
+
+        for m in todo:
+            with _naming(m.number, len(sweep.members), m.combination):
+                preflight(m.resolved.config)
+                tracking.check(m.resolved.config.tracking)  # its MLflow server answers, if any
+    path = write_sweep(sweep.root, sweep.record())
+    say(f"{sweep.title()} ({path})")
+    outcome = Outcome()
+    for m in sweep.members:
+        say(sweep.header(m))
+        result = _run_member(sweep, m, say)
+        if result == "failed":
+            outcome.failed.append(m)
+        elif result == "interrupted":
+            outcome.stopped = m
+            break
+    return outcome
+
+
+def _run_member(sweep: Sweep, m: Member, say: Say) -> str:
+    """Run one member as `fwk train` runs one run: "complete", "failed" or "interrupted"."""
+    from fwk.cli.report import already_complete, finished
+
+    done = RunDir(m.plan.run_dir).read_summary()
+    if done is not None:
+        say(already_complete(done, m.plan.run_dir))
+        return "complete"
+    lineage = {"sweep": sweep.id, "kind": "sweep"}  # kept only if this launch creates the run
+    try:
+        status, run = launch(
+            m.plan, m.resolved.as_yaml, m.resolved.config.parallel.nnodes, lineage, list(m.combination.overrides)
+        )
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the loop took over the signal
+        return "interrupted"
+    except UserError as exc:  # the member's own one line (diverged, bad data, already running)
+        print(f"fwk: error: {exc}", file=sys.stderr, flush=True)
+        return "failed"
+    except Exception:  # noqa: BLE001 - our bug in one in-process member: its traceback, then the next
+        traceback.print_exc()
+        return "failed"
+    summary = run.read_summary()
+    if status == 0 and summary is not None:
+        say(finished(summary, run.path))
+        return "complete"
+    # a clean exit without a summary stopped at a step boundary; 128+N: torchrun's workers were signalled
+    return "interrupted" if status == 0 or status >= 128 else "failed"
