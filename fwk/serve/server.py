@@ -7,6 +7,7 @@ batches and stops the inference threads.
 
 from __future__ import annotations
 
+import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,5 +131,11 @@ def run(
         limit_concurrency=None,
         backlog=2048,
     )
+    # uvicorn catches SIGTERM/SIGINT, drains, then re-raises the signal to the handler it found:
+    # ours records it, so a drained server exits 0 and says so instead of dying by the signal
+    got: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: got.append(signum))
     uvicorn.Server(config).run()
-    say("stopped: in-flight requests drained")
+    why = f" on {signal.Signals(got[0]).name}" if got else ""
+    say(f"stopped{why}: in-flight requests drained")

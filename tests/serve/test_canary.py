@@ -11,7 +11,8 @@ import numpy as np
 from tests.serve.conftest import Exports, Server, get
 
 X = np.random.default_rng(0).standard_normal((1, 1, 8, 8)).astype(np.float32)
-BODY = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": X.ravel().tolist()}]})
+TENSOR = {"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": X.ravel().tolist()}
+BODY = json.dumps({"inputs": [TENSOR]})
 
 
 def _version(server: Server, client: str | None = None) -> tuple[int, str]:
