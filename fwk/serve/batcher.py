@@ -4,7 +4,9 @@ A batch closes when it holds ``max_batch_size`` rows, or when its oldest request
 waited ``delay_s(rows)``: at most ``max_delay_ms``, and (adaptive) at most the measured
 run time of a batch of the current size. Waiting longer than a batch takes to run gains
 nothing: requests that arrive meanwhile queue for the next batch anyway. A high-priority
-request closes the batch at once. Batches run in a thread pool (``run`` is a blocking
+request closes the batch at once, and so does a lull: when requests have been arriving
+further apart than the wait (EWMA of the gaps), waiting only adds latency (one closed-loop
+caller never has company). Batches run in a thread pool (``run`` is a blocking
 call, onnxruntime's ``session.run``); ``slots`` bounds the batches running at once to the
 pool's threads, so while every thread is busy requests pile up into the next batch
 instead of into the pool's queue as batches of one.
@@ -65,6 +67,8 @@ class Batcher:
         self.max_batch_size, self.max_delay_s, self.adaptive = max_batch_size, max_delay_ms / 1000, adaptive
         self._on_batch = on_batch
         self.seconds: dict[int, float] = {}  # batch rows -> EWMA of its run time
+        self.gap_s: float | None = None  # EWMA of the time between two submits
+        self._last: float | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._running: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
@@ -99,6 +103,10 @@ class Batcher:
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
         item = _Item(x, high, asyncio.get_running_loop().create_future())
+        if self._last is not None:
+            gap = item.t - self._last
+            self.gap_s = gap if self.gap_s is None else (1 - EWMA_ALPHA) * self.gap_s + EWMA_ALPHA * gap
+        self._last = item.t
         self._queue.put_nowait(item)
         return await item.future
 
@@ -130,9 +138,10 @@ class Batcher:
                 try:
                     item = self._queue.get_nowait()
                 except asyncio.QueueEmpty:
-                    wait = first.t + self.delay_s(rows) - time.perf_counter()
-                    if wait <= 0:
-                        break
+                    delay = self.delay_s(rows)
+                    wait = first.t + delay - time.perf_counter()
+                    if wait <= 0 or (self.adaptive and self.gap_s is not None and self.gap_s > delay):
+                        break  # waited enough, or no request is expected within the wait
                     try:
                         item = await asyncio.wait_for(self._queue.get(), wait)
                     except asyncio.TimeoutError:

@@ -98,7 +98,14 @@ def test_delay_adapts_to_the_measured_run_time() -> None:
         t0 = time.perf_counter()
         await slow.submit(np.ones((1, 2), np.float32))
         took = time.perf_counter() - t0
-        for x in (b, fixed, slow):
+        # requests 50 ms apart, a 20 ms batch and a 1 s max delay: no company is expected, none is awaited
+        lull = _batcher(max_delay_ms=1000.0)
+        lull.record(1, 0.02)
+        lull.gap_s = 0.05
+        t1 = time.perf_counter()
+        await lull.submit(np.ones((1, 2), np.float32))
+        assert time.perf_counter() - t1 < 0.015
+        for x in (b, fixed, slow, lull):
             await x.close()
         return took
 
