@@ -12,6 +12,7 @@ from fwk.cli.export import export
 from fwk.cli.profile import profile
 from fwk.cli.replay import replay
 from fwk.cli.runs import runs
+from fwk.cli.serve import serve
 from fwk.cli.train import train
 from fwk.errors import UserError
 
@@ -31,6 +32,7 @@ app.command()(doctor)
 app.command(context_settings={"ignore_unknown_options": True})(export)
 app.command(context_settings={"ignore_unknown_options": True})(profile)
 app.command()(replay)
+app.command(context_settings={"ignore_unknown_options": True})(serve)
 app.add_typer(data, name="data")
 app.add_typer(runs, name="runs")
 

@@ -300,3 +300,37 @@ class ExportConfig:
     qat_momentum: float = doc(
         0.01, "QAT: weight of each training batch's min/max in the moving average of an activation's int8 range"
     )
+
+
+@dataclass
+class ServeConfig:
+    """`fwk serve` (conf/serve/): batching, warm-up, threads, canary rollout and request limits.
+
+    Not part of ``Config``: like ``export``, composed on its own (``serve=OPTION``,
+    ``serve.KEY=VALUE``); only fwk/serve/ reads it.
+    """
+
+    name: str = doc("default", "name of the option in conf/serve/")
+    max_batch_size: int = doc(32, "rows per inference batch at most; 1 = batching off (each request runs alone)")
+    max_delay_ms: float = doc(
+        5.0,
+        "longest a batch waits for more requests after its oldest one arrived, in ms; the wait is also "
+        "capped by the measured run time of a batch of the current size (adaptive)",
+    )
+    adaptive: bool = doc(True, "cap the wait by the measured run time per batch size (false: always max_delay_ms)")
+    warmup: int = doc(2, "warm-up inferences at each batch size 1..max_batch_size before a version takes traffic")
+    threads: int = doc(0, "inference threads (batches run at once); 0 = the cores this process may use")
+    intra_op_threads: int = doc(
+        1, "onnxruntime threads inside one inference; 1 with a thread per core avoids oversubscribing the cores"
+    )
+    canary_share: float = doc(0.05, "share of a model's traffic routed to its canary version (--canary), in (0, 1)")
+    auto_promote_requests: int = doc(1000, "--auto-promote: decide after this many requests served by the canary")
+    auto_promote_max_error_delta: float = doc(
+        0.01, "--auto-promote: promote only if canary error rate <= stable's + this (a share, 0.01 = 1 point)"
+    )
+    auto_promote_max_p99_ratio: float = doc(
+        1.5, "--auto-promote: promote only if canary p99 latency <= stable's p99 x this ratio"
+    )
+    max_body_mb: float = doc(16.0, "largest accepted request body, in MiB (larger: 413 with a JSON error)")
+    drain_s: float = doc(30.0, "on SIGTERM: seconds to let in-flight requests finish before exiting")
+    latency_window: int = doc(2048, "latest requests per version kept for the p50/p99 figures (stats, auto-promote)")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-COMMANDS = [[], ["train"], ["doctor"], ["export"], ["profile"], ["replay"], ["data"], ["data", "preview"]]
+COMMANDS = [[], ["train"], ["doctor"], ["export"], ["profile"], ["replay"], ["data"], ["data", "preview"], ["serve"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "fwk")

@@ -1,0 +1,198 @@
+"""The HTTP routes: the Open Inference Protocol (KServe v2), Triton's repository index,
+promote/rollback of a canary, per-version stats, and Prometheus ``/metrics``.
+
+Every error is JSON, ``{"error": "..."}`` (the v2 protocol's form, which tritonclient
+reads): 400 for a bad input, 404 for an unknown model, version or path, 413 for an
+oversized body, 409 for a promote without a canary, 503 while warming up, 500 if the
+model itself fails. No request can stop the server.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fwk import __version__
+from fwk.serve import protocol
+from fwk.serve.protocol import BadRequest
+from fwk.serve.repository import Repository
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def build(repo: Repository) -> Starlette:
+    limit = int(repo.cfg.max_body_mb * 1024 * 1024)
+
+    def model_of(request: Request) -> str:
+        name = request.path_params["name"]
+        if name not in repo.routers:
+            raise BadRequest(f"unknown model '{name}'; this server has: {', '.join(sorted(repo.routers))}", 404)
+        return name
+
+    def version_of(model: str, request: Request) -> str | None:
+        v = request.path_params.get("version")
+        if v is not None and v not in repo.versions[model]:
+            have = ", ".join(repo.versions[model])
+            raise BadRequest(f"model {model} has no version '{v}'; its versions: {have}", 404)
+        return v
+
+    async def body_of(request: Request) -> bytes:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > limit:
+            over = f"request body of {int(size)} bytes is over serve.max_body_mb={repo.cfg.max_body_mb:g}"
+            raise BadRequest(over, 413)
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise BadRequest(f"request body is over serve.max_body_mb={repo.cfg.max_body_mb:g}", 413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def server_metadata(request: Request) -> JSONResponse:
+        extensions = ["binary_tensor_data", "model_repository"]
+        return JSONResponse({"name": "fwk", "version": __version__, "extensions": extensions})
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(request: Request) -> Response:
+        return JSONResponse({"ready": repo.ready}, status_code=200 if repo.ready else 503)
+
+    async def model_ready(request: Request) -> Response:
+        model = model_of(request)
+        v = version_of(model, request) or repo.routers[model].stable
+        ok = repo.ready and repo.versions[model][v].batcher is not None
+        return JSONResponse({"name": model, "version": v, "ready": ok}, status_code=200 if ok else 503)
+
+    async def model_metadata(request: Request) -> Response:
+        model = model_of(request)
+        v = version_of(model, request)
+        entry = await repo.get(model, v or repo.routers[model].stable)
+        assert entry.loaded is not None
+        return JSONResponse(
+            {
+                "name": model,
+                "versions": [v] if v else list(repo.versions[model]),
+                "platform": "onnxruntime_onnx",
+                "inputs": [entry.loaded.input.describe()],
+                "outputs": [t.describe() for t in entry.loaded.outputs],
+            }
+        )
+
+    async def infer(request: Request) -> Response:
+        t0 = time.perf_counter()
+        model = model_of(request)
+        asked = version_of(model, request)
+        if not repo.ready:
+            raise BadRequest("the server is warming up; wait for GET /v2/health/ready", 503)
+        body = await body_of(request)
+        router = repo.routers[model]
+        head, rest = protocol.split(body, request.headers.get(protocol.HEADER_LENGTH))
+        client = request.headers.get("x-client-id") or protocol.client_id(head)
+        version = asked or router.pick(client)
+        entry = await repo.get(model, version)
+        assert entry.loaded is not None and entry.batcher is not None
+        parsed = protocol.parse(head, rest, model, entry.loaded.input, entry.loaded.outputs)
+        labels = repo.metrics.latency.labels(model, version)
+        try:
+            result = await entry.batcher.submit(parsed.x, parsed.high)
+        except Exception as exc:  # the model failed on the batch: this version's error, not the caller's
+            router.record(version, time.perf_counter() - t0, ok=False)
+            repo.metrics.requests.labels(model, version, "500").inc()
+            return _error(f"model {model} version {version} failed: {type(exc).__name__}: {exc}", 500)
+        body, headers = protocol.reply(model, version, parsed, entry.loaded.outputs, result.outputs)
+        seconds = time.perf_counter() - t0
+        decision = router.record(version, seconds, ok=True)
+        if decision is not None:
+            repo.say(f"auto-{decision['action']} of {model}: {decision['from']} -> {decision['to']}; {decision['why']}")
+        labels.observe(seconds)
+        repo.metrics.queue_delay.labels(model, version).observe(result.queue_s)
+        repo.metrics.requests.labels(model, version, "200").inc()
+        return Response(body, headers=headers)
+
+    async def switch(request: Request) -> Response:
+        model = model_of(request)
+        router = repo.routers[model]
+        action = request.url.path.rsplit("/", 1)[1]
+        if router.canary is None:
+            raise BadRequest(f"model {model} has no canary to {action}; start with --canary EXPORT_ID", 409)
+        await repo.get(model, router.canary)
+        decision = router.promote() if action == "promote" else router.rollback()
+        repo.say(f"{action} of {model}: {decision['from']} -> {decision['to']}")
+        return JSONResponse(decision | {"stable": router.stable})
+
+    async def stats(request: Request) -> Response:
+        model = model_of(request)
+        batches = {
+            v: {str(r): round(s * 1000, 4) for r, s in sorted(e.batcher.seconds.items())}
+            for v, e in repo.versions[model].items()
+            if e.batcher is not None
+        }
+        return JSONResponse({"name": model, **repo.routers[model].state(), "batch_ms": batches})
+
+    async def repository_index(request: Request) -> Response:
+        rows: list[dict[str, Any]] = []
+        for model, versions in repo.versions.items():
+            for v, e in versions.items():
+                state = "READY" if e.batcher is not None else "UNAVAILABLE"
+                reason = "" if e.batcher is not None else "loads on its first request"
+                rows.append({"name": model, "version": v, "state": state, "reason": reason})
+        return JSONResponse(rows)
+
+    async def metrics(request: Request) -> Response:
+        return Response(repo.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, BadRequest)
+        return _error(str(exc), exc.status)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return _error(f"no route {request.method} {request.url.path}; see the v2 protocol's /v2/... paths", 404)
+        return _error(str(exc.detail), exc.status_code)
+
+    async def crash(request: Request, exc: Exception) -> Response:  # our bug: 500 and a log line, never a dead server
+        repo.say(f"error on {request.method} {request.url.path}: {type(exc).__name__}: {exc}")
+        return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        import asyncio
+
+        warm = asyncio.get_running_loop().create_task(repo.start())  # live now, ready after warm-up
+        try:
+            yield
+        finally:
+            if not warm.done():
+                warm.cancel()
+            await repo.stop()
+
+    routes = [
+        Route("/v2", server_metadata),
+        Route("/v2/health/live", live),
+        Route("/v2/health/ready", ready),
+        Route("/v2/models/{name}", model_metadata),
+        Route("/v2/models/{name}/versions/{version}", model_metadata),
+        Route("/v2/models/{name}/ready", model_ready),
+        Route("/v2/models/{name}/versions/{version}/ready", model_ready),
+        Route("/v2/models/{name}/infer", infer, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
+        Route("/v2/models/{name}/promote", switch, methods=["POST"]),
+        Route("/v2/models/{name}/rollback", switch, methods=["POST"]),
+        Route("/v2/models/{name}/stats", stats),
+        Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/metrics", metrics),
+    ]
+    handlers = {BadRequest: bad_request, HTTPException: http_error, Exception: crash}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -1,0 +1,155 @@
+"""The Open Inference Protocol (KServe v2) request and response bodies, JSON and binary.
+
+A request is JSON, or (the binary tensor extension, tritonclient's default) a JSON header
+of ``Inference-Header-Content-Length`` bytes followed by the raw tensor bytes of each input
+whose ``parameters.binary_data_size`` says so. A reply carries an output in binary when
+the request asks for it (``outputs[i].parameters.binary_data``, or
+``parameters.binary_data_output`` for all of them). Every mistake is a ``BadRequest``
+naming what was expected; the app turns it into a 4xx with ``{"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fwk.serve.models import Tensor
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+class BadRequest(Exception):
+    """A request the server cannot serve, with the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    x: np.ndarray  # the one input, rows first
+    high: bool  # parameters.priority "high" (or 1, Triton's highest): closes the batch at once
+    client_id: str | None
+    outputs: list[tuple[str, bool]] | None  # requested (name, binary); None: all outputs
+
+
+def _wanted(t: Tensor) -> str:
+    return f"'{t.name}' ({t.datatype}, shape {list(t.shape)}, -1: any size)"
+
+
+def split(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON header as a dict, and the binary tensor bytes after it."""
+    if header_length is None:
+        head, rest = body, b""
+    else:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise BadRequest(f"{HEADER_LENGTH}: '{header_length}' is not a number of bytes") from None
+        if not 0 <= n <= len(body):
+            raise BadRequest(f"{HEADER_LENGTH}: {n} is outside the body's {len(body)} bytes")
+        head, rest = body[:n], body[n:]
+    try:
+        req = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not JSON: {exc}") from None
+    if not isinstance(req, dict):
+        raise BadRequest('the request body must be a JSON object: {"inputs": [...]}')
+    return req, rest
+
+
+def client_id(req: dict[str, Any]) -> str | None:
+    """``parameters.client_id``: requests with the same id go to the same version (canary or stable)."""
+    params = req.get("parameters")
+    value = params.get("client_id") if isinstance(params, dict) else None
+    return None if value is None else str(value)
+
+
+def parse(req: dict[str, Any], rest: bytes, model: str, want: Tensor, outputs: list[Tensor]) -> InferRequest:
+    """Check a v2 infer request against the model's one input; the input as a numpy array."""
+    inputs = req.get("inputs")
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) for i in inputs):
+        raise BadRequest(f"'inputs' must be a list of tensors; model {model} takes one input {_wanted(want)}")
+    if len(inputs) != 1 or inputs[0].get("name") != want.name:
+        got = ", ".join(repr(i.get("name")) for i in inputs)
+        raise BadRequest(f"model {model} takes one input {_wanted(want)}; got {got}")
+    (inp,) = inputs
+    if inp.get("datatype") != want.datatype:
+        raise BadRequest(f"input '{want.name}' has datatype {inp.get('datatype')!r}; expected {want.datatype}")
+    shape = inp.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise BadRequest(f"input '{want.name}' needs a 'shape', a list of integers like {list(want.shape)}")
+    same_rank = len(shape) == len(want.shape)
+    fits = same_rank and all(w in (-1, d) and d >= 1 for d, w in zip(shape, want.shape, strict=True))
+    if not fits:
+        raise BadRequest(f"input '{want.name}' has shape {shape}; expected {list(want.shape)} (-1: any size >= 1)")
+    count = int(np.prod(shape))
+    params = inp.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"input '{want.name}': 'parameters' must be a JSON object")
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
+        need = count * np.dtype(want.dtype).itemsize
+        if size != need or len(rest) != need:
+            raise BadRequest(
+                f"input '{want.name}': binary_data_size {size} with {len(rest)} bytes after the header; "
+                f"shape {shape} of {want.datatype} needs {need}"
+            )
+        x = np.frombuffer(rest, dtype=want.dtype).reshape(shape)
+    else:
+        if "data" not in inp:
+            raise BadRequest(f"input '{want.name}' has no 'data' (nor parameters.binary_data_size)")
+        try:
+            x = np.asarray(inp["data"], dtype=want.dtype)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"input '{want.name}': data is not {want.datatype} numbers ({exc})") from None
+        if x.size != count:
+            raise BadRequest(f"input '{want.name}' has {x.size} values; shape {shape} needs {count}")
+        x = x.reshape(shape)
+    top = req.get("parameters") or {}
+    if not isinstance(top, dict):
+        raise BadRequest("'parameters' must be a JSON object")
+    names = {o.name for o in outputs}
+    asked = None
+    if req.get("outputs") is not None:
+        if not isinstance(req["outputs"], list) or not all(isinstance(o, dict) for o in req["outputs"]):
+            raise BadRequest("'outputs' must be a list of {\"name\": ...}")
+        asked = [(o.get("name"), bool((o.get("parameters") or {}).get("binary_data", False))) for o in req["outputs"]]
+        for name, _ in asked:
+            if name not in names:
+                raise BadRequest(f"unknown output {name!r} of model {model}; its outputs: {', '.join(sorted(names))}")
+    if asked is None and top.get("binary_data_output"):
+        asked = [(o.name, True) for o in outputs]
+    priority = top.get("priority")
+    return InferRequest(req.get("id"), x, priority == "high" or priority == 1, client_id(req), asked)
+
+
+def reply(
+    model: str, version: str, request: InferRequest, tensors: list[Tensor], arrays: list[np.ndarray]
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and its extra headers: JSON, or a JSON header then binary outputs."""
+    by_name = {t.name: (t, a) for t, a in zip(tensors, arrays, strict=True)}
+    wanted = request.outputs if request.outputs is not None else [(t.name, False) for t in tensors]
+    outs, blobs = [], []
+    for name, binary in wanted:
+        t, a = by_name[name]
+        entry: dict[str, Any] = {"name": name, "datatype": t.datatype, "shape": list(a.shape)}
+        if binary:
+            raw = np.ascontiguousarray(a).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = a.ravel().tolist()
+        outs.append(entry)
+    body: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outs}
+    if request.id is not None:
+        body["id"] = request.id
+    head = json.dumps(body).encode()
+    if not blobs:
+        return head, {"content-type": "application/json"}
+    return b"".join([head, *blobs]), {HEADER_LENGTH: str(len(head)), "content-type": "application/octet-stream"}

@@ -1,0 +1,118 @@
+"""The model repository of a running server: models, their versions, loading and warm-up.
+
+Each version gets its own onnxruntime session and batcher; all share one thread pool
+(sized to the cores) and its slots. A version takes traffic only once warmed up: it
+runs ``warmup`` inferences at every batch size 1..max_batch_size, which also seeds the
+batcher's run time per batch size (the adaptive delay is right from the first request).
+Versions listed at start are loaded then (``--preload``: all; otherwise the stable and
+canary ones), the others on their first request, warmed before it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fwk.config.schema import ServeConfig
+from fwk.serve.batcher import Batcher
+from fwk.serve.metrics import Metrics
+from fwk.serve.models import Export, Loaded, example, load
+from fwk.serve.routing import Router
+
+
+@dataclass
+class Version:
+    export: Export
+    loaded: Loaded | None = None
+    batcher: Batcher | None = None
+    warm_s: float | None = None  # seconds the warm-up took, once done
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Repository:
+    def __init__(
+        self,
+        routers: dict[str, Router],
+        exports: dict[str, dict[str, Export]],
+        cfg: ServeConfig,
+        threads: int,
+        preload: bool = False,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.routers, self.cfg, self.threads, self.preload, self.say = routers, cfg, threads, preload, say
+        self.versions = {m: {v: Version(e) for v, e in vs.items()} for m, vs in exports.items()}
+        self.metrics = Metrics()
+        self.ready = False
+        self._executor: ThreadPoolExecutor | None = None
+        self._slots: asyncio.Semaphore | None = None
+
+    def at_start(self) -> list[tuple[str, str]]:
+        """(model, version) pairs loaded before the server is ready."""
+        pairs = []
+        for model, router in self.routers.items():
+            for v in self.versions[model]:
+                if self.preload or v in (router.stable, router.canary):
+                    pairs.append((model, v))
+        return pairs
+
+    async def start(self) -> None:
+        """Load and warm up the start-time versions, then turn ready."""
+        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="fwk-infer")
+        self._slots = asyncio.Semaphore(self.threads)
+        t0 = time.perf_counter()
+        pairs = self.at_start()
+        for model, v in pairs:
+            await self.get(model, v)
+        sizes = f"1..{self.cfg.max_batch_size}" if self.cfg.max_batch_size > 1 else "1"
+        self.say(
+            f"ready: {len(pairs)} version(s) warmed up ({self.cfg.warmup} runs at batch sizes {sizes}) "
+            f"in {time.perf_counter() - t0:.1f} s"
+        )
+        self.ready = True
+
+    async def get(self, model: str, version: str) -> Version:
+        """The version, loaded and warmed up (now, if it was not)."""
+        entry = self.versions[model][version]
+        if entry.batcher is not None:
+            return entry
+        async with entry.lock:
+            if entry.batcher is None:
+                assert self._executor is not None and self._slots is not None, "start() first"
+                loop = asyncio.get_running_loop()
+                t0 = time.perf_counter()
+                loaded = await loop.run_in_executor(self._executor, load, entry.export, self.cfg.intra_op_threads)
+                batcher = Batcher(
+                    loaded.run,
+                    self._executor,
+                    self._slots,
+                    self.cfg.max_batch_size,
+                    self.cfg.max_delay_ms,
+                    self.cfg.adaptive,
+                    on_batch=self.metrics.on_batch(model, version),
+                )
+                await loop.run_in_executor(self._executor, self._warm_up, model, version, loaded, batcher)
+                batcher.start()
+                entry.loaded, entry.warm_s = loaded, time.perf_counter() - t0
+                entry.batcher = batcher  # last: from here on the version takes traffic
+                self.say(f"loaded {model} version {version} ({loaded.export.model_file.name}) in {entry.warm_s:.2f} s")
+        return entry
+
+    def _warm_up(self, model: str, version: str, loaded: Loaded, batcher: Batcher) -> None:
+        for rows in range(1, self.cfg.max_batch_size + 1):
+            x = example(loaded.input, rows)
+            for _ in range(self.cfg.warmup):
+                _, seconds = batcher.timed_run(x)
+                batcher.record(rows, seconds)
+                self.metrics.warmup.labels(model, version, str(rows)).inc()
+
+    async def stop(self) -> None:
+        """Finish queued batches, then stop the threads."""
+        for versions in self.versions.values():
+            for entry in versions.values():
+                if entry.batcher is not None:
+                    await entry.batcher.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)

@@ -1,0 +1,141 @@
+"""Start a server: resolve the exports, plan models and versions, run uvicorn until SIGTERM.
+
+uvicorn handles SIGTERM and SIGINT: it stops accepting connections, lets the requests in
+flight finish (up to ``serve.drain_s``), then the app's shutdown finishes the queued
+batches and stops the inference threads.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fwk.config.schema import ServeConfig
+from fwk.errors import UserError
+from fwk.serve.models import Export, find_export
+from fwk.serve.routing import AutoPromote, Router
+
+
+@dataclass
+class Plan:
+    """Which exports are served, under which model names, and how traffic is split."""
+
+    exports: dict[str, dict[str, Export]]  # model -> version (export id) -> export
+    routers: dict[str, Router]
+
+
+def plan(
+    root: Path,
+    ids: list[str],
+    cfg: ServeConfig,
+    name: str | None = None,
+    canary: str | None = None,
+    auto_promote: bool = False,
+) -> Plan:
+    """Resolve the ids (export ids, run ids, prefixes; none: the newest export) into models and versions."""
+    listed = [find_export(root, q) for q in ids] if ids else [find_export(root, None)]
+    new = find_export(root, canary) if canary else None
+    recipes = sorted({e.recipe for e in listed + ([new] if new else [])})
+    if name is not None and len(recipes) > 1:
+        raise UserError(f"--name {name} names one model, but the exports are of {len(recipes)}: {', '.join(recipes)}")
+    exports: dict[str, dict[str, Export]] = {}
+    for e in listed:
+        exports.setdefault(name or e.recipe, {}).setdefault(e.id, e)
+    if new is not None:
+        model = name or new.recipe
+        if model not in exports:
+            raise UserError(
+                f"canary {new.id} is a {new.recipe} export, but no {new.recipe} export is served; "
+                f"serve one: fwk serve STABLE_ID --canary {new.id}"
+            )
+        if list(exports[model]) == [new.id]:
+            raise UserError(
+                f"canary {new.id} is also the stable version of {model}; name the stable export first: "
+                f"fwk serve STABLE_ID --canary {new.id}"
+            )
+        exports[model].setdefault(new.id, new)
+    auto = AutoPromote(cfg.auto_promote_requests, cfg.auto_promote_max_error_delta, cfg.auto_promote_max_p99_ratio)
+    routers = {}
+    for model, versions in exports.items():
+        has_canary = new is not None and model == (name or new.recipe)
+        stable = next(v for v in versions if not (has_canary and v == new.id))
+        routers[model] = Router(
+            model,
+            list(versions),
+            stable,
+            canary=new.id if has_canary else None,
+            share=cfg.canary_share,
+            auto=auto if auto_promote and has_canary else None,
+            window=cfg.latency_window,
+        )
+    return Plan(exports, routers)
+
+
+def check_port(host: str, port: int) -> None:
+    """A taken port is the user's to fix: one line, before anything loads."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another with --port") from None
+
+
+def describe(p: Plan) -> list[str]:
+    lines = []
+    for model, router in p.routers.items():
+        parts = []
+        for v, e in p.exports[model].items():
+            role = "stable" if v == router.stable else "by version"
+            role = f"canary {router.share:.0%}" if v == router.canary else role
+            parts.append(f"{v} ({role}, {e.report['final']} of run {e.run_id})")
+        lines.append(f"model {model}: {'; '.join(parts)}")
+    return lines
+
+
+def run(
+    p: Plan,
+    cfg: ServeConfig,
+    host: str,
+    port: int,
+    threads: int,
+    preload: bool,
+    say: Callable[[str], None],
+) -> None:
+    import uvicorn
+
+    from fwk.serve.app import build
+    from fwk.serve.repository import Repository
+
+    repo = Repository(p.routers, p.exports, cfg, threads, preload, say)
+    for line in describe(p):
+        say(line)
+    batching = f"max batch {cfg.max_batch_size}, max delay {cfg.max_delay_ms:g} ms" + (
+        " (adaptive)" if cfg.adaptive else ""
+    )
+    say(
+        f"serving on http://{host}:{port} (KServe v2; {batching}; {threads} inference threads x "
+        f"{cfg.intra_op_threads or 'auto'} onnxruntime threads); SIGTERM or Ctrl-C drains and stops"
+    )
+    config = uvicorn.Config(
+        build(repo),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=cfg.drain_s,
+        limit_concurrency=None,
+        backlog=2048,
+    )
+    # uvicorn catches SIGTERM/SIGINT, drains, then re-raises the signal to the handler it found:
+    # ours records it, so a drained server exits 0 and says so instead of dying by the signal
+    got: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: got.append(signum))
+    uvicorn.Server(config).run()
+    why = f" on {signal.Signals(got[0]).name}" if got else ""
+    say(f"stopped{why}: in-flight requests drained")

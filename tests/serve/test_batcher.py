@@ -1,0 +1,148 @@
+"""The adaptive batcher alone (no HTTP, no model): closing rules, callers' rows, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from fwk.serve.batcher import Batcher
+
+
+def _double(x: np.ndarray) -> list[np.ndarray]:
+    return [x * 2, x.sum(axis=tuple(range(1, x.ndim)))]
+
+
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def _batcher(run=_double, slots: int = 2, **kw) -> Batcher:
+    kw = {"max_batch_size": 8, "max_delay_ms": 5.0, "adaptive": True} | kw
+    b = Batcher(run, ThreadPoolExecutor(slots), asyncio.Semaphore(slots), **kw)
+    b.start()
+    return b
+
+
+def test_full_batch_closes_without_waiting_and_each_caller_gets_its_rows() -> None:
+    async def main():
+        b = _batcher(max_batch_size=6, max_delay_ms=5000, adaptive=False)
+        xs = [np.full((rows, 3), tag, np.float32) for tag, rows in enumerate([1, 2, 3], start=1)]
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(b.submit(x) for x in xs))
+        took = time.perf_counter() - t0
+        await b.close()
+        return xs, results, took
+
+    xs, results, took = _run(main())
+    assert took < 1.0  # 6 rows = max_batch_size: closed at once, not after the 5 s delay
+    for x, r in zip(xs, results, strict=True):
+        assert r.batch_rows == 6 and r.batch_requests == 3
+        np.testing.assert_array_equal(r.outputs[0], x * 2)  # its own rows, in its own order
+        np.testing.assert_array_equal(r.outputs[1], x.sum(1))
+
+
+def test_many_callers_are_batched_and_answered_in_order() -> None:
+    async def main():
+        b = _batcher(max_batch_size=16, max_delay_ms=50, adaptive=False)
+        xs = [np.full((1 + i % 3, 2), i, np.float32) for i in range(40)]
+        results = await asyncio.gather(*(b.submit(x) for x in xs))
+        await b.close()
+        return xs, results
+
+    xs, results = _run(main())
+    for x, r in zip(xs, results, strict=True):
+        np.testing.assert_array_equal(r.outputs[0], x * 2)
+    assert max(r.batch_requests for r in results) > 1
+    assert all(r.batch_rows <= 16 for r in results)
+
+
+def test_high_priority_closes_the_batch_at_once() -> None:
+    async def main():
+        b = _batcher(max_delay_ms=2000, adaptive=False)
+        t0 = time.perf_counter()
+        normal = asyncio.ensure_future(b.submit(np.ones((1, 2), np.float32)))
+        await asyncio.sleep(0.02)
+        high = await b.submit(np.zeros((1, 2), np.float32), high=True)
+        took = time.perf_counter() - t0
+        low = await normal
+        await b.close()
+        return high, low, took
+
+    high, low, took = _run(main())
+    assert took < 0.5  # not the 2 s max_delay_ms
+    assert high.batch_requests == 2 and low.batch_requests == 2  # it took the waiting request along
+    np.testing.assert_array_equal(high.outputs[0], np.zeros((1, 2)))
+
+
+def test_delay_adapts_to_the_measured_run_time() -> None:
+    async def main():
+        b = _batcher(max_delay_ms=5.0)
+        assert b.delay_s(4) == pytest.approx(0.005)  # nothing measured yet: max_delay_ms
+        b.record(1, 0.001)
+        b.record(4, 0.002)
+        assert b.delay_s(1) == pytest.approx(0.001)  # a batch of 1 runs in 1 ms: wait no longer
+        assert b.delay_s(8) == pytest.approx(0.004)  # unmeasured: scaled from the nearest size, 4
+        b.record(4, 0.05)
+        assert b.seconds[4] == pytest.approx(0.8 * 0.002 + 0.2 * 0.05)  # EWMA
+        assert b.delay_s(4) == pytest.approx(0.005)  # capped by max_delay_ms
+        fixed = _batcher(max_delay_ms=5.0, adaptive=False)
+        fixed.record(1, 0.001)
+        assert fixed.delay_s(1) == pytest.approx(0.005)
+        # a lone request with a 1 s max delay but a 1 ms batch: served in about 1 ms, not 1 s
+        slow = _batcher(max_delay_ms=1000.0)
+        slow.record(1, 0.001)
+        t0 = time.perf_counter()
+        await slow.submit(np.ones((1, 2), np.float32))
+        took = time.perf_counter() - t0
+        # requests 50 ms apart, a 20 ms batch and a 1 s max delay: no company is expected, none is awaited
+        lull = _batcher(max_delay_ms=1000.0)
+        lull.record(1, 0.02)
+        lull.gap_s = 0.05
+        t1 = time.perf_counter()
+        await lull.submit(np.ones((1, 2), np.float32))
+        assert time.perf_counter() - t1 < 0.015
+        for x in (b, fixed, slow, lull):
+            await x.close()
+        return took
+
+    assert _run(main()) < 0.2
+
+
+def test_busy_threads_make_the_next_batch_bigger() -> None:
+    def slow(x: np.ndarray) -> list[np.ndarray]:
+        time.sleep(0.1)
+        return [x]
+
+    async def main():
+        b = _batcher(run=slow, slots=1, max_batch_size=64, max_delay_ms=0.0)
+        first = asyncio.ensure_future(b.submit(np.zeros((1, 1), np.float32)))
+        await asyncio.sleep(0.02)  # the first batch runs; these 20 queue meanwhile
+        rest = await asyncio.gather(*(b.submit(np.full((1, 1), i, np.float32)) for i in range(20)))
+        await first
+        await b.close()
+        return rest
+
+    rest = _run(main())
+    assert {r.batch_requests for r in rest} == {20}
+    assert [float(r.outputs[0][0, 0]) for r in rest] == list(range(20))
+
+
+def test_a_failing_model_fails_its_callers_not_the_batcher() -> None:
+    def flaky(x: np.ndarray) -> list[np.ndarray]:
+        if (x < 0).any():
+            raise RuntimeError("negative input")
+        return [x]
+
+    async def main():
+        b = _batcher(run=flaky, max_delay_ms=0.0)
+        with pytest.raises(RuntimeError, match="negative input"):
+            await b.submit(-np.ones((1, 1), np.float32))
+        ok = await b.submit(np.ones((1, 1), np.float32))
+        await b.close()
+        return ok
+
+    assert float(_run(main()).outputs[0][0, 0]) == 1.0

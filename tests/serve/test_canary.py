@@ -1,0 +1,78 @@
+"""Canary rollout through the real server: sticky client ids, promote and rollback under load."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+import numpy as np
+
+from tests.serve.conftest import Exports, Server, get
+
+X = np.random.default_rng(0).standard_normal((1, 1, 8, 8)).astype(np.float32)
+TENSOR = {"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": X.ravel().tolist()}
+BODY = json.dumps({"inputs": [TENSOR]})
+
+
+def _version(server: Server, client: str | None = None) -> tuple[int, str]:
+    status, body = get(server, "/v2/models/digits_cnn/infer", BODY.encode(), {"X-Client-Id": client} if client else {})
+    return status, json.loads(body).get("model_version", "") if status == 200 else body.decode()
+
+
+def _under_load(server: Server, switch: str, threads: int = 4, limit: int = 300) -> tuple[Counter, list, dict]:
+    """Requests from ``threads`` callers (at most ``limit`` each) while POST .../``switch`` runs midway."""
+    results: list[tuple[int, str]] = []
+    started, stop = threading.Barrier(threads + 1), threading.Event()
+
+    def caller() -> None:
+        started.wait()
+        for _ in range(limit):
+            if stop.is_set():
+                return
+            results.append(_version(server))
+
+    workers = [threading.Thread(target=caller) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    started.wait()
+    while len(results) < 40:  # traffic is flowing before the switch
+        threading.Event().wait(0.01)
+    status, body = get(server, f"/v2/models/digits_cnn/{switch}", b"")
+    after = len(results)
+    while len(results) < after + 40:
+        threading.Event().wait(0.01)
+    stop.set()
+    for w in workers:
+        w.join(30)
+    assert status == 200, body
+    return Counter(s for s, _ in results), results[after + threads :], json.loads(body)
+
+
+def test_sticky_client_ids_and_rollback_without_failed_requests(serving, exports: Exports) -> None:
+    server = serving(exports.fp32, "--canary", exports.int8, "--canary-share", "0.3")
+    seen = {}
+    for i in range(40):
+        versions = {_version(server, f"client-{i}") for _ in range(3)}
+        assert len(versions) == 1, versions  # every request of a client on one version
+        seen[f"client-{i}"] = versions.pop()
+    assert {s for s, _ in seen.values()} == {200}
+    assert {v for _, v in seen.values()} == {exports.fp32, exports.int8}  # 30% of 40 clients: both sides
+    codes, after, decision = _under_load(server, "rollback")
+    assert codes == Counter({200: sum(codes.values())})  # no failed request during the switch
+    assert decision["action"] == "rollback" and decision["stable"] == exports.fp32
+    assert {v for _, v in after} == {exports.fp32}  # after the switch: only the stable version
+    stats = json.loads(get(server, "/v2/models/digits_cnn/stats")[1])
+    assert stats["canary"] is None and stats["versions"][exports.int8]["requests"] > 0
+    assert _version(server, "anyone")[1] == exports.fp32
+    assert f"rollback of digits_cnn: {exports.int8} -> {exports.fp32}" in server.output()
+
+
+def test_promote_without_failed_requests(serving, exports: Exports) -> None:
+    server = serving(exports.fp32, "--canary", exports.int8)  # the default share, 5%
+    codes, after, decision = _under_load(server, "promote")
+    assert codes == Counter({200: sum(codes.values())})
+    assert decision["action"] == "promote" and decision["stable"] == exports.int8
+    assert {v for _, v in after} == {exports.int8}
+    status, body = get(server, "/v2/models/digits_cnn/rollback", b"")
+    assert status == 409 and "has no canary to rollback" in json.loads(body)["error"]
