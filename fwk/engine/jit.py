@@ -162,7 +162,8 @@ class Jit:
         trial = self.cfg.name == "auto" and self.d.device.type == "cpu"
         self.state = "trial" if trial else "compiled"
         if self.d.is_main:
-            self.say(f"{why}; compiling from step {at_step} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
+            when = f"from step {at_step}" if at_step >= 0 else "again"  # -1: on resume
+            self.say(f"{why}; compiling {when} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
 
     def _judge(self) -> None:
         """CPU auto: keep compiled only if it is faster than eager."""
@@ -194,6 +195,24 @@ class Jit:
 
     def summary(self) -> dict[str, Any]:
         return {"jit": self.state if self.cfg.name != "off" else "off"}
+
+    def state_dict(self) -> dict[str, Any]:
+        """auto's decision so far, so that a resumed run keeps it rather than deciding anew
+        from its own step times (compiled and eager steps differ in the last bits)."""
+        return {"state": self.state, "eager_step": getattr(self, "eager_step", 0.0)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.cfg.name != "auto" or self.state == "off":  # nothing to decide, or decided here (deterministic)
+            return
+        decided = state.get("state", "eager")
+        if decided == "off":
+            self.state = "off"
+            if self.d.is_main:
+                self.say("jit=auto stays eager, as it decided before the checkpoint")
+        elif decided in ("trial", "compiled"):
+            self.eager_step = float(state.get("eager_step", 0.0))
+            self._compile(-1, why="jit=auto compiled before the checkpoint")
+            self.state = decided  # a trial goes on timing compiled steps; a kept decision stays
 
 
 def _short(sig: Signature) -> str:

@@ -152,7 +152,13 @@ def train(
     rewind = RewindPoint(run.path / "rewind", d, cfg.checkpoint.rewind_at, cfg.train.max_steps)
 
     parts = dict(
-        scheduler=scheduler, loader=loader, precision=precision, memory=memory, comm=comm, diagnostics=diagnostics
+        scheduler=scheduler,
+        loader=loader,
+        precision=precision,
+        memory=memory,
+        jit=jit,
+        comm=comm,
+        diagnostics=diagnostics,
     )
     resumable = Resumable(raw, optimizer, **parts)
 

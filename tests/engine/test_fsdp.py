@@ -87,6 +87,7 @@ ARGS = [
     "train.log_every=10",
     "checkpoint.every=50",
     "checkpoint.keep=10",
+    "jit=off",  # jit=auto compiles or not by measured step times, which differ between two runs
 ]
 
 

@@ -97,6 +97,30 @@ def test_auto_under_train_deterministic_never_compiles() -> None:
     assert said == ["jit=auto stays eager: train.deterministic=true (compiling is decided from measured step times)"]
 
 
+def test_a_resumed_run_keeps_the_decision_of_its_checkpoint() -> None:
+    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=1)
+    first = Jit(cfg, SOLO, 100, [].append)
+    model = first.wrap(_gpt())
+    for step, seconds in enumerate([0.01, 0.01, 3.0, 0.005]):  # eager, eager, compile step, compiled faster
+        model(_tokens()[0])
+        first.step_done(step, seconds)
+    assert first.state == "compiled"
+    resumed = Jit(cfg, SOLO, 100, (said := []).append)
+    resumed.wrap(_gpt())
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.state == "compiled" and resumed.compiled is not None and resumed.eager_step == 0.01
+    assert said == ["jit=auto compiled before the checkpoint; compiling again (torch.compile aot_eager, mode default)"]
+    # decided eager: stays eager; a checkpoint from before any decision leaves auto deciding
+    eager = Jit(cfg, SOLO, 100, (said := []).append)
+    eager.wrap(_gpt())
+    eager.load_state_dict({"state": "off"})
+    assert eager.state == "off" and said == ["jit=auto stays eager, as it decided before the checkpoint"]
+    fresh = Jit(cfg, SOLO, 100, [].append)
+    fresh.wrap(_gpt())
+    fresh.load_state_dict({"state": "eager", "eager_step": 0.0})
+    assert fresh.state == "eager" and fresh.compiled is None
+
+
 def test_new_signatures_recompile_up_to_the_limit_then_run_eager() -> None:
     jit = Jit(JitConfig(name="compile", backend="aot_eager", max_recompiles=1), SOLO, 100, (said := []).append)
     model = jit.wrap(_gpt())

@@ -21,6 +21,7 @@ ARGS = [
     "train.log_every=5",
     "checkpoint.every=20",
     "checkpoint.keep=10",
+    "jit=off",  # jit=auto compiles or not by measured step times, which differ between two runs
 ]
 
 
@@ -88,6 +89,7 @@ STAGED = [
     "precision.dtype=fp16",  # exercises the loss scaler's state too
     "precision.warmup_steps=15",
     "precision.final_frac=0.25",  # phases: warmup 0-14, main 15-44, final 45-59
+    "jit=off",  # jit=auto compiles or not by measured step times, which differ between two runs
 ]
 
 

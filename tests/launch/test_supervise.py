@@ -25,6 +25,7 @@ ARGS = [
     "train.log_every=10",
     "checkpoint.every=40",
     "checkpoint.keep=20",
+    "jit=off",  # jit=auto compiles or not by measured step times, which differ between two runs
 ]
 
 
