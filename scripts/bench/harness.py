@@ -1,0 +1,276 @@
+"""`make bench`: every benchmark in one command, one markdown table, one JSON file.
+
+    .venv/bin/python scripts/bench/harness.py [--only overhead,auto] [--quick] [--out bench/results]
+
+Each group (overhead, auto, decode, datawait, tta, precision, memory, jit, kernels,
+parallel, export) runs in its own child process with a wall-clock budget, so that one
+benchmark's failure, hang or leftover state (compiled graphs, threads, page cache) never
+reaches the next: a group that fails or runs out of time becomes one failed row with its
+one-line reason, and the others still run. Every row is a ratio measured side by side in
+the same run: ``measure_pair`` warms both sides up, then interleaves them A,B,B,A,A,B...
+(whoever went first goes second next time), and the row shows the median of the per-rep
+ratios with their min and max, and both sides' absolute medians beside it.
+
+The table goes to stdout; bench/results/<YYYY-MM-DD>-<host>.json gets the rows with the
+machine they were measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+@dataclass
+class Side:
+    """One side's absolute figure: a median with its unit and what was measured."""
+
+    label: str
+    value: float
+    unit: str
+
+
+@dataclass
+class Row:
+    group: str
+    name: str
+    ratio: str = ""  # what the ratio is, in its direction: "fwk/plain samples/s"
+    median: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    a: Side | None = None
+    b: Side | None = None
+    target: str = ""  # "<= 1.02x", "": report only
+    met: bool | None = None  # None: no target, or not measurable here
+    notes: str = ""
+    failed: str = ""  # the one-line reason, when the benchmark failed
+
+
+@dataclass
+class Pair:
+    """Per-rep values of two sides measured in interleaved order (seconds unless a side returns its own figure)."""
+
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+
+    def ratios(self, invert: bool = False) -> list[float]:
+        """a_i / b_i per rep (b_i / a_i with ``invert``: a time ratio turned into a speed ratio)."""
+        return [(b / a) if invert else (a / b) for a, b in zip(self.a, self.b, strict=True)]
+
+
+def measure_pair(a: Callable[[], float | None], b: Callable[[], float | None], reps: int = 5, warmup: int = 1) -> Pair:
+    """Warm each side up ``warmup`` times, then ``reps`` rounds alternating which goes first.
+
+    A side returning None is timed (seconds, wall clock); one returning a number reports that
+    figure itself (samples/s of a subprocess, say). Alternating the order means a rep's
+    warm cache or the machine's drift does not always favour the same side.
+    """
+    if reps < 1:
+        raise ValueError(f"reps={reps} must be >= 1")
+
+    def once(fn: Callable[[], float | None]) -> float:
+        t0 = time.perf_counter()
+        got = fn()
+        return time.perf_counter() - t0 if got is None else float(got)
+
+    for _ in range(warmup):
+        once(a)
+        once(b)
+    pair = Pair()
+    for i in range(reps):
+        sides = (("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a))
+        for name, fn in sides:
+            getattr(pair, name).append(once(fn))
+            pair.order.append(name)
+    return pair
+
+
+def ratio_row(
+    group: str,
+    name: str,
+    ratios: list[float],
+    a: Side,
+    b: Side,
+    ratio: str,
+    target: str = "",
+    notes: str = "",
+) -> Row:
+    """A row from per-rep ratios; ``target`` like '<= 1.02' or '>= 2' is checked against the median."""
+    med = statistics.median(ratios)
+    return Row(group, name, ratio, med, min(ratios), max(ratios), a, b, target, check(med, target), notes)
+
+
+def check(value: float, target: str) -> bool | None:
+    if not target:
+        return None
+    op, _, bound = target.partition(" ")
+    limit = float(bound.rstrip("x%")) / (100 if bound.endswith("%") else 1)
+    return {"<=": value <= limit, "<": value < limit, ">=": value >= limit, ">": value > limit}[op]
+
+
+def failed(group: str, name: str, reason: str) -> Row:
+    return Row(group, name, failed=" ".join(reason.split())[:300])
+
+
+def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
+    """fn's rows, or one failed row with the exception's one line: the group's other parts still run."""
+    try:
+        return fn()
+    except Exception as exc:  # a benchmark's failure is a row, not the end of the run
+        return [failed(group, name, f"{type(exc).__name__}: {exc}")]
+
+
+# group -> (module in scripts/bench, its rows function, seconds it may take at full size)
+GROUPS: dict[str, tuple[str, str, int]] = {
+    "overhead": ("overhead", "rows", 200),
+    "auto": ("auto", "rows", 220),
+    "decode": ("decode", "harness_rows", 90),
+    "datawait": ("datawait", "rows", 110),
+    "tta": ("tta", "rows", 200),
+    "precision": ("precision", "rows", 80),
+    "memory": ("memory", "rows", 90),
+    "jit": ("jit", "rows", 90),
+    "kernels": ("kernels", "rows", 40),
+    "parallel": ("parallel", "rows", 130),
+    "export": ("export", "rows", 90),
+}
+
+
+def run_group(group: str, quick: bool) -> list[Row]:
+    """In this process: the group's rows (called in the child)."""
+    module, fn = GROUPS[group][:2]
+    sys.path.insert(0, str(HERE))
+    rows = getattr(importlib.import_module(module), fn)(quick)
+    return [r if isinstance(r, Row) else Row(**r) for r in rows]
+
+
+def from_dict(d: dict) -> Row:
+    for side in ("a", "b"):
+        if d.get(side):
+            d[side] = Side(**d[side])
+    return Row(**d)
+
+
+def run_isolated(group: str, quick: bool, budget: float) -> list[Row]:
+    """The group in a child process with ``budget`` seconds; a failure is one failed row."""
+    with tempfile.TemporaryDirectory(prefix=f"fwk-bench-{group}-") as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [sys.executable, __file__, "--group", group, "--rows-to", str(out), *(["--quick"] if quick else [])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=budget, env=env)
+        except subprocess.TimeoutExpired:
+            return [failed(group, group, f"over its budget of {budget:.0f} s")]
+        if done.returncode != 0 or not out.exists():
+            lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+            return [failed(group, group, lines[-1] if lines else f"exit status {done.returncode}")]
+        return [from_dict(d) for d in json.loads(out.read_text())]
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| group | benchmark | ratio (what) | median [min, max] | A | B | target | met | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if r.failed:
+            lines.append(f"| {r.group} | {r.name} | failed | - | - | - | {r.target or '-'} | no | {r.failed} |")
+            continue
+        med = f"{r.median:.2f}x [{r.lo:.2f}, {r.hi:.2f}]" if r.median is not None else "-"
+        a, b = (f"{s.label} {_fmt(s.value)} {s.unit}" if s else "-" for s in (r.a, r.b))
+        met = {True: "yes", False: "no", None: "-"}[r.met]
+        lines.append(f"| {r.group} | {r.name} | {r.ratio} | {med} | {a} | {b} | {r.target or '-'} | {met} | {r.notes} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "host": socket.gethostname(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "load_average": os.getloadavg(),
+    }
+    return info
+
+
+def write_json(rows: list[Row], out_dir: Path, info: dict, wall_s: float, quick: bool) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{datetime.date.today().isoformat()}-{info['host']}{'-quick' if quick else ''}.json"
+    doc = {"machine": info, "quick": quick, "wall_s": wall_s, "rows": [asdict(r) for r in rows]}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help=f"comma-separated groups of: {','.join(GROUPS)}")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every group (minutes)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the JSON results")
+    parser.add_argument("--group", default="", help=argparse.SUPPRESS)  # internal: run one group here
+    parser.add_argument("--rows-to", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.group:
+        rows = run_group(args.group, args.quick)
+        args.rows_to.write_text(json.dumps([asdict(r) for r in rows]))
+        return
+    groups = [g for g in args.only.split(",") if g] or list(GROUPS)
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        raise SystemExit(f"--only {','.join(unknown)}: unknown group; choose from {','.join(GROUPS)}")
+    info, started, rows = machine(), time.perf_counter(), []
+    for group in groups:
+        t0 = time.perf_counter()
+        print(f"[bench] {group} ...", file=sys.stderr, flush=True)
+        budget = GROUPS[group][2] * (3 if args.quick else 1.5)  # the table's figures fit; the slack is for load
+        got = run_isolated(group, args.quick, budget)
+        rows += got
+        print(f"[bench] {group}: {len(got)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    wall = time.perf_counter() - started
+    path = write_json(rows, args.out, info, wall, args.quick)
+    print(
+        f"fwk benchmarks{' (--quick: smoke-test sizes, not figures)' if args.quick else ''}: {info['cpu']}, "
+        f"{info['cores']} cores, torch {info['torch']}, device {info['device']}; load average at start "
+        f"{info['load_average'][0]:.2f}; {wall / 60:.1f} min\n"
+    )
+    print(table(rows))
+    print(f"\nA, B: each side's median; ratio: median of the per-rep ratios [min, max]. Results: {path}")
+
+
+if __name__ == "__main__":
+    main()
