@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  := torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test lint clean slurm
+.PHONY: setup train test lint clean slurm bench
 
 setup: $(STAMP)
 
@@ -24,6 +24,12 @@ train: setup
 test: setup lint
 	@if [ "$$CI" = true ]; then bash scripts/slurm/cluster.sh install; fi
 	$(BIN)/python -m pytest -q
+
+# Every benchmark in one run: one markdown table on stdout, bench/results/<date>-<host>.json
+# (scripts/bench/harness.py; ~20 minutes on 2 CPU cores). BENCH_ARGS="--quick" for a smoke
+# test, BENCH_ARGS="--only overhead,auto" for some groups.
+bench: setup
+	$(BIN)/python scripts/bench/harness.py $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check fwk tests scripts

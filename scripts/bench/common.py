@@ -52,12 +52,19 @@ def batch_for(cfg, batch: int, device: torch.device) -> tuple[torch.Tensor, torc
     return x.to(device), y.to(device)
 
 
-def engine_step(cfg, device: torch.device, batch: int, jit: bool = False) -> tuple[TrainStep, Precision, Memory]:
+def _quiet(text: str) -> None:
+    pass
+
+
+def engine_step(
+    cfg, device: torch.device, batch: int, jit: bool = False, say: Callable[[str], None] = _quiet
+) -> tuple[TrainStep, Precision, Memory]:
     """The same objects the trainer builds, in the same order, for one process. The JIT is
-    off unless ``jit`` (the strategy benchmarks time eager steps; jit.py times compiling)."""
+    off unless ``jit`` (the strategy benchmarks time eager steps; jit.py times compiling).
+    ``say`` gets the strategies' log lines (what auto chose and why)."""
     d = Dist(rank=0, local_rank=0, world_size=1, device=device)
     torch.manual_seed(cfg.seed)
-    quiet = lambda text: None  # noqa: E731
+    quiet = say
     precision = Precision(cfg.precision, d, cfg.train.max_steps, quiet)
     memory = Memory(cfg.memory, d, batch, quiet)
     compiler = Jit(cfg.jit if jit else JitConfig(name="off"), d, cfg.train.max_steps, quiet)
@@ -75,17 +82,45 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def interleaved(steps: dict[str, Callable[[], None]], rounds: int, device: torch.device) -> dict[str, float]:
-    """Median seconds of one call of each, timed in round-robin order so drift hits all alike."""
+def interleaved_times(
+    steps: dict[str, Callable[[], None]], rounds: int, device: torch.device
+) -> dict[str, list[float]]:
+    """Seconds of one call of each, per round, timed in round-robin order so drift hits all
+    alike; the order turns round by round, so that no option always runs first."""
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, fn in steps.items():
+    names = list(steps)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             sync(device)
             t0 = time.perf_counter()
-            fn()
+            steps[name]()
             sync(device)
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved(steps: dict[str, Callable[[], None]], rounds: int, device: torch.device) -> dict[str, float]:
+    """Median seconds of one call of each (``interleaved_times``)."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(steps, rounds, device).items()}
+
+
+def option_rows(group: str, what: str, times: dict[str, list[float]], base: str, note: str = "", targets=None):
+    """One harness row per option: its per-round time ratio to ``base`` (median [min, max])."""
+    from harness import Side, ratio_row
+
+    rows = []
+    for name, ts in times.items():
+        if name == base:
+            continue
+        ratios = [t / b for t, b in zip(ts, times[base], strict=True)]
+        rows.append(
+            ratio_row(
+                group, f"{what}: {name}", ratios, Side(name, 1000 * statistics.median(ts), "ms"),
+                Side(base, 1000 * statistics.median(times[base]), "ms"), f"{name}/{base} step time",
+                (targets or {}).get(name, ""), note,
+            )
+        )
+    return rows
 
 
 def device_arg(choice: str) -> torch.device:

@@ -46,7 +46,7 @@ def trained_run(recipe: str, runs: Path) -> RunDir:
     )
     found = re.search(r"run ([0-9a-f]{10}) (?:complete|is already complete)", out.stdout)
     if out.returncode != 0 or not found:
-        raise SystemExit(f"fwk train recipe={recipe} failed:\n{out.stdout}\n{out.stderr}")
+        raise RuntimeError(f"fwk train recipe={recipe} failed: {(out.stderr or out.stdout).strip()[-300:]}")
     return RunDir(runs / found.group(1))
 
 
@@ -74,7 +74,8 @@ def _kept(recipe: str, runs: Path, method: str) -> tuple[RunDir, dict, dict]:
     raise SystemExit(f"--retime: no run of {recipe} under {runs} has an int8 export and a {method} one")
 
 
-def bench(recipe: str, args: argparse.Namespace) -> list[str]:
+def measure(recipe: str, args: argparse.Namespace):
+    """Train (or find) the run, export it twice, time the five models: everything the table shows."""
     if args.retime:  # time the exports made by an earlier run of this script, on a quieter machine
         run, report, pruned = _kept(recipe, args.runs, args.prune)
     else:
@@ -108,6 +109,11 @@ def bench(recipe: str, args: argparse.Namespace) -> list[str]:
         rounds=args.rounds,
     )
     load_after = os.getloadavg()[0]
+    return run, report, pruned, stages, runners, lat, threads, (load_before, load_after)
+
+
+def bench(recipe: str, args: argparse.Namespace) -> list[str]:
+    run, report, pruned, stages, runners, lat, threads, (load_before, load_after) = measure(recipe, args)
     fp32_size = stages["onnx fp32"]["size_bytes"]
     torch_ms = lat["torch eager fp32"]
     p = pruned["prune"]
@@ -209,7 +215,38 @@ def resnet50(args: argparse.Namespace) -> list[str]:
     return rows
 
 
-def main() -> None:
+def rows(quick: bool) -> list:
+    """For the harness (make bench): digits_cnn only (resnet_digits' lottery-ticket export takes
+    minutes on 2 cores), trained and exported into a temporary runs root."""
+    import tempfile
+
+    from harness import Row, Side, check
+
+    with tempfile.TemporaryDirectory(prefix="fwk-bench-export-") as tmp:
+        args = parser().parse_args(["--runs", tmp, "--rounds", "3" if quick else "6", "--per-round", "3"])
+        run, report, pruned, stages, runners, lat, threads, _ = measure("digits_cnn", args)
+    torch_ms = lat["torch eager fp32"]
+    out = []
+    torch_size = stages["torch fp32"]["size_bytes"]
+    for name, target_speed in (("onnx int8", ""), ("pruned onnx int8", ">= 3.8x")):
+        s = stages[name]
+        for b in (1, args.batch):
+            r = torch_ms[b].p50_ms / lat[name][b].p50_ms
+            tgt = target_speed if b == 1 else ""
+            out.append(Row(
+                "export", f"digits_cnn {name} vs torch eager fp32, batch {b}", "torch ms/model ms (speed)", r, None,
+                None, Side(name, lat[name][b].p50_ms, "ms p50"), Side("torch fp32", torch_ms[b].p50_ms, "ms p50"),
+                tgt, check(r, tgt), f"{threads} threads; ratio of p50s over interleaved rounds; acc drop "
+                f"{s['drop']:+.2f} pts"))
+        r = torch_size / s["size_bytes"]
+        tgt = ">= 8x" if name.startswith("pruned") else ""
+        out.append(Row("export", f"digits_cnn {name} size", "torch fp32/model bytes", r, r, r,
+                       Side(name, s["size_bytes"] / 1e6, "MB"), Side("torch fp32", torch_size / 1e6, "MB"), tgt,
+                       check(r, tgt), f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)"))
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("--recipes", default="digits_cnn,resnet_digits")
     parser.add_argument("--runs", type=Path, default=Path(os.environ.get("FWK_RUNS") or "runs"))
@@ -222,7 +259,11 @@ def main() -> None:
     parser.add_argument("--export", nargs="*", default=[], help="export.KEY=VALUE settings of both exports")
     parser.add_argument("--retime", action="store_true", help="time the exports an earlier run of this made")
     parser.add_argument("--resnet50-batch", type=int, default=8, help="batch N of ResNet-50's latency (0 = skip)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     import onnxruntime
     import torch
 

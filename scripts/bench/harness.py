@@ -141,7 +141,7 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 200),
     "auto": ("auto", "rows", 220),
-    "decode": ("decode", "harness_rows", 90),
+    "decode": ("decode_rows", "rows", 90),
     "datawait": ("datawait", "rows", 110),
     "tta": ("tta", "rows", 200),
     "precision": ("precision", "rows", 80),
@@ -199,10 +199,13 @@ def table(rows: list[Row]) -> str:
         if r.failed:
             lines.append(f"| {r.group} | {r.name} | failed | - | - | - | {r.target or '-'} | no | {r.failed} |")
             continue
-        med = f"{r.median:.2f}x [{r.lo:.2f}, {r.hi:.2f}]" if r.median is not None else "-"
+        med = "-" if r.median is None else f"{r.median:.2f}x"
+        if r.lo is not None and r.hi is not None and (r.lo, r.hi) != (r.median, r.median):
+            med += f" [{r.lo:.2f}, {r.hi:.2f}]"
         a, b = (f"{s.label} {_fmt(s.value)} {s.unit}" if s else "-" for s in (r.a, r.b))
         met = {True: "yes", False: "no", None: "-"}[r.met]
-        lines.append(f"| {r.group} | {r.name} | {r.ratio} | {med} | {a} | {b} | {r.target or '-'} | {met} | {r.notes} |")
+        target = r.target or "-"
+        lines.append(f"| {r.group} | {r.name} | {r.ratio} | {med} | {a} | {b} | {target} | {met} | {r.notes} |")
     return "\n".join(lines)
 
 

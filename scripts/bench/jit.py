@@ -20,15 +20,26 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fwk-be
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
+import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from common import arguments, batch_for, config, device_arg, engine_step, interleaved, machine  # noqa: E402
+from common import (  # noqa: E402
+    arguments,
+    batch_for,
+    config,
+    device_arg,
+    engine_step,
+    interleaved_times,
+    machine,
+    option_rows,
+)
 
 MODES = {"eager": "off", "compile": "compile", "auto": "auto"}
 
 
-def bench(workload: str, args) -> None:
+def measure(workload: str, args):
+    """Per-round seconds of each mode, compile seconds, and auto's verdict."""
     device = device_arg(args.device)
     batch = args.batch if workload == "resnet50" else args.gpt_batch
     steps, compile_s, verdict = {}, {}, {}
@@ -49,7 +60,14 @@ def bench(workload: str, args) -> None:
         verdict[label] = next((m for m in said if m.startswith("jit=auto keeps") or "back to eager" in m), "")
         steps[label] = lambda step=step, x=x, y=y, i=i: step(i, [(x, y)])
         steps[label]()  # one more warm-up step in the settled mode
-    medians = interleaved(steps, args.rounds, device)
+    return interleaved_times(steps, args.rounds, device), compile_s, verdict
+
+
+def bench(workload: str, args) -> None:
+    device = device_arg(args.device)
+    batch = args.batch if workload == "resnet50" else args.gpt_batch
+    times, compile_s, verdict = measure(workload, args)
+    medians = {label: statistics.median(ts) for label, ts in times.items()}
     size = f"{args.image_size} px, batch {batch}" if workload == "resnet50" else f"seq 128, batch {batch}"
     print(f"\n{workload} ({size}), {machine(device)}; median of {args.rounds} interleaved steps")
     print(f"{'mode':<8} {'ms/step':>9} {'vs eager':>9} {'compile s':>10}")
@@ -60,6 +78,17 @@ def bench(workload: str, args) -> None:
     if verdict["auto"]:
         print(f"auto said: {verdict['auto']}")
     print("(vs eager: eager time / mode time; > 1 is faster)")
+
+
+def rows(quick: bool) -> list:
+    """For the harness (make bench): the GPT only (ResNet-50's compile takes ~50 s on 2 cores)."""
+    args = arguments(gpt_batch=32, workloads="").parse_args([])
+    args.gpt_batch, args.rounds = (4, 3) if quick else (16, 5)
+    torch._dynamo.config.recompile_limit = 16
+    times, compile_s, verdict = measure("gpt", args)
+    note = "; ".join(f"{k} compiled in {v:.0f} s" for k, v in compile_s.items()) + (
+        f"; {verdict['auto']}" if verdict["auto"] else "")
+    return option_rows("jit", f"gpt (batch {args.gpt_batch})", times, "eager", note, {"auto": "<= 1.02x"})
 
 
 def main() -> None:

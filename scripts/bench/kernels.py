@@ -109,7 +109,8 @@ def gpu(args) -> None:
             )
 
 
-def cpu(args) -> None:
+def cpu_measure(args) -> dict[str, tuple[float, int]]:
+    """name -> (seconds, peak RSS bytes above before) of the chunked cross-entropy and the full-logits one."""
     import ctypes
 
     from fwk.kernels import cross_entropy
@@ -117,8 +118,6 @@ def cpu(args) -> None:
     # glibc: return every freed block over 64 KiB to the system at once (M_MMAP_THRESHOLD = -3),
     # so that the resident set size follows live memory
     ctypes.CDLL("libc.so.6").mallopt(-3, 65536)
-    print(f"{machine(torch.device('cpu'))}: no CUDA, so Triton kernels would run in the interpreter (no timings).")
-    print("The chunked cross-entropy's PyTorch twin against the full-logits reference, forward + backward:")
     g = torch.Generator().manual_seed(0)
     h = torch.randn(args.rows, args.width, generator=g).requires_grad_()
     w = (torch.randn(args.vocab, args.width, generator=g) * 0.02).requires_grad_()
@@ -135,12 +134,39 @@ def cpu(args) -> None:
         t0 = time.perf_counter()
         peak = peak_rss_during(fn) - base
         result[name] = (time.perf_counter() - t0, peak)
+    return result
+
+
+def cpu(args) -> None:
+    print(f"{machine(torch.device('cpu'))}: no CUDA, so Triton kernels would run in the interpreter (no timings).")
+    print("The chunked cross-entropy's PyTorch twin against the full-logits reference, forward + backward:")
+    result = cpu_measure(args)
     full_t, full_m = result["full logits"]
     for name, (secs, peak) in result.items():
         print(
             f"  {name:<12} {secs * 1000:8.1f} ms ({full_t / secs:.2f}x speed)  peak RSS +{peak / 1e6:7.1f} MB "
             f"({peak / max(full_m, 1):.2f}x of full)   rows {args.rows}, width {args.width}, vocab {args.vocab}"
         )
+
+
+def rows(quick: bool) -> list:
+    """For the harness (make bench): on CPU, the chunked cross-entropy's peak memory vs the full
+    logits (one measurement each: a peak, not a timing). On CUDA: every kernel vs eager."""
+    from harness import Row, Side, check
+
+    args = arguments(gpt_batch=0, workloads="").parse_args([])
+    args.rows, args.width, args.vocab = (256, 64, 4096) if quick else (1024, 256, 32768)
+    if torch.cuda.is_available():
+        raise RuntimeError("kernels on CUDA: run scripts/bench/kernels.py (its table is not in the harness yet)")
+    got = cpu_measure(args)
+    (ft, fm), (ct, cm) = got["full logits"], got["chunked"]
+    r = cm / max(fm, 1)
+    size = f"rows {args.rows}, width {args.width}, vocab {args.vocab}"
+    return [
+        Row("kernels", f"chunked linear cross-entropy peak memory ({size})", "chunked/full peak RSS", r, r, r,
+            Side("chunked", cm / 1e6, "MB"), Side("full logits", fm / 1e6, "MB"), "<= 0.3x", check(r, "<= 0.3x"),
+            f"one call each (fwd+bwd); time {ct * 1000:.0f} vs {ft * 1000:.0f} ms; Triton timings need CUDA"),
+    ]
 
 
 def main() -> None:

@@ -22,11 +22,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 import torch
-from common import arguments, batch_for, config, device_arg, engine_step, interleaved, machine, peak_rss_during, rss
+from common import (
+    arguments,
+    batch_for,
+    config,
+    device_arg,
+    engine_step,
+    interleaved_times,
+    machine,
+    peak_rss_during,
+    rss,
+)
 
 STRATEGIES = {
     "none": ["memory=none"],
@@ -60,18 +71,26 @@ def peak(workload: str, strategy: str, args: argparse.Namespace) -> int:
     return peak_rss_during(lambda: step(1, [(x, y)])) - before
 
 
-def bench(workload: str, args: argparse.Namespace) -> None:
+def measure(workload: str, args: argparse.Namespace, argv: list[str]):
+    """(per-round seconds, saved bytes, peak bytes) of each strategy; ``argv``: this script's
+    options for the child that measures each peak."""
     steps, saved, peaks = {}, {}, {}
     for strategy in STRATEGIES:
         device, step, memory, (x, y) = _setup(workload, strategy, args)
         saved[strategy] = measure_saved(step, memory, x, y)
         step(0, [(x, y)])  # warm-up
         steps[strategy] = lambda step=step, x=x, y=y: step(1, [(x, y)])
-        argv = [sys.executable, __file__, "--peak-of", f"{workload}:{strategy}", *sys.argv[1:]]
+        child = [sys.executable, __file__, "--peak-of", f"{workload}:{strategy}", *argv]
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout
+        out = subprocess.run(child, check=True, capture_output=True, text=True, env=env).stdout
         peaks[strategy] = json.loads(out)
-    medians = interleaved(steps, args.rounds, device)
+    return interleaved_times(steps, args.rounds, device), saved, peaks
+
+
+def bench(workload: str, args: argparse.Namespace) -> None:
+    device = device_arg(args.device)
+    times, saved, peaks = measure(workload, args, sys.argv[1:])
+    medians = {s: statistics.median(ts) for s, ts in times.items()}
     batch = args.batch if workload == "resnet50" else args.gpt_batch
     size = f"{args.image_size} px, batch {batch}" if workload == "resnet50" else f"8 layers, seq 128, batch {batch}"
     what = "peak alloc" if device.type == "cuda" else "peak RSS"
@@ -95,6 +114,34 @@ def measure_saved(step, memory, x, y) -> int:
             torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ys.reshape(-1)).backward()
     step.optimizer.zero_grad(set_to_none=True)
     return memory.meter.take()
+
+
+def rows(quick: bool) -> list:
+    """For the harness (make bench): per strategy, saved activation bytes and step time vs none
+    (saved bytes are exact counts, the same every rep: one figure, no spread)."""
+    from common import option_rows
+    from harness import Row, Side
+
+    size = ["--image-size", "32", "--batch", "4", "--gpt-batch", "4", "--rounds", "3"] if quick else [
+        "--image-size", "64", "--batch", "8", "--gpt-batch", "8", "--rounds", "5"]
+    args = arguments(gpt_batch=16, workloads="").parse_args(size)
+    out = []
+    for workload in ("resnet50", "gpt8"):
+        times, saved, peaks = measure(workload, args, size)
+        what = f"{workload} ({args.image_size} px, batch {args.batch})" if workload == "resnet50" else (
+            f"{workload} (batch {args.gpt_batch})")
+        targets = {"checkpoint": "<= 1.35x"}
+        out += option_rows("memory", f"{what} step time", times, "none", "", targets)
+        for s in STRATEGIES:
+            if s != "none":
+                r = saved[s] / saved["none"]
+                target = {"checkpoint": "<= 0.5x", "microbatch": "<= 0.3x"}.get(s, "")
+                from harness import check
+
+                out.append(Row("memory", f"{what} saved activations: {s}", f"{s}/none saved bytes", r, r, r,
+                               Side(s, saved[s] / 1e6, "MB"), Side("none", saved["none"] / 1e6, "MB"), target,
+                               check(r, target), f"peak RSS {peaks[s] / 1e6:.0f} vs {peaks['none'] / 1e6:.0f} MB"))
+    return out
 
 
 def main() -> None:

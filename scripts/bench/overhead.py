@@ -47,10 +47,10 @@ def workload(overrides: list[str]):
     return cfg, next(iter(loader)), data
 
 
-def plain_step(cfg):
+def plain_step(cfg, device: torch.device = torch.device("cpu")):
     """The plain loop's model (same init as fwk's), optimizer and step function."""
     torch.manual_seed(cfg.seed)
-    model = MODELS.get(cfg.model.name).builder(cfg.model).train()
+    model = MODELS.get(cfg.model.name).builder(cfg.model).to(device).train()
     opt = build_optimizer(cfg.optim, model)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -63,6 +63,22 @@ def plain_step(cfg):
     return step
 
 
+def k_steps(fwk, plain, x: torch.Tensor, y: torch.Tensor, k: int, start: int = 0):
+    """Two functions running ``k`` steps of each side on the batch (x, y); fwk's from step ``start``."""
+    i = [start]
+
+    def fwk_k() -> None:
+        for _ in range(k):
+            fwk(i[0], [(x, y)])
+            i[0] += 1
+
+    def plain_k() -> None:
+        for _ in range(k):
+            plain(x, y)
+
+    return fwk_k, plain_k
+
+
 def step_rows(quick: bool) -> list:
     rows = []
     reps, k = (3, 2) if quick else (7, 10)
@@ -70,17 +86,7 @@ def step_rows(quick: bool) -> list:
         cfg, (x, y), _ = workload(small if quick else full)
         fwk, _, _ = engine_step(cfg, torch.device("cpu"), cfg.train.batch_size)
         plain = plain_step(cfg)
-        i = [0]
-
-        def fwk_k() -> None:
-            for _ in range(k):
-                fwk(i[0], [(x, y)])
-                i[0] += 1
-
-        def plain_k() -> None:
-            for _ in range(k):
-                plain(x, y)
-
+        fwk_k, plain_k = k_steps(fwk, plain, x, y, k)
         pair = measure_pair(fwk_k, plain_k, reps=reps, warmup=1)
         ms = lambda ts: 1000 * sorted(ts)[len(ts) // 2] / k  # noqa: E731
         rows.append(

@@ -40,12 +40,50 @@ def run(recipe: str, steps: int, extra: list[str]) -> tuple[float, float | None]
             text=True,
         )
         if out.returncode != 0:
-            raise SystemExit(f"fwk train {' '.join(extra)} failed:\n{out.stdout}{out.stderr}")
+            raise RuntimeError(f"fwk train {' '.join(extra)} failed: {(out.stderr or out.stdout).strip()[-300:]}")
         (run_dir,) = Path(runs).iterdir()
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         waits = [r["comm_wait"] for r in rows if r["kind"] == "train" and "comm_wait" in r]
         return summary["samples_per_s"], statistics.median(waits) if waits else None
+
+
+def measure(recipe: str, steps: int, rounds: int, variants: dict[str, list[str]]):
+    """Per-round samples/s and comm-wait shares of each variant, in interleaved rounds (the
+    order turns each round, so that no variant always runs first)."""
+    speed: dict[str, list[float]] = {name: [] for name in variants}
+    wait: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples, share = run(recipe, steps, variants[name])
+            speed[name].append(samples)
+            if share is not None:
+                wait[name].append(share)
+    return speed, wait
+
+
+def rows(quick: bool) -> list:
+    """For the harness (make bench): 1 process vs 2 x DDP and 2 x FSDP on digits_cnn (gloo on CPU)."""
+    from harness import Side, ratio_row
+
+    steps, rounds = (10, 1) if quick else (40, 5)
+    variants = {k: v for k, v in VARIANTS.items() if k in ("1 process", "2 x DDP", "2 x FSDP")}
+    speed, wait = measure("digits_cnn", steps, rounds, variants)
+    out = []
+    for name in ("2 x DDP", "2 x FSDP"):
+        ratios = [a / b for a, b in zip(speed[name], speed["1 process"], strict=True)]
+        share = f"; comm wait {statistics.median(wait[name]):.0%}" if wait[name] else ""
+        out.append(
+            ratio_row(
+                "parallel", f"digits_cnn {steps} steps: {name}", ratios,
+                Side(name, statistics.median(speed[name]), "samples/s"),
+                Side("1 process", statistics.median(speed["1 process"]), "samples/s"),
+                f"{name}/1 process samples/s", "",
+                f"fwk train processes, {os.cpu_count()} cores{share}; a tiny model: communication dominates",
+            )
+        )
+    return out
 
 
 def main() -> None:
@@ -54,14 +92,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--recipe", default="digits_cnn")
     args = parser.parse_args()
-    speed: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    wait: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for _ in range(args.rounds):
-        for name, extra in VARIANTS.items():
-            samples, share = run(args.recipe, args.steps, extra)
-            speed[name].append(samples)
-            if share is not None:
-                wait[name].append(share)
+    speed, wait = measure(args.recipe, args.steps, args.rounds, VARIANTS)
     base = statistics.median(speed["1 process"])
     print(f"{args.recipe}, {args.steps} steps, {args.rounds} interleaved rounds, {os.cpu_count()} cores (CPU, gloo)")
     print("| variant | samples/s median (min-max) | vs 1 process | comm wait (median) |")

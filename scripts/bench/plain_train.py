@@ -33,7 +33,8 @@ def main() -> None:
     model = SmallCNN(1, 32, 64, 128, 10)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
     warm = 20  # linear warm-up, then cosine decay to 0, as the recipe's schedule
-    lr = lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, args.steps - warm)))  # noqa: E731
+    decay = max(1, args.steps - warm)
+    lr = lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / decay))  # noqa: E731
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr)
     step = 0
     while step < args.steps:

@@ -13,13 +13,15 @@ Target: ``auto`` is never slower than fp32 (ratio <= 1.00 within noise), on any 
 from __future__ import annotations
 
 import argparse
+import statistics
 
-from common import arguments, batch_for, config, device_arg, engine_step, interleaved, machine
+from common import arguments, batch_for, config, device_arg, engine_step, interleaved_times, machine, option_rows
 
 OPTIONS = ["fp32", "bf16", "fp16", "staged", "auto"]
 
 
-def bench(workload: str, args: argparse.Namespace) -> None:
+def measure(workload: str, args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Per-round seconds of each option's step, and the format each ran as."""
     device = device_arg(args.device)
     batch = args.batch if workload == "resnet50" else args.gpt_batch
     steps, chosen = {}, {}
@@ -32,13 +34,34 @@ def bench(workload: str, args: argparse.Namespace) -> None:
         step(at, [(x, y)])  # warm-up (and for auto, the end of its range probe)
         steps[option] = lambda step=step, x=x, y=y, at=at: step(at, [(x, y)])
         chosen[option] = precision.format
-    medians = interleaved(steps, args.rounds, device)
+    return interleaved_times(steps, args.rounds, device), chosen
+
+
+def bench(workload: str, args: argparse.Namespace) -> None:
+    device = device_arg(args.device)
+    batch = args.batch if workload == "resnet50" else args.gpt_batch
+    times, chosen = measure(workload, args)
+    medians = {option: statistics.median(ts) for option, ts in times.items()}
     size = f"{args.image_size} px, batch {batch}" if workload == "resnet50" else f"seq 128, batch {batch}"
     print(f"\n{workload} ({size}), {machine(device)}; median of {args.rounds} interleaved steps")
     print(f"{'option':<8} {'runs as':<8} {'ms/step':>9} {'vs fp32':>8}")
     for option in OPTIONS:
         ms = medians[option] * 1000
         print(f"{option:<8} {chosen[option]:<8} {ms:9.1f} {medians[option] / medians['fp32']:7.2f}x")
+
+
+def rows(quick: bool) -> list:
+    """For the harness (make bench): small sizes, so that bf16/fp16 on a CPU without native
+    support (~10-20x slower there) fit its budget."""
+    args = arguments(gpt_batch=32, workloads="").parse_args([])
+    args.image_size, args.batch, args.gpt_batch, args.rounds = (32, 2, 2, 3) if quick else (32, 8, 8, 5)
+    out = []
+    for workload in ("resnet50", "gpt"):
+        times, chosen = measure(workload, args)
+        size = f"{args.image_size} px, batch {args.batch}" if workload == "resnet50" else f"batch {args.gpt_batch}"
+        note = "auto ran as " + chosen["auto"] + "; staged in its main phase"
+        out += option_rows("precision", f"{workload} ({size})", times, "fp32", note, {"auto": "<= 1.05x"})
+    return out
 
 
 def main() -> None:

@@ -1,0 +1,158 @@
+"""Time to accuracy: fwk against the plain loop, as a ratio of wall times.
+
+Both sides start from nothing (data, model, optimizer built inside the timed span), train
+the recipe with the same batch and schedule, evaluate every ``every`` steps on the same
+validation batches, and stop at the first evaluation that reaches the target:
+digits_cnn to val_acc >= 0.985; gpt_stdlib to a val loss in nats/byte. fwk is the real
+``train()`` at the recipe's defaults (its autos deciding as in any run) stopped by a
+tracking sink that sees the eval row; the plain loop is fp32 eager PyTorch. Ratio: fwk
+seconds / plain seconds (< 1 is fwk faster).
+
+The issue asks gpt_stdlib to 1.7 nats/byte: on 2 CPU cores that takes ~900 steps (minutes
+per run, too long for 5 interleaved reps of each side within `make bench`'s 20 minutes),
+so on a CPU the row measures to a looser target, reached in ~150 steps, and says so.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from harness import Side, guarded, measure_pair, ratio_row
+from omegaconf import OmegaConf
+
+from fwk.config.compose import compose
+from fwk.config.validate import to_typed
+from fwk.engine.build import build_data
+from fwk.engine.trainer import train
+from fwk.models import MODELS
+from fwk.optim import build_optimizer, build_schedule
+from fwk.track.store import open_run
+
+
+class Reached(Exception):
+    pass
+
+
+def met(row: dict, metric: str, target: float) -> bool:
+    value = row.get(metric)
+    return value is not None and (value >= target if metric == "val_acc" else value <= target)
+
+
+class StopAt:
+    """A tracking sink: raises ``Reached`` at the first eval row meeting the target."""
+
+    def __init__(self, metric: str, target: float) -> None:
+        self.metric, self.target, self.step = metric, target, None
+
+    def start(self, step: int) -> None:
+        pass
+
+    def log(self, step: int, row: dict, kind: str) -> None:
+        if kind == "eval" and met(row, self.metric, self.target):
+            self.step = step
+            raise Reached
+
+    def close(self) -> None:
+        pass
+
+
+def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> int:
+    """Steps fwk took to reach the target (raises if it never did)."""
+    cfg = to_typed(compose(overrides))
+    text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    run = open_run(root, "bench", text, f"tta-{time.monotonic_ns()}", 1)
+    stop = StopAt(metric, target)
+    try:
+        train(cfg, run, tracking=stop)
+    except Reached:
+        return stop.step
+    raise RuntimeError(f"fwk never reached {metric} {target} in {cfg.train.max_steps} steps")
+
+
+def plain_run(overrides: list[str], metric: str, target: float) -> int:
+    """The plain loop, fp32 eager, evaluating the same way; steps it took."""
+    cfg = to_typed(compose([*overrides, "precision=fp32", "jit=off"]))
+    torch.manual_seed(cfg.seed)
+    data = build_data(cfg.data, seed=cfg.seed)
+    model = MODELS.get(cfg.model.name).builder(cfg.model)
+    opt = build_optimizer(cfg.optim, model)
+    sched = build_schedule(cfg.schedule, opt, cfg.train.max_steps)
+    loader = torch.utils.data.DataLoader(data.train, batch_size=cfg.train.batch_size, shuffle=True, drop_last=True)
+    val = torch.utils.data.DataLoader(data.val, batch_size=cfg.train.batch_size)
+    step = 0
+    while step < cfg.train.max_steps:
+        for x, y in loader:
+            logits = model(x)
+            F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).backward()
+            if cfg.train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            step += 1
+            if step % cfg.train.eval_every == 0 and met(evaluate(model, val, cfg.train.eval_batches), metric, target):
+                return step
+            if step == cfg.train.max_steps:
+                break
+    raise RuntimeError(f"the plain loop never reached {metric} {target} in {cfg.train.max_steps} steps")
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, val, max_batches: int) -> dict:
+    model.eval()
+    loss, correct, n = 0.0, 0, 0
+    for i, (x, y) in enumerate(val):
+        if max_batches and i >= max_batches:
+            break
+        logits = model(x)
+        logits = logits.reshape(-1, logits.size(-1))  # (N, classes): images or tokens
+        loss += F.cross_entropy(logits, y.reshape(-1), reduction="sum").item()
+        correct += (logits.argmax(-1) == y.reshape(-1)).sum().item()
+        n += y.numel()
+    model.train()
+    return {"val_loss": loss / n, "val_acc": correct / n}
+
+
+CASES = {  # name -> (overrides, metric, target, note), at full size and --quick size
+    "digits_cnn": (
+        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.985, "the issue's target"),
+        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.95, "--quick: a looser target"),
+    ),
+    "gpt_stdlib": (
+        (["recipe=gpt_stdlib", "train.eval_every=25", "train.eval_batches=16"], "val_loss", 2.5,
+         "not the issue's 1.7 nats/byte (~900 steps on 2 cores: minutes per run); 2.5 is reached in ~150 steps"),
+        (["recipe=gpt_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8"], "val_loss",
+         3.5, "--quick: a loose target"),
+    ),
+}
+
+
+def one(name: str, quick: bool) -> list:
+    overrides, metric, target, note = CASES[name][1 if quick else 0]
+    overrides = [*overrides, "checkpoint.every=0", "train.device=cpu"]
+    steps: dict[str, list[int]] = {"fwk": [], "plain": []}
+    with tempfile.TemporaryDirectory(prefix="fwk-bench-tta-") as tmp:
+        pair = measure_pair(
+            lambda: steps["fwk"].append(fwk_run(overrides, metric, target, Path(tmp))),
+            lambda: steps["plain"].append(plain_run(overrides, metric, target)),
+            reps=3 if quick else 5,
+            warmup=0,
+        )
+    med = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731
+    what = f"val_acc >= {target}" if metric == "val_acc" else f"val loss <= {target} nats/byte"
+    return [
+        ratio_row(
+            "tta", f"{name} to {what}", pair.ratios(),
+            Side("fwk", med(pair.a), "s"), Side("plain", med(pair.b), "s"), "fwk/plain seconds to target", "",
+            f"{note}; steps fwk {med(steps['fwk'])}, plain {med(steps['plain'])}; no warm-up rep (each run is cold)",
+        )
+    ]
+
+
+def rows(quick: bool) -> list:
+    return [r for name in CASES for r in guarded("tta", name, lambda name=name: one(name, quick))]
+

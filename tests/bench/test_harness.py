@@ -1,0 +1,68 @@
+"""The pure parts of scripts/bench/harness.py (make bench): no real benchmark runs here."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
+
+import harness  # noqa: E402
+from harness import Row, Side, check, measure_pair, ratio_row, table  # noqa: E402
+
+
+def test_measure_pair_warms_up_then_alternates_who_goes_first():
+    calls: list[str] = []
+    pair = measure_pair(lambda: calls.append("a") or 2.0, lambda: calls.append("b") or 1.0, reps=5, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    assert pair.order == calls[2:]
+    assert pair.a == [2.0] * 5 and pair.b == [1.0] * 5
+    assert pair.ratios() == [2.0] * 5 and pair.ratios(invert=True) == [0.5] * 5
+
+
+def test_measure_pair_times_sides_that_return_nothing():
+    pair = measure_pair(lambda: None, lambda: None, reps=3, warmup=0)
+    assert len(pair.a) == len(pair.b) == 3 and all(t >= 0 for t in pair.a + pair.b)
+
+
+def test_ratio_row_takes_median_min_max_and_checks_the_target():
+    sides = Side("fwk", 1, "s"), Side("plain", 1, "s")
+    row = ratio_row("g", "n", [1.0, 1.3, 0.9, 1.01, 1.02], *sides, "fwk/plain", "<= 1.02x")
+    assert (row.median, row.lo, row.hi) == (1.01, 0.9, 1.3)
+    assert row.met is True
+    assert check(2.1, ">= 2x") is True and check(0.06, "< 5%") is False and check(1.0, "") is None
+
+
+def test_table_shows_each_row_and_a_failed_one_with_its_reason():
+    rows = [
+        ratio_row("overhead", "step", [1.0, 1.1, 1.2], Side("fwk", 3.0, "ms"), Side("plain", 2.9, "ms"), "fwk/plain"),
+        harness.failed("decode", "decode", "ImportError: no module\n named decode"),
+    ]
+    text = table(rows)
+    lines = text.splitlines()
+    assert len(lines) == 4
+    assert "| overhead | step | fwk/plain | 1.10x [1.00, 1.20] | fwk 3 ms | plain 2.9 ms |" in lines[2]
+    assert "failed" in lines[3] and "ImportError: no module named decode" in lines[3]
+
+
+def test_a_failing_group_becomes_a_failed_row_and_json_is_written(tmp_path, monkeypatch):
+    rows = harness.guarded("g", "boom", lambda: 1 / 0)
+    assert rows[0].failed == "ZeroDivisionError: division by zero"
+    ok = Row("g", "fine", "a/b", 1.0, 1.0, 1.0, Side("a", 1.0, "s"), Side("b", 1.0, "s"))
+    info = {"host": "testhost", "cpu": "x", "cores": 2}
+    path = harness.write_json([ok, *rows], tmp_path, info, 1.5, quick=False)
+    assert path.name.endswith("-testhost.json") and path.parent == tmp_path
+    doc = json.loads(path.read_text())
+    assert doc["machine"] == info and doc["wall_s"] == 1.5
+    assert [r["name"] for r in doc["rows"]] == ["fine", "boom"]
+    assert harness.from_dict(doc["rows"][0]) == ok
+
+
+def test_a_group_that_crashes_or_overruns_in_its_child_is_a_failed_row():
+    (row,) = harness.run_isolated("no_such_group", quick=True, budget=60)  # the child raises KeyError
+    assert row.failed == "KeyError: 'no_such_group'"
+    (row,) = harness.run_isolated("no_such_group", quick=True, budget=0.01)
+    assert row.failed == "over its budget of 0 s"
+    with pytest.raises(ValueError):
+        measure_pair(lambda: None, lambda: None, reps=0)
