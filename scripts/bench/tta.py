@@ -64,7 +64,7 @@ def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> int
     """Steps fwk took to reach the target (raises if it never did)."""
     cfg = to_typed(compose(overrides))
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
-    run = open_run(root, "bench", text, f"tta-{time.monotonic_ns()}", 1)
+    run = open_run(root, f"tta-{time.monotonic_ns()}", text, "bench", 1)  # a fresh run dir: never a resume
     stop = StopAt(metric, target)
     try:
         train(cfg, run, tracking=stop)
