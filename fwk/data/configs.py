@@ -32,7 +32,9 @@ class DigitsConfig:
 @dataclass
 class ImageFolderConfig:
     name: str = doc("imagefolder", "registry name")
-    root: str = doc("", "ImageNet-layout folder: root/train/<class>/*.JPEG, root/val/<class>/*.JPEG")
+    root: str = doc(
+        "", "ImageNet-layout folder: root/train/<class>/*.JPEG, root/val/<class>/*.JPEG (or png, webp, bmp, ppm, tif)"
+    )
     image_size: int = doc(224, "side of the square image fed to the model, in pixels")
     val_resize: int = doc(256, "validation: shorter side is resized to this before the center crop, in pixels")
     min_scale: float = doc(0.08, "train: smallest RandomResizedCrop area, as a fraction of the image area")

@@ -1,4 +1,7 @@
-"""ImageNet-layout JPEG folders: ``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``.
+"""ImageNet-layout image folders: ``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``.
+
+JPEG is the fast path; PNG, WebP, BMP, PPM/PGM and TIFF files are read too (the
+extensions of torchvision's ``ImageFolder``).
 
 Augmentation is reproducible per item: item ``i`` of epoch ``e`` draws its randomness from
 a seed derived from ``(seed, e, i)``, so it is the same whatever the number of loader
@@ -26,7 +29,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class JpegFolder(Dataset):
-    """(image, label) pairs from a list of JPEG files; image is (3, S, S) float32, normalized.
+    """(image, label) pairs from a list of image files; image is (3, S, S) float32, normalized.
 
     Paths are kept in one bytes blob plus an offsets tensor rather than a list of 1.3M
     Python strings: forked loader workers touching each string's refcount would copy the
@@ -91,16 +94,50 @@ def seeded_cpu_rng(seed: int) -> Iterator[None]:
         generator.set_state(state)
 
 
+# Formats torchvision decodes itself, by their first bytes (the file name can lie: ImageNet's
+# train set holds a PNG named n02105855_2933.JPEG). JPEG is checked first: the fast path.
+_JPEG = b"\xff\xd8\xff"
+_TORCHVISION_MAGIC = (b"\x89PNG", b"GIF8")
+
+
 def decode_rgb(path: str) -> torch.Tensor:
-    from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
+    """The image file at ``path`` as (3, H, W) uint8 RGB, whatever its format."""
+    from torchvision.io import read_file
 
     data = read_file(path)
     try:
+        return decode_bytes(data)
+    except (RuntimeError, OSError) as exc:  # PIL's UnidentifiedImageError is an OSError
+        reason = " ".join(str(exc).split())[:200]
+        raise UserError(f"cannot decode image {path}: {reason}; replace or remove the file") from None
+
+
+def decode_bytes(data: torch.Tensor) -> torch.Tensor:
+    """An encoded image (1-D uint8) as (3, H, W) uint8 RGB.
+
+    JPEG: libjpeg-turbo through ``decode_jpeg``; PNG, GIF, WebP: ``decode_image``; the
+    formats torchvision cannot decode (BMP, PPM/PGM, TIFF): PIL, as torchvision's own
+    ``ImageFolder`` reads every file (``convert("RGB")``).
+    """
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    head = data[:12].numpy().tobytes()
+    if head.startswith(_JPEG):
         return decode_jpeg(data, mode=ImageReadMode.RGB)
-    except RuntimeError:
-        # ImageNet's train set holds a PNG named .JPEG (n02105855_2933.JPEG); decode_image
-        # sniffs the format from the bytes.
+    if head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
         return decode_image(data, mode=ImageReadMode.RGB)
+    return _decode_pil(data)
+
+
+def _decode_pil(data: torch.Tensor) -> torch.Tensor:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        rgb = np.asarray(image.convert("RGB"))  # (H, W, 3)
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)  # copy: asarray is read-only; (3, H, W) view
 
 
 def train_transform(cfg: ImageFolderConfig) -> Callable[[torch.Tensor], torch.Tensor]:
