@@ -24,6 +24,10 @@ class DataBundle:
     whatever the number of loader workers, and a resumed run sees the same items.
     ``mean`` and ``std`` are what image items were normalized with (one value per channel,
     or one for all); ``fwk data preview`` undoes it to show the images. None: not normalized.
+    ``in_memory``: items are cheap slices of tensors already in memory (or made from a seed
+    in microseconds): ``loader=auto`` loads them in the training process, as worker
+    processes would only add copies. False (files to read and decode, or unknown): auto
+    measures worker counts.
     """
 
     train: Dataset
@@ -32,6 +36,7 @@ class DataBundle:
     num_classes: int
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    in_memory: bool = False
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
