@@ -102,14 +102,30 @@ _TORCHVISION_MAGIC = (b"\x89PNG", b"GIF8")
 
 def decode_rgb(path: str) -> torch.Tensor:
     """The image file at ``path`` as (3, H, W) uint8 RGB, whatever its format."""
-    from torchvision.io import read_file
-
-    data = read_file(path)
+    data = read_bytes(path)
     try:
         return decode_bytes(data)
     except (RuntimeError, OSError) as exc:  # PIL's UnidentifiedImageError is an OSError
         reason = " ".join(str(exc).split())[:200]
         raise UserError(f"cannot decode image {path}: {reason}; replace or remove the file") from None
+
+
+def read_bytes(path: str) -> torch.Tensor:
+    """The file's bytes as a 1-D uint8 tensor, read with read(2) into the tensor.
+
+    Not ``torchvision.io.read_file``: it maps the file into memory, and the page faults and
+    the unmap per image cost ~3x the system CPU time of a plain read (measured: ~29 vs ~10
+    us an image at 64 px), the main part of a loader worker's system time.
+    """
+    with open(path, "rb", buffering=0) as f:
+        data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
+        view, done = memoryview(data.numpy()), 0
+        while done < len(view):  # read(2) may return less than asked
+            got = f.readinto(view[done:])
+            if not got:
+                break
+            done += got
+    return data[:done]
 
 
 def decode_bytes(data: torch.Tensor) -> torch.Tensor:

@@ -192,20 +192,12 @@ class _ByEpoch(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
 
-def _worker_init(worker_id: int) -> None:
-    # A worker decodes one item at a time: torch's intra-op threads (one per core by
-    # default, in every worker) only spin and contend with the other workers and the
-    # training process, which shows as system CPU time.
-    torch.set_num_threads(1)
-
-
 def loader_kwargs(plan: LoaderPlan) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"num_workers": plan.num_workers, "pin_memory": plan.pin_memory}
     if plan.num_workers > 0:
         kwargs.update(
             prefetch_factor=plan.prefetch_factor,
             persistent_workers=plan.persistent_workers,
-            worker_init_fn=_worker_init,
         )
     return kwargs
 

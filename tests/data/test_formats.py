@@ -64,6 +64,18 @@ def test_jpeg_decodes_close_to_pil(tmp_path):
     assert (got - want).abs().float().mean() < 1.0
 
 
+def test_read_bytes_reads_what_torchvision_reads(tmp_path):
+    from torchvision.io import read_file
+
+    from fwk.data.imagefolder import read_bytes
+
+    path = tmp_path / "image.jpg"
+    _pixels("RGB").save(path, "JPEG", quality=90)
+    assert torch.equal(read_bytes(str(path)), read_file(str(path)))
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    assert read_bytes(str(tmp_path / "empty.jpg")).numel() == 0
+
+
 def test_a_png_named_jpeg_is_read_by_its_bytes(tmp_path):
     path = tmp_path / "n02105855_2933.JPEG"  # ImageNet's train set has such a file
     _pixels("RGB").save(path, "PNG")

@@ -111,6 +111,7 @@ def test_persistent_workers_resume_exactly_across_epochs(tmp_path):
 
 
 def test_imagefolder_run_with_auto_loader_resumes_bit_exactly(tmp_path):
+    """Persistent workers (auto), resumed mid-epoch, end with the weights of a straight run."""
     root = write_tree(tmp_path / "imagenet")
     args = [
         "train",
@@ -126,6 +127,7 @@ def test_imagefolder_run_with_auto_loader_resumes_bit_exactly(tmp_path):
         "train.log_every=2",
         "checkpoint.every=4",
         "checkpoint.keep=5",
+        "loader.num_workers=2",  # a folder of 12 tiny images measures fastest in-process: ask for workers
     ]
     runs = tmp_path / "runs"
     straight = run_fwk(*args, runs=runs)
