@@ -39,9 +39,15 @@ class ImageFolderConfig:
     val_resize: int = doc(256, "validation: shorter side is resized to this before the center crop, in pixels")
     min_scale: float = doc(0.08, "train: smallest RandomResizedCrop area, as a fraction of the image area")
     hflip: bool = doc(True, "train: flip half of the images left-right")
+    decode: str = doc(
+        "cpu",
+        "cpu: loader workers decode and augment; gpu: workers read the files, the training process decodes "
+        "each batch's JPEGs at once with nvJPEG and augments on the GPU (CUDA only; same crops as cpu)",
+    )
 
     def check(self) -> None:
         """Cheap checks the launcher runs before starting workers (no scan of the files)."""
+        check_decode(self.decode)
         check_layout(self.root)
 
     def fingerprint(self) -> Fingerprint:
@@ -80,6 +86,13 @@ def layout_hint(root: str) -> str:
         f"expected an ImageNet-layout folder: {root}/train/<class>/*.JPEG and "
         f"{root}/val/<class>/*.JPEG (set data.root=...)"
     )
+
+
+def check_decode(decode: str) -> None:
+    if decode not in ("cpu", "gpu"):
+        raise UserError(
+            f"data.decode={decode!r} is not allowed: expected one of cpu, gpu (fix it with data.decode=...)"
+        )
 
 
 def check_layout(root: str) -> str:

@@ -13,19 +13,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from itertools import accumulate
 
 import torch
 from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle, item_seed
-from fwk.data.configs import ImageFolderConfig, check_layout, layout_hint
+from fwk.data.configs import ImageFolderConfig, check_decode, check_layout, layout_hint
 from fwk.data.registry import register_data
 from fwk.data.sources import IMAGE_EXTENSIONS as EXTENSIONS
 from fwk.errors import UserError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
 class JpegFolder(Dataset):
@@ -128,6 +130,10 @@ def read_bytes(path: str) -> torch.Tensor:
     return data[:done]
 
 
+def is_jpeg(data: torch.Tensor) -> bool:
+    return data[:3].numpy().tobytes() == _JPEG
+
+
 def decode_bytes(data: torch.Tensor) -> torch.Tensor:
     """An encoded image (1-D uint8) as (3, H, W) uint8 RGB.
 
@@ -138,7 +144,7 @@ def decode_bytes(data: torch.Tensor) -> torch.Tensor:
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
     head = data[:12].numpy().tobytes()
-    if head.startswith(_JPEG):
+    if is_jpeg(data):
         return decode_jpeg(data, mode=ImageReadMode.RGB)
     if head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
         return decode_image(data, mode=ImageReadMode.RGB)
@@ -233,17 +239,28 @@ def find_images(root: str) -> tuple[list[str], tuple[list[str], list[int]], tupl
 
 @register_data(ImageFolderConfig)
 def imagefolder(cfg: ImageFolderConfig, *, seed: int) -> DataBundle:
+    check_decode(cfg.decode)
     classes, (train_paths, train_labels), (val_paths, val_labels) = find_images(cfg.root)
     root = os.path.expanduser(cfg.root)
-    train = JpegFolder(
-        os.path.join(root, "train"), train_paths, train_labels, train_transform(cfg), seed=seed, random=True
+    random, fixed = train_transform(cfg), val_transform(cfg)
+    train = JpegFolder(os.path.join(root, "train"), train_paths, train_labels, random, seed=seed, random=True)
+    val = JpegFolder(os.path.join(root, "val"), val_paths, val_labels, fixed, seed=seed, random=False)
+    bundle = DataBundle(
+        train=train, val=val, task="classification", num_classes=len(classes), mean=IMAGENET_MEAN, std=IMAGENET_STD
     )
-    val = JpegFolder(os.path.join(root, "val"), val_paths, val_labels, val_transform(cfg), seed=seed, random=False)
-    return DataBundle(
-        train=train,
-        val=val,
-        task="classification",
-        num_classes=len(classes),
-        mean=IMAGENET_MEAN,
-        std=IMAGENET_STD,
+    return _on_gpu(bundle, random, fixed) if cfg.decode == "gpu" else bundle
+
+
+def _on_gpu(bundle: DataBundle, random: Transform, fixed: Transform) -> DataBundle:
+    """data.decode=gpu: workers read bytes, the training process decodes and augments on the GPU."""
+    from fwk.data import gpu_decode
+
+    if not torch.cuda.is_available():
+        raise UserError("data.decode=gpu decodes with nvJPEG on a CUDA device, and there is none; use data.decode=cpu")
+    return replace(
+        bundle,
+        train=gpu_decode.EncodedImages(bundle.train),  # type: ignore[arg-type]
+        val=gpu_decode.EncodedImages(bundle.val),  # type: ignore[arg-type]
+        collate=gpu_decode.collate,
+        finish=gpu_decode.DecodeOnDevice(random, fixed),
     )

@@ -127,14 +127,16 @@ def for_run(cfg: LoaderConfig, data: DataBundle, batch_size: int, cuda: bool, sa
     """This rank's plan; with loader=auto, one line says what was chosen and why."""
     measure = None
     if cfg.name == "auto" and cfg.num_workers < 0 and not data.in_memory:
-        measure = lambda workers: measure_rate(data.train, batch_size, workers, MEASURE_S / 3)  # noqa: E731
+        measure = lambda workers: measure_rate(data.train, batch_size, workers, MEASURE_S / 3, data.collate)  # noqa: E731
     chosen, why = decide(cfg, Host.here(cuda), data.in_memory, measure)
     if cfg.name == "auto":
         say(why)
     return chosen
 
 
-def measure_rate(dataset: Dataset, batch_size: int, workers: int, seconds: float) -> float:
+def measure_rate(
+    dataset: Dataset, batch_size: int, workers: int, seconds: float, collate: Callable[[list[Any]], Any] | None = None
+) -> float:
     """Items/s of a throwaway loader with ``workers`` over a fixed spread of items, timed from
     its first batch for about ``seconds``. The run's random streams are left as they were."""
     n = len(dataset)  # type: ignore[arg-type]
@@ -143,7 +145,8 @@ def measure_rate(dataset: Dataset, batch_size: int, workers: int, seconds: float
     items = Subset(dataset, [i * n // count for i in range(count)])
     states = torch.get_rng_state(), random.getstate(), np.random.get_state()  # a custom data set may draw
     start = time.perf_counter()
-    loader = DataLoader(items, batch_size=batch, generator=torch.Generator(), **loader_kwargs(LoaderPlan(workers)))
+    kwargs = loader_kwargs(LoaderPlan(workers))
+    loader = DataLoader(items, batch_size=batch, generator=torch.Generator(), collate_fn=collate, **kwargs)
     done, first = 0, None
     try:
         for _ in loader:
@@ -206,9 +209,16 @@ class TrainLoader:
     """An endless iterator of training batches for this rank, resumable by state_dict."""
 
     def __init__(
-        self, dataset: Dataset, batch_size: int, rank: int, world_size: int, seed: int, plan: LoaderPlan
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        plan: LoaderPlan,
+        collate: Callable[[list[Any]], Any] | None = None,
     ) -> None:
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.dataset, self.batch_size, self.seed, self.collate = dataset, batch_size, seed, collate
         self.sampler = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
@@ -238,6 +248,7 @@ class TrainLoader:
             sampler=keys,
             drop_last=True,
             generator=generator,
+            collate_fn=self.collate,
             **self.kwargs,
         )
         while True:
@@ -255,7 +266,14 @@ class TrainLoader:
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
 
 
-def val_loader(dataset: Dataset, batch_size: int, rank: int, world_size: int, plan: LoaderPlan) -> DataLoader:
+def val_loader(
+    dataset: Dataset,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    plan: LoaderPlan,
+    collate: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader:
     """This rank's strided shard of the validation set: no padding, no duplicates."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]
-    return DataLoader(shard, batch_size=batch_size, shuffle=False, **loader_kwargs(plan))
+    return DataLoader(shard, batch_size=batch_size, shuffle=False, collate_fn=collate, **loader_kwargs(plan))

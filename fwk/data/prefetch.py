@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
+
+Finish = Callable[[Any, torch.device], Any]  # DataBundle.finish: a loaded batch -> (inputs, targets) on the device
 
 
 def _to(batch: Any, device: torch.device) -> Any:
@@ -40,20 +43,38 @@ class DevicePrefetcher:
     stream waits for the copy only on the GPU, not on the host.
     """
 
-    def __init__(self, batches: Iterator[Any], device: torch.device) -> None:
-        self.batches, self.device = batches, device
+    def __init__(self, batches: Iterator[Any], device: torch.device, finish: Finish | None = None) -> None:
+        self.batches, self.device, self.finish = batches, device, finish
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def __iter__(self) -> DevicePrefetcher:
         return self
 
+    def _move(self, batch: Any) -> Any:
+        return self.finish(batch, self.device) if self.finish is not None else _to(batch, self.device)
+
     def __next__(self) -> Any:
         batch = next(self.batches)
         if self.stream is None:
-            return batch  # CPU: TrainStep's .to(device) is a no-op, as before
+            # CPU: the batch as it comes (TrainStep's .to(device) is a no-op, as before)
+            return self.finish(batch, self.device) if self.finish is not None else batch
         current = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.stream):
-            batch = _to(batch, self.device)
+            batch = self._move(batch)  # DataBundle.finish (data.decode=gpu) decodes here
         current.wait_stream(self.stream)
         _record(batch, current)  # the caching allocator must not reuse it while compute reads it
         return batch
+
+
+class OnDevice:
+    """A loader whose batches come through a ``DevicePrefetcher`` (evaluation's loader)."""
+
+    def __init__(self, loader: DataLoader, device: torch.device, finish: Finish | None = None) -> None:
+        self.loader, self.device, self.finish = loader, device, finish
+        self.dataset = loader.dataset
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> DevicePrefetcher:
+        return DevicePrefetcher(iter(self.loader), self.device, self.finish)

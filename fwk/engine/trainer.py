@@ -22,7 +22,7 @@ import torch
 
 from fwk.config.schema import Config
 from fwk.data import loader as loading
-from fwk.data.prefetch import DevicePrefetcher
+from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.engine import parallel
 from fwk.engine.build import build_data, build_model
 from fwk.engine.checkpoint import Checkpointer, RewindPoint, set_rng_state
@@ -144,8 +144,10 @@ def train(
     )
     train_step = TrainStep(model, optimizer, precision, memory, jit, kernels, cfg.train, d, diagnostics)
     plan = loading.for_run(cfg.loader, data, per_rank, d.device.type == "cuda", reporter.message)
-    loader = loading.TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, plan)
-    val = loading.val_loader(data.val, per_rank, d.rank, d.world_size, plan)
+    loader = loading.TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, plan, data.collate)
+    val = OnDevice(
+        loading.val_loader(data.val, per_rank, d.rank, d.world_size, plan, data.collate), d.device, data.finish
+    )
     ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, parallel.sharded(raw))
     rewind = RewindPoint(run.path / "rewind", d, cfg.checkpoint.rewind_at, cfg.train.max_steps)
 
@@ -175,7 +177,7 @@ def train(
     stop = StopSignal()
     window = Window(d.device)
     train_time, train_samples, data_wait, final_eval = 0.0, 0, 0.0, {}
-    batches = DevicePrefetcher(iter(loader), d.device)
+    batches = DevicePrefetcher(iter(loader), d.device, data.finish)
     model.train()
     try:
         while step < cfg.train.max_steps:
