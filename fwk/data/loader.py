@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 from fwk.config.schema import LoaderConfig
 from fwk.data.base import DataBundle
 
-MAX_WORKERS = 16  # beyond this a rank's workers contend for memory bandwidth more than they add
+MAX_WORKERS = 16  # a cap per rank: each worker holds its own copy of the data set and its queued batches
 MEASURE_S = 1.5  # the whole start-up measurement (three worker counts, their start included)
 IN_PROCESS_MARGIN = 2.0  # loading in the training process wins only when this many times faster
 QUEUE = 4  # batches in flight that auto aims for: smooths one slow file or one slow step
