@@ -145,3 +145,33 @@ def test_imagefolder_run_with_auto_loader_resumes_bit_exactly(tmp_path):
     got = torch.load(run / "checkpoints/step-00000008/state.pt", weights_only=True)["model"]
     for name, tensor in expected.items():
         assert torch.equal(got[name], tensor), name
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["loader=manual", "loader.num_workers=-1"], "loader.num_workers=-1 is not allowed: expected an integer >= 0"),
+        (["loader.pin_memory=maybe"], "loader.pin_memory='maybe' is not allowed: expected one of auto, true, false"),
+        (
+            ["loader.prefetch_factor=-1"],
+            "loader.prefetch_factor=-1 is not allowed: expected an integer >= 1 or 0 (auto)",
+        ),
+    ],
+)
+def test_bad_loader_values_are_one_line(overrides, expected):
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+    from fwk.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        to_typed(compose(overrides))
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_loader_group_defaults_to_auto_and_the_recipe_sets_no_workers():
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+
+    cfg = to_typed(compose(["recipe=resnet50_imagenet", "loader.num_workers=4"]))
+    assert cfg.loader == LoaderConfig(num_workers=4)  # auto, with the one value set
+    assert to_typed(compose(["recipe=resnet50_imagenet"])).loader == AUTO
