@@ -95,6 +95,20 @@ def _old_way_item(train, index):
         return train.transform(decode_rgb(train.path(index)))
 
 
+def test_fused_normalize_matches_todtype_then_normalize():
+    from torchvision.transforms import v2
+
+    from fwk.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, ToNormalizedFloat
+
+    image = torch.randint(0, 256, (3, 29, 41), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    image[:, 0, :3] = torch.tensor([0, 255, 128], dtype=torch.uint8)  # both ends of the range
+    two_passes = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    fused = ToNormalizedFloat(IMAGENET_MEAN, IMAGENET_STD)(image)
+    assert fused.dtype == torch.float32 and fused.shape == image.shape
+    # reassociated float32 arithmetic on values up to |2.7|: a few ulp (2.4e-7 each), no more
+    torch.testing.assert_close(fused, two_passes(image), rtol=0, atol=1e-6)
+
+
 def test_cpu_only_seeding_gives_the_images_of_torch_manual_seed(tree):
     train = build(tree, seed=7).train
     for epoch in (0, 2):
