@@ -33,6 +33,7 @@ class EncodedImages(Dataset):
 
     def __init__(self, images: JpegFolder) -> None:
         self.images = images
+        self.transform = images.transform  # applied by DecodeOnDevice; here for env.json's record
 
     def set_epoch(self, epoch: int) -> None:
         self.images.set_epoch(epoch)

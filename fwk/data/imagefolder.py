@@ -170,8 +170,12 @@ class ToNormalizedFloat(torch.nn.Module):
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
+        self.mean, self.std = tuple(mean), tuple(std)
         m, s = torch.tensor(mean).view(-1, 1, 1), torch.tensor(std).view(-1, 1, 1)  # (C, 1, 1)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {m.device: (1 / (255 * s), -m / s)}
+
+    def extra_repr(self) -> str:  # env.json records the pipeline by its repr
+        return f"mean={list(self.mean)}, std={list(self.std)}"
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         if image.device not in self._on:  # data.decode=gpu: copied to the GPU once, not per image
