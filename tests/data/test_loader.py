@@ -128,6 +128,7 @@ def test_imagefolder_run_with_auto_loader_resumes_bit_exactly(tmp_path):
         "checkpoint.every=4",
         "checkpoint.keep=5",
         "loader.num_workers=2",  # a folder of 12 tiny images measures fastest in-process: ask for workers
+        "jit=off",  # jit=auto decides from step times, which differ between two runs on a loaded machine
     ]
     runs = tmp_path / "runs"
     straight = run_fwk(*args, runs=runs)
