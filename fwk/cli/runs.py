@@ -143,7 +143,13 @@ def _show_sweep(record: dict[str, Any], rows: list[dict[str, Any]], as_json: boo
     names = list(dict.fromkeys(name for r in members for name in r["metrics"]))
     if metric is not None:
         names.sort(key=lambda n: n != metric[0])  # the ranking metric first
-    best = f"★ best by {_metric_name(metric[0])} ({metric[1]})" if metric else "no complete run yet"
+    best = "no complete run yet"
+    if metric is not None:
+        from fwk.track.sweeps import PRIMARY
+
+        after = [n for n, _ in PRIMARY][[n for n, _ in PRIMARY].index(metric[0]) + 1 :][:1]
+        ties = f"; ties by {after[0]}" if after else ""
+        best = f"★ best by {_metric_name(metric[0])} ({metric[1]}{ties})"
     console = _console()
     console.print(f"sweep {record['sweep_id']}: {len(members)} runs over {', '.join(keys) or 'no key'}; {best}")
     table = Table(box=None, pad_edge=False)

@@ -19,6 +19,7 @@ PARALLELS = ("auto", "none", "ddp", "fsdp", "hsdp")
 MEMORIES = ("none", "checkpoint", "offload", "microbatch", "auto")
 JITS = ("auto", "off", "compile")
 KERNELS = ("auto", "triton", "torch")
+LOADERS = ("auto", "manual")
 ON_NAN = ("rollback", "skip", "stop")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DECAYS = ("cosine", "linear", "constant")
@@ -58,11 +59,23 @@ class ScheduleConfig:
 
 @dataclass
 class LoaderConfig:
-    """DataLoader settings shared by every data set."""
+    """DataLoader settings shared by every data set (fwk/data/loader.py). A value left at
+    auto is decided per rank from the cores, the device and the data set; a value set wins."""
 
-    num_workers: int = doc(0, "DataLoader worker processes per rank; 0 = load in the main process")
-    pin_memory: bool = doc(True, "pin host memory for faster copies to the GPU (ignored on CPU)")
-    prefetch_factor: int = doc(2, "batches each worker loads ahead (only with num_workers > 0)")
+    name: str = doc("auto", "auto (unset values decided, one log line says why) or manual (every value given)")
+    num_workers: int = doc(
+        -1,
+        "DataLoader worker processes per rank; 0 = load in the main process; -1 = auto (0 for in-memory "
+        "data, else the cores per rank, minus one for the training process, or all: the faster measured)",
+    )
+    pin_memory: str = doc("auto", "pin host memory for faster copies to the GPU: auto (on with CUDA), true, false")
+    prefetch_factor: int = doc(
+        0, "batches each worker loads ahead (only with num_workers > 0); 0 = auto (at least 4 batches queued)"
+    )
+    persistent_workers: str = doc(
+        "auto",
+        "keep the worker processes from one epoch (and evaluation) to the next: auto (on with workers), true, false",
+    )
 
 
 @dataclass
@@ -235,7 +248,7 @@ class Config:
     optim: Any = doc({}, "optimizer section: name of a registered optimizer and its settings")
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig, metadata={"doc": "learning-rate schedule"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": "training loop"})
-    loader: LoaderConfig = field(default_factory=LoaderConfig, metadata={"doc": "data loading"})
+    loader: LoaderConfig = field(default_factory=LoaderConfig, metadata={"doc": "data loading (workers, pinning)"})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "checkpoints"})
     precision: PrecisionConfig = field(default_factory=PrecisionConfig, metadata={"doc": "numeric precision"})
     parallel: ParallelConfig = field(default_factory=ParallelConfig, metadata={"doc": "processes and parallelism"})

@@ -20,6 +20,7 @@ from fwk.config.schema import (
     DECAYS,
     JITS,
     KERNELS,
+    LOADERS,
     MEMORIES,
     ON_NAN,
     PARALLELS,
@@ -114,8 +115,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "an integer >= 0"
     yield s.decay in DECAYS, "schedule.decay", s.decay, f"one of {', '.join(DECAYS)}"
     yield 0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]"
-    yield c.loader.num_workers >= 0, "loader.num_workers", c.loader.num_workers, "an integer >= 0"
-    yield c.loader.prefetch_factor >= 1, "loader.prefetch_factor", c.loader.prefetch_factor, "an integer >= 1"
+    yield from _loader_rules(c)
     yield c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every, "an integer >= 0 (0 = only at the end)"
     yield c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an integer >= 1"
     on_corrupt = c.checkpoint.on_corrupt
@@ -242,3 +242,22 @@ def _memory_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         m.micro_batches,
         f"a divisor of the per-rank batch {per_rank} (train.batch_size / world size)",
     )
+
+
+def _loader_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    lo = c.loader
+    auto = lo.name == "auto"
+    yield lo.name in LOADERS, "loader.name", lo.name, f"one of {', '.join(LOADERS)}"
+    least = -1 if auto else 0
+    yield lo.num_workers >= least, "loader.num_workers", lo.num_workers, "an integer >= 0" + (" or -1 (auto)" * auto)
+    least = 0 if auto else 1
+    yield (
+        lo.prefetch_factor >= least,
+        "loader.prefetch_factor",
+        lo.prefetch_factor,
+        "an integer >= 1" + (" or 0 (auto)" * auto),
+    )
+    switches = SWITCHES if auto else SWITCHES[1:]
+    for key in ("pin_memory", "persistent_workers"):
+        value = getattr(lo, key)
+        yield str(value).lower() in switches, f"loader.{key}", value, f"one of {', '.join(switches)}"

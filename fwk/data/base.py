@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import torch
 from torch.utils.data import Dataset
 
 from fwk.data.registry import DATA, register_data  # noqa: F401  (their home before fwk/data/registry.py)
@@ -24,6 +26,13 @@ class DataBundle:
     whatever the number of loader workers, and a resumed run sees the same items.
     ``mean`` and ``std`` are what image items were normalized with (one value per channel,
     or one for all); ``fwk data preview`` undoes it to show the images. None: not normalized.
+    ``in_memory``: items are cheap slices of tensors already in memory (or made from a seed
+    in microseconds): ``loader=auto`` loads them in the training process, as worker
+    processes would only add copies. False (files to read and decode, or unknown): auto
+    measures worker counts.
+    ``collate`` is the loaders' ``collate_fn`` (None: PyTorch's). ``finish(batch, device)``
+    turns a loaded batch into (inputs, targets) on the device, in the training process
+    (``data.decode=gpu``: decode and augment there); None: the batch is (inputs, targets).
     """
 
     train: Dataset
@@ -32,6 +41,9 @@ class DataBundle:
     num_classes: int
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    in_memory: bool = False
+    collate: Callable[[list[Any]], Any] | None = None
+    finish: Callable[[Any, torch.device], Any] | None = None
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:

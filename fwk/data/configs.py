@@ -32,14 +32,22 @@ class DigitsConfig:
 @dataclass
 class ImageFolderConfig:
     name: str = doc("imagefolder", "registry name")
-    root: str = doc("", "ImageNet-layout folder: root/train/<class>/*.JPEG, root/val/<class>/*.JPEG")
+    root: str = doc(
+        "", "ImageNet-layout folder: root/train/<class>/*.JPEG, root/val/<class>/*.JPEG (or png, webp, bmp, ppm, tif)"
+    )
     image_size: int = doc(224, "side of the square image fed to the model, in pixels")
     val_resize: int = doc(256, "validation: shorter side is resized to this before the center crop, in pixels")
     min_scale: float = doc(0.08, "train: smallest RandomResizedCrop area, as a fraction of the image area")
     hflip: bool = doc(True, "train: flip half of the images left-right")
+    decode: str = doc(
+        "cpu",
+        "cpu: loader workers decode and augment; gpu: workers read the files, the training process decodes "
+        "each batch's JPEGs at once with nvJPEG and augments on the GPU (CUDA only; same crops as cpu)",
+    )
 
     def check(self) -> None:
         """Cheap checks the launcher runs before starting workers (no scan of the files)."""
+        check_decode(self.decode)
         check_layout(self.root)
 
     def fingerprint(self) -> Fingerprint:
@@ -78,6 +86,13 @@ def layout_hint(root: str) -> str:
         f"expected an ImageNet-layout folder: {root}/train/<class>/*.JPEG and "
         f"{root}/val/<class>/*.JPEG (set data.root=...)"
     )
+
+
+def check_decode(decode: str) -> None:
+    if decode not in ("cpu", "gpu"):
+        raise UserError(
+            f"data.decode={decode!r} is not allowed: expected one of cpu, gpu (fix it with data.decode=...)"
+        )
 
 
 def check_layout(root: str) -> str:

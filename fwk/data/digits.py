@@ -49,4 +49,5 @@ def digits(cfg: DigitsConfig, *, seed: int) -> DataBundle:
         num_classes=10,
         mean=stats[0] if stats else None,
         std=stats[1] if stats else None,
+        in_memory=True,
     )

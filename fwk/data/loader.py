@@ -3,37 +3,205 @@
 Training order comes from ``DistributedSampler`` (seeded, reshuffled per epoch, one
 shard per rank). The position is (epoch, batches yielded in this epoch); on resume the
 sampler skips the indices of the batches already consumed, without loading them.
+
+One ``DataLoader`` serves every epoch, so persistent workers outlive an epoch. Its sampler
+hands out ``(epoch, index)`` keys: the epoch reaches ``set_epoch`` of the data set copy in
+each worker with the item, not through the main process's copy (which workers never see).
+
+``loader=auto`` decides what the config leaves unset (``decide``): workers from the cores
+per rank and, for data not in memory, a short measurement of three worker counts (none,
+the cores per rank minus one, all of them) on a throwaway loader that draws nothing from
+the run's random streams; pinned memory with CUDA; a queue of at least four batches;
+persistent workers when there are workers.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
 from fwk.config.schema import LoaderConfig
+from fwk.data.base import DataBundle
+
+MAX_WORKERS = 16  # a cap per rank: each worker holds its own copy of the data set and its queued batches
+MEASURE_S = 1.5  # the whole start-up measurement (three worker counts, their start included)
+IN_PROCESS_MARGIN = 2.0  # loading in the training process wins only when this many times faster
+QUEUE = 4  # batches in flight that auto aims for: smooths one slow file or one slow step
 
 
-class _Skip(Sampler[int]):
-    """The sampler's indices from the ``start``-th on."""
+@dataclass(frozen=True)
+class LoaderPlan:
+    """The DataLoader settings a rank uses, every one decided."""
 
-    def __init__(self, sampler: Sampler[int], start: int) -> None:
-        self.sampler, self.start = sampler, start
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int = 2
+    persistent_workers: bool = False
 
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.sampler), self.start, None)
+
+@dataclass(frozen=True)
+class Host:
+    """What auto decides from: usable cores, training processes on this machine, CUDA."""
+
+    cores: int
+    processes: int
+    cuda: bool
+
+    @classmethod
+    def here(cls, cuda: bool) -> Host:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return cls(cores, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cuda)  # torchrun sets it
+
+    def __str__(self) -> str:
+        procs = f"{self.processes} process" + "es" * (self.processes > 1)
+        return f"{self.cores} core{'s' * (self.cores > 1)}, {procs}, {'CUDA' if self.cuda else 'CPU'}"
+
+
+def worker_candidates(host: Host) -> tuple[int, int]:
+    """(cores per rank minus one for the training process, all cores per rank), capped."""
+    per_rank = min(MAX_WORKERS, max(1, host.cores // host.processes))
+    return per_rank - 1, per_rank
+
+
+def _switch(value: Any, auto: bool) -> bool:
+    text = str(value).lower()
+    return auto if text == "auto" else text == "true"
+
+
+def decide(
+    cfg: LoaderConfig, host: Host, in_memory: bool, measure: Callable[[int], float] | None = None
+) -> tuple[LoaderPlan, str]:
+    """The settings and why: values set in ``cfg`` win; ``measure(workers)`` -> items/s."""
+    if cfg.num_workers >= 0:
+        workers, why = cfg.num_workers, "num_workers as set"
+    elif in_memory:
+        workers, why = 0, "in-memory data: workers would only add copies between processes"
+    else:
+        workers, why = _measured(host, measure)
+    pin = _switch(cfg.pin_memory, host.cuda) and host.cuda  # pinning helps only copies to a GPU
+    prefetch = cfg.prefetch_factor or min(QUEUE, max(2, math.ceil(QUEUE / max(workers, 1))))
+    persistent = _switch(cfg.persistent_workers, workers > 0) and workers > 0
+    chosen = LoaderPlan(workers, pin, prefetch, persistent)
+    return chosen, f"loader=auto: {describe(chosen)} ({host}; {why})"
+
+
+def _measured(host: Host, measure: Callable[[int], float] | None) -> tuple[int, str]:
+    low, high = worker_candidates(host)
+    if measure is None:
+        return low, f"{low} of {high} cores per rank, one left to the training process"
+    rates = {n: measure(n) for n in sorted({0, low, high})}
+    best = max((low, high) if low else (high,), key=rates.__getitem__)
+    # Loading in the training process does not overlap the step, workers do: it must be
+    # much faster on its own to win (items that cost less than copying them between processes).
+    if rates[0] > IN_PROCESS_MARGIN * rates[best]:
+        best = 0
+    others = ", ".join(f"{rates[n]:,.0f} with {_workers(n)}" for n in rates if n != best)
+    return best, f"measured {rates[best]:,.0f} items/s, vs {others}"
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" + "s" * (n != 1)
+
+
+def describe(p: LoaderPlan) -> str:
+    parts = [_workers(p.num_workers)]
+    if p.num_workers:
+        parts.append(f"prefetch {p.prefetch_factor}")
+    parts.append(f"pin_memory {'on' if p.pin_memory else 'off'}")
+    if p.num_workers:
+        parts.append(f"persistent workers {'on' if p.persistent_workers else 'off'}")
+    return ", ".join(parts)
+
+
+def for_run(cfg: LoaderConfig, data: DataBundle, batch_size: int, cuda: bool, say: Callable[[str], None]) -> LoaderPlan:
+    """This rank's plan; with loader=auto, one line says what was chosen and why."""
+    measure = None
+    if cfg.name == "auto" and cfg.num_workers < 0 and not data.in_memory:
+        measure = lambda workers: measure_rate(data.train, batch_size, workers, MEASURE_S / 3, data.collate)  # noqa: E731
+    chosen, why = decide(cfg, Host.here(cuda), data.in_memory, measure)
+    if cfg.name == "auto":
+        say(why)
+    return chosen
+
+
+def measure_rate(
+    dataset: Dataset, batch_size: int, workers: int, seconds: float, collate: Callable[[list[Any]], Any] | None = None
+) -> float:
+    """Items/s of a throwaway loader with ``workers`` over a fixed spread of items, timed from
+    its first batch for about ``seconds``. The run's random streams are left as they were."""
+    n = len(dataset)  # type: ignore[arg-type]
+    batch = max(1, min(batch_size, 16))  # small batches: several of them fit the time budget
+    count = min(n, batch * (2 + 4 * max(workers, 1)))
+    items = Subset(dataset, [i * n // count for i in range(count)])
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()  # a custom data set may draw
+    start = time.perf_counter()
+    kwargs = loader_kwargs(LoaderPlan(workers))
+    loader = DataLoader(items, batch_size=batch, generator=torch.Generator(), collate_fn=collate, **kwargs)
+    done, first = 0, None
+    try:
+        for _ in loader:
+            if first is None:
+                first = time.perf_counter()  # the workers' start is paid once, not per item
+            else:
+                done += batch
+            if time.perf_counter() - start > seconds and done:
+                break
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
+    return done / max(time.perf_counter() - (first or start), 1e-9)
+
+
+class _Keys(Sampler[tuple[int, int]]):
+    """``(epoch, index)`` for the sampler's indices of ``epoch`` from the ``start``-th on."""
+
+    def __init__(self, sampler: DistributedSampler) -> None:
+        self.sampler, self.epoch, self.start = sampler, 0, 0
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        self.sampler.set_epoch(self.epoch)
+        return ((self.epoch, i) for i in itertools.islice(iter(self.sampler), self.start, None))
 
     def __len__(self) -> int:
-        return max(0, len(self.sampler) - self.start)  # type: ignore[arg-type]
+        return max(0, len(self.sampler) - self.start)
 
 
-def _loader_kwargs(cfg: LoaderConfig, cuda: bool) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory and cuda}
-    if cfg.num_workers > 0:
-        kwargs["prefetch_factor"] = cfg.prefetch_factor
+class _ByEpoch(Dataset):
+    """The data set, indexed by ``(epoch, index)``: it is told the epoch before the item."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset, self.epoch = dataset, None
+        self.set_epoch = getattr(dataset, "set_epoch", None)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        if self.set_epoch is not None and epoch != self.epoch:
+            self.set_epoch(epoch)
+            self.epoch = epoch
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+
+def loader_kwargs(plan: LoaderPlan) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"num_workers": plan.num_workers, "pin_memory": plan.pin_memory}
+    if plan.num_workers > 0:
+        kwargs.update(
+            prefetch_factor=plan.prefetch_factor,
+            persistent_workers=plan.persistent_workers,
+        )
     return kwargs
 
 
@@ -41,13 +209,20 @@ class TrainLoader:
     """An endless iterator of training batches for this rank, resumable by state_dict."""
 
     def __init__(
-        self, dataset: Dataset, batch_size: int, rank: int, world_size: int, seed: int, cfg: LoaderConfig, cuda: bool
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        plan: LoaderPlan,
+        collate: Callable[[list[Any]], Any] | None = None,
     ) -> None:
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.dataset, self.batch_size, self.seed, self.collate = dataset, batch_size, seed, collate
         self.sampler = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
-        self.kwargs = _loader_kwargs(cfg, cuda)
+        self.kwargs = loader_kwargs(plan)
         self.epoch, self.batch_in_epoch = 0, 0
         if self.batches_per_epoch == 0:
             from fwk.errors import UserError
@@ -62,21 +237,23 @@ class TrainLoader:
         return len(self.sampler) // self.batch_size
 
     def __iter__(self) -> Iterator[Any]:
+        keys = _Keys(self.sampler)
+        # The loader's own generator seeds its workers, so creating the loader on resume
+        # draws nothing from the global RNG. Re-seeded per epoch: workers that are started
+        # anew each epoch (persistent_workers=false) get the seeds of an uninterrupted run.
+        generator = torch.Generator()
+        loader = DataLoader(
+            _ByEpoch(self.dataset),
+            batch_size=self.batch_size,
+            sampler=keys,
+            drop_last=True,
+            generator=generator,
+            collate_fn=self.collate,
+            **self.kwargs,
+        )
         while True:
-            self.sampler.set_epoch(self.epoch)
-            if hasattr(self.dataset, "set_epoch"):
-                self.dataset.set_epoch(self.epoch)
-            # The loader's own generator (seeded by epoch) seeds its workers, so creating a
-            # loader mid-epoch on resume draws nothing from the global RNG.
-            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            loader = DataLoader(
-                self.dataset,
-                batch_size=self.batch_size,
-                sampler=_Skip(self.sampler, self.batch_in_epoch * self.batch_size),
-                drop_last=True,
-                generator=generator,
-                **self.kwargs,
-            )
+            keys.epoch, keys.start = self.epoch, self.batch_in_epoch * self.batch_size
+            generator.manual_seed(self.seed * 100_003 + self.epoch)
             for batch in loader:
                 self.batch_in_epoch += 1
                 yield batch
@@ -90,8 +267,13 @@ class TrainLoader:
 
 
 def val_loader(
-    dataset: Dataset, batch_size: int, rank: int, world_size: int, cfg: LoaderConfig, cuda: bool
+    dataset: Dataset,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    plan: LoaderPlan,
+    collate: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
     """This rank's strided shard of the validation set: no padding, no duplicates."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]
-    return DataLoader(shard, batch_size=batch_size, shuffle=False, **_loader_kwargs(cfg, cuda))
+    return DataLoader(shard, batch_size=batch_size, shuffle=False, collate_fn=collate, **loader_kwargs(plan))

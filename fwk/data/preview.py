@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from fwk.config.schema import LoaderConfig
 from fwk.data.base import DataBundle
-from fwk.data.loader import TrainLoader
+from fwk.data.loader import LoaderPlan, TrainLoader
 from fwk.errors import UserError
 
 MIN_SIDE = 32  # px: smaller images (the 8x8 digits) are upscaled by a whole factor to at least this
@@ -39,7 +38,7 @@ def first_samples(
     item's augmentation is the one training draws. Items are loaded one by one rather than
     as whole batches: a preview of 64 ImageNet images need not decode a batch of 256.
     """
-    loader = TrainLoader(dataset, batch_size, 0, world_size, seed, LoaderConfig(num_workers=0), cuda=False)
+    loader = TrainLoader(dataset, batch_size, 0, world_size, seed, LoaderPlan())
     per_epoch = loader.batches_per_epoch * batch_size
     count = 0
     for epoch in itertools.count():

@@ -22,7 +22,10 @@ from fwk.errors import UserError
 # Directories skipped anywhere below the stdlib root: third-party code, the test suites
 # (huge and repetitive), IDLE and lib2to3 (unusual style, fixtures), and bytecode caches.
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
-IMAGE_EXTENSIONS = (".jpeg", ".jpg")  # compared lower-cased: ImageNet ships ".JPEG"
+# The extensions torchvision's ImageFolder reads (torchvision.datasets.folder.IMG_EXTENSIONS),
+# compared lower-cased: ImageNet ships ".JPEG". The image folder's scan and its fingerprint
+# both use this list.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from fwk.config.schema import Config
-from fwk.data.loader import TrainLoader, val_loader
+from fwk.data import loader as loading
+from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.engine import parallel
 from fwk.engine.build import build_data, build_model
 from fwk.engine.checkpoint import Checkpointer, RewindPoint, set_rng_state
@@ -145,9 +146,11 @@ def train(
         cfg.diagnostics, d, raw, optimizer, scheduler, precision, cfg.train.log_every, reporter.message
     )
     train_step = TrainStep(model, optimizer, precision, memory, jit, kernels, cfg.train, d, diagnostics)
-    cuda = d.device.type == "cuda"
-    loader = TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, cfg.loader, cuda)
-    val = val_loader(data.val, per_rank, d.rank, d.world_size, cfg.loader, cuda)
+    plan = loading.for_run(cfg.loader, data, per_rank, d.device.type == "cuda", reporter.message)
+    loader = loading.TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, plan, data.collate)
+    val = OnDevice(
+        loading.val_loader(data.val, per_rank, d.rank, d.world_size, plan, data.collate), d.device, data.finish
+    )
     ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, parallel.sharded(raw))
     rewind = RewindPoint(run.path / "rewind", d, cfg.checkpoint.rewind_at, cfg.train.max_steps)
 
@@ -182,8 +185,8 @@ def train(
         reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")
     stop = StopSignal()
     window = Window(d.device)
-    train_time, train_samples, final_eval = 0.0, 0, {}
-    batches = iter(loader)
+    train_time, train_samples, data_wait, final_eval = 0.0, 0, 0.0, {}
+    batches = DevicePrefetcher(iter(loader), d.device, data.finish)
     model.train()
     try:
         while step < cfg.train.max_steps:
@@ -198,7 +201,7 @@ def train(
             rewind.after(step, raw)
             observe(step)
             window.add(loss, t1 - t0)
-            train_samples += samples_per_step
+            train_samples, data_wait = train_samples + samples_per_step, data_wait + t1 - t0
             train_time += time.perf_counter() - t0
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 row = window.close(samples_per_step, d)
@@ -238,6 +241,7 @@ def train(
         "wall_time_s": time.perf_counter() - started,
         "train_time_s": train_time,
         "samples_per_s": train_samples / max(train_time, 1e-9),
+        "data_wait": min(1.0, data_wait / max(train_time, 1e-9)),  # share of train time spent waiting for data
         "world_size": d.world_size,
         **precision.summary(),
         **memory.summary(),

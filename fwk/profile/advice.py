@@ -56,14 +56,15 @@ def _pct(x: float) -> str:
 def advise(s: dict[str, Any]) -> list[Advice]:
     out = []
     if s["data_share"] > DATA_WAIT:
-        workers = s["num_workers"]
-        more = max(2, min(8, (os.cpu_count() or 2) // 2)) if workers == 0 else workers * 2
-        pin = " and loader.pin_memory=true" if s["device"] == "cuda" and not s["pin_memory"] else ""
+        workers = s["num_workers"]  # -1: loader=auto chose
+        more = max(2, min(8, (os.cpu_count() or 2) // 2)) if workers <= 0 else workers * 2
+        now = "auto" if workers < 0 else workers
+        pin = " and loader.pin_memory=true" if s["device"] == "cuda" and str(s["pin_memory"]).lower() == "false" else ""
         out.append(
             Advice(
                 "data_wait",
                 f"data wait {_pct(s['data_share'])} of the step (> {_pct(DATA_WAIT)})",
-                f"load ahead in worker processes: loader.num_workers={more} (now {workers}){pin}",
+                f"load ahead in worker processes: loader.num_workers={more} (now {now}){pin}",
             )
         )
     if s["comm_share"] > COMM:

@@ -88,9 +88,18 @@ def best_run(rows: list[dict[str, Any]]) -> tuple[str | None, tuple[str, str] | 
     metric = primary_metric(rows)
     if metric is None:
         return None, None
-    name, mode = metric
-    pick = max if mode == "max" else min
-    return pick(_scored(rows, name), key=lambda r: r["metrics"][name])["id"], metric
+    name, _ = metric
+    ranking = PRIMARY[[n for n, _ in PRIMARY].index(name) :]  # ties go to the next metric (val_loss)
+
+    def key(r: dict[str, Any]) -> tuple[float, ...]:
+        values = []
+        for n, m in ranking:
+            v = r["metrics"].get(n)
+            ok = isinstance(v, int | float) and math.isfinite(v)
+            values.append((-v if m == "max" else v) if ok else math.inf)
+        return tuple(values)
+
+    return min(_scored(rows, name), key=key)["id"], metric
 
 
 def sweep_rows(

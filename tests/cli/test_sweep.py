@@ -90,6 +90,10 @@ def test_best_is_by_val_acc_else_val_loss_and_skips_unfinished_runs() -> None:
     members, metric = sweep_rows(record, rows, pending=False)
     assert metric == ("val_loss", "min") and [r["best"] for r in members] == [True, False]
     assert sweep_rows(record, [row("a", "interrupted", loss=1.0)])[1] is None
+    # equal val_acc: the lower val_loss is the best
+    rows = [row("a", "complete", val_acc=0.99, val_loss=0.07), row("b", "complete", val_acc=0.99, val_loss=0.04)]
+    members, metric = sweep_rows(record, rows, pending=False)
+    assert metric == ("val_acc", "max") and [r["best"] for r in members] == [False, True]
 
 
 def test_four_run_sweep_lands_in_the_index(runs: Path) -> None:
@@ -127,14 +131,17 @@ def test_four_run_sweep_lands_in_the_index(runs: Path) -> None:
     assert [r["id"] for r in rows] == ids and {r["status"] for r in rows} == {"complete"}
     assert [r["step"] for r in rows] == [4, 4, 4, 4] and [r["best"] for r in rows].count(True) == 1
     acc = [r["metrics"]["val_acc"] for r in rows]
-    assert all(0.0 <= a <= 1.0 for a in acc) and rows[acc.index(max(acc))]["best"]
+    [best] = [r for r in rows if r["best"]]  # the highest val_acc; of equals, the lowest val_loss
+    top = [r for r in rows if r["metrics"]["val_acc"] == max(acc)]
+    assert all(0.0 <= a <= 1.0 for a in acc)
+    assert best["metrics"]["val_loss"] == min(r["metrics"]["val_loss"] for r in top)
     for one, two in ((rows[0], rows[1]), (rows[2], rows[3])):  # 1 process and 2 (DDP, same global batch)
         # the same samples per step and averaged gradients: equal up to float summation order
         assert two["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-3)
         assert two["swept"]["optim.lr"] == one["swept"]["optim.lr"]
     # 4 steps at lr 0.01 go further than at lr 0.003 (both warm up over the same steps)
     assert rows[0]["metrics"]["val_loss"] < rows[2]["metrics"]["val_loss"]
-    assert "★ best by val_acc (max)" in out.stdout and f"sweep {sid}: 4 runs" in out.stdout
+    assert "★ best by val_acc (max; ties by val_loss)" in out.stdout and f"sweep {sid}: 4 runs" in out.stdout
     assert len(json.loads(run_fwk("runs", "--json", runs=runs).stdout)) == 4  # sweeps/ is not a run dir
 
     lines = {rid: (runs / rid / "metrics.jsonl").read_text() for rid in ids}

@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from fwk.config.schema import LoaderConfig
-from fwk.data.loader import TrainLoader
+from fwk.data.loader import LoaderPlan, TrainLoader
 from fwk.data.preview import first_samples, grid_shape, image_grid
 from fwk.errors import UserError
 
@@ -17,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:
 
 
 def _batches(dataset, batch_size, world_size, seed, count):
-    loader = TrainLoader(dataset, batch_size, 0, world_size, seed, LoaderConfig(num_workers=0), cuda=False)
+    loader = TrainLoader(dataset, batch_size, 0, world_size, seed, LoaderPlan())
     return list(itertools.islice(iter(loader), count))
 
 

@@ -1,0 +1,178 @@
+"""The loader: auto's choices as a pure function, set values winning, the start-up
+measurement leaving the run untouched, and exact resume with persistent workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from fwk.config.schema import LoaderConfig
+from fwk.data.loader import Host, LoaderPlan, TrainLoader, decide, measure_rate, worker_candidates
+from tests.conftest import run_fwk
+from tests.data.test_imagefolder import build, write_tree
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+AUTO = LoaderConfig()
+
+
+@pytest.mark.parametrize(
+    "cores,processes,expected",
+    [(2, 1, (1, 2)), (1, 1, (0, 1)), (16, 8, (1, 2)), (64, 8, (7, 8)), (96, 1, (15, 16)), (4, 8, (0, 1))],
+)
+def test_worker_candidates_leave_a_core_to_each_training_process(cores, processes, expected):
+    assert worker_candidates(Host(cores, processes, cuda=False)) == expected
+
+
+def test_in_memory_data_loads_in_the_training_process():
+    chosen, why = decide(AUTO, Host(32, 1, cuda=True), in_memory=True, measure=lambda n: pytest.fail("measured"))
+    assert chosen == LoaderPlan(num_workers=0, pin_memory=True, prefetch_factor=4, persistent_workers=False)
+    assert why == (
+        "loader=auto: 0 workers, pin_memory on (32 cores, 1 process, CUDA; "
+        "in-memory data: workers would only add copies between processes)"
+    )
+
+
+def test_file_data_keeps_the_faster_measured_worker_count():
+    rates = {0: 300.0, 1: 610.0, 2: 880.0}
+    chosen, why = decide(AUTO, Host(2, 1, cuda=False), in_memory=False, measure=rates.__getitem__)
+    assert chosen == LoaderPlan(num_workers=2, pin_memory=False, prefetch_factor=2, persistent_workers=True)
+    assert why == (
+        "loader=auto: 2 workers, prefetch 2, pin_memory off, persistent workers on "
+        "(2 cores, 1 process, CPU; measured 880 items/s, vs 300 with 0 workers, 610 with 1 worker)"
+    )
+    rates = {0: 1000.0, 7: 5000.0, 8: 4000.0}  # the training process needed its core
+    chosen, _ = decide(AUTO, Host(64, 8, cuda=True), in_memory=False, measure=rates.__getitem__)
+    assert chosen == LoaderPlan(num_workers=7, pin_memory=True, prefetch_factor=2, persistent_workers=True)
+
+
+def test_cheap_items_load_in_process_only_when_much_faster():
+    host = Host(4, 1, cuda=False)
+    chosen, _ = decide(AUTO, host, in_memory=False, measure={0: 2500.0, 3: 1000.0, 4: 1100.0}.__getitem__)
+    assert chosen.num_workers == 0 and not chosen.persistent_workers  # generated items: IPC costs more
+    chosen, _ = decide(AUTO, host, in_memory=False, measure={0: 2000.0, 3: 1000.0, 4: 1100.0}.__getitem__)
+    assert chosen.num_workers == 4  # workers overlap the step: 1.8x is not enough
+    chosen, _ = decide(AUTO, Host(1, 1, cuda=False), in_memory=False, measure={0: 900.0, 1: 1000.0}.__getitem__)
+    assert chosen.num_workers == 1
+
+
+def test_one_worker_queues_four_batches_and_no_measurement_leaves_a_core():
+    chosen, why = decide(AUTO, Host(2, 1, cuda=False), in_memory=False, measure=None)
+    assert chosen.num_workers == 1 and chosen.prefetch_factor == 4
+    assert why.endswith("1 of 2 cores per rank, one left to the training process)")
+
+
+def test_set_values_win_over_auto():
+    cfg = LoaderConfig(num_workers=4, pin_memory="false", prefetch_factor=3, persistent_workers="False")
+    chosen, why = decide(cfg, Host(2, 1, cuda=True), in_memory=True, measure=lambda n: pytest.fail("measured"))
+    assert chosen == LoaderPlan(num_workers=4, pin_memory=False, prefetch_factor=3, persistent_workers=False)
+    assert "num_workers as set" in why
+    manual = LoaderConfig(name="manual", num_workers=0, pin_memory="true", prefetch_factor=2, persistent_workers="true")
+    chosen, _ = decide(manual, Host(2, 1, cuda=False), in_memory=False)
+    assert chosen == LoaderPlan(
+        0, pin_memory=False, prefetch_factor=2, persistent_workers=False
+    )  # nothing to pin to, no workers to keep
+
+
+def test_measurement_leaves_the_run_untouched(tmp_path):
+    train = build(write_tree(tmp_path / "t"), seed=3).train
+    train.set_epoch(1)
+    before = [train[i][0] for i in range(3)]
+    torch.manual_seed(11)
+    expected = torch.rand(4)
+    torch.manual_seed(11)
+    rate = measure_rate(train, batch_size=4, workers=1, seconds=0.2)
+    assert torch.equal(torch.rand(4), expected)  # no draw from the global generator
+    assert rate > 0 and train.epoch == 1
+    assert all(torch.equal(train[i][0], b) for i, b in enumerate(before))
+
+
+def _batches(loader: TrainLoader, count: int) -> list[torch.Tensor]:
+    it = iter(loader)
+    return [next(it)[0] for _ in range(count)]
+
+
+def test_persistent_workers_resume_exactly_across_epochs(tmp_path):
+    train = build(write_tree(tmp_path / "t"), seed=5).train  # 12 items, batch 4: 3 batches an epoch
+    plan = LoaderPlan(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    straight = _batches(TrainLoader(train, 4, 0, 1, 5, plan), 8)
+    in_process = _batches(TrainLoader(train, 4, 0, 1, 5, LoaderPlan()), 8)
+    assert all(torch.equal(a, b) for a, b in zip(straight, in_process, strict=True))
+    assert not torch.equal(straight[0], straight[3])  # epoch 1 reshuffles and recrops
+    first = TrainLoader(train, 4, 0, 1, 5, plan)
+    head = _batches(first, 4)  # stopped in epoch 1, after its first batch
+    resumed = TrainLoader(train, 4, 0, 1, 5, plan)
+    resumed.load_state_dict(first.state_dict())
+    got = head + _batches(resumed, 4)
+    assert all(torch.equal(a, b) for a, b in zip(straight, got, strict=True))
+
+
+def test_imagefolder_run_with_auto_loader_resumes_bit_exactly(tmp_path):
+    """Persistent workers (auto), resumed mid-epoch, end with the weights of a straight run."""
+    root = write_tree(tmp_path / "imagenet")
+    args = [
+        "train",
+        "data=imagefolder",
+        f"data.root={root}",
+        "model.in_channels=3",
+        "model.num_classes=3",
+        "data.image_size=16",
+        "data.val_resize=18",
+        "train.batch_size=4",
+        "train.max_steps=8",
+        "train.eval_every=0",
+        "train.log_every=2",
+        "checkpoint.every=4",
+        "checkpoint.keep=5",
+        "loader.num_workers=2",  # a folder of 12 tiny images measures fastest in-process: ask for workers
+        "jit=off",  # jit=auto decides from step times, which differ between two runs on a loaded machine
+    ]
+    runs = tmp_path / "runs"
+    straight = run_fwk(*args, runs=runs)
+    assert straight.returncode == 0, straight.stderr
+    assert "loader=auto: " in straight.stdout and "persistent workers on" in straight.stdout, straight.stdout
+    (run,) = runs.glob("*/")
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0.0 <= summary["data_wait"] < 1.0
+    expected = torch.load(run / "checkpoints/step-00000008/state.pt", weights_only=True)["model"]
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints/step-00000008")  # as if it died after step 4 (epoch 1, batch 1)
+    resumed = run_fwk(*args, runs=runs)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(step 4)" in resumed.stdout
+    got = torch.load(run / "checkpoints/step-00000008/state.pt", weights_only=True)["model"]
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["loader=manual", "loader.num_workers=-1"], "loader.num_workers=-1 is not allowed: expected an integer >= 0"),
+        (["loader.pin_memory=maybe"], "loader.pin_memory='maybe' is not allowed: expected one of auto, true, false"),
+        (
+            ["loader.prefetch_factor=-1"],
+            "loader.prefetch_factor=-1 is not allowed: expected an integer >= 1 or 0 (auto)",
+        ),
+    ],
+)
+def test_bad_loader_values_are_one_line(overrides, expected):
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+    from fwk.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        to_typed(compose(overrides))
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_loader_group_defaults_to_auto_and_the_recipe_sets_no_workers():
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+
+    cfg = to_typed(compose(["recipe=resnet50_imagenet", "loader.num_workers=4"]))
+    assert cfg.loader == LoaderConfig(num_workers=4)  # auto, with the one value set
+    assert to_typed(compose(["recipe=resnet50_imagenet"])).loader == AUTO
