@@ -265,7 +265,8 @@ def main() -> None:
         budget = GROUPS[group][2] * args.slack
         got = run_isolated(group, args.quick, budget)
         rows += got
-        print(f"[bench] {group}: {len(got)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        print(f"[bench] {group}: {len(got)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print("\n".join(table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress: this group's rows
     wall = time.perf_counter() - started
     path = write_json(rows, args.out, info, wall, args.quick)
     print(
