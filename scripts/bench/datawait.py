@@ -29,7 +29,9 @@ def train(root: Path, runs: Path, size: int, steps: int, batch: int, loader: lis
     args = [
         "model=resnet18", "data=imagefolder", f"data.root={root}", f"data.image_size={size}", "model.num_classes=2",
         f"train.max_steps={steps}", f"train.batch_size={batch}", "train.eval_every=0", "train.log_every=5",
-        "train.eval_batches=1", "checkpoint.every=0", "jit=off", "precision=fp32", *loader,
+        "train.eval_batches=1", "checkpoint.every=0", "jit=off", "precision=fp32",
+        "precision.keep_fp32=[fc]",  # the default recipe's island names digits_cnn's head
+        *loader,
     ]
     env = {**os.environ, "FWK_RUNS": str(runs)}
     done = subprocess.run([sys.executable, "-m", "fwk", "train", *args], capture_output=True, text=True, env=env)
