@@ -122,7 +122,8 @@ def rows(quick: bool) -> list:
     from common import option_rows
     from harness import Row, Side
 
-    size = ["--image-size", "32", "--batch", "4", "--gpt-batch", "4", "--rounds", "3"] if quick else [
+    # batch 8: microbatch splits it in 4, and BatchNorm needs > 1 image per piece
+    size = ["--image-size", "32", "--batch", "8", "--gpt-batch", "4", "--rounds", "3"] if quick else [
         "--image-size", "64", "--batch", "8", "--gpt-batch", "8", "--rounds", "5"]
     args = arguments(gpt_batch=16, workloads="").parse_args(size)
     out = []

@@ -41,7 +41,7 @@ def run(recipe: str, steps: int, extra: list[str]) -> tuple[float, float | None]
         )
         if out.returncode != 0:
             raise RuntimeError(f"fwk train {' '.join(extra)} failed: {(out.stderr or out.stdout).strip()[-300:]}")
-        (run_dir,) = Path(runs).iterdir()
+        (run_dir,) = [p for p in Path(runs).iterdir() if (p / "summary.json").exists()]  # not the runs index
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         waits = [r["comm_wait"] for r in rows if r["kind"] == "train" and "comm_wait" in r]
