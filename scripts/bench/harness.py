@@ -132,9 +132,14 @@ def failed(group: str, name: str, reason: str) -> Row:
 def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
     """fn's rows, or one failed row with the exception's one line: the group's other parts still run."""
     try:
-        return fn()
+        rows = fn()
     except Exception as exc:  # a benchmark's failure is a row, not the end of the run
-        return [failed(group, name, f"{type(exc).__name__}: {exc}")]
+        rows = [failed(group, name, f"{type(exc).__name__}: {exc}")]
+    partial = os.environ.get("FWK_BENCH_PARTIAL")
+    if partial:  # the parent keeps these if the group later runs out of time
+        with open(partial, "a") as f:
+            f.writelines(json.dumps(asdict(r)) + "\n" for r in rows)
+    return rows
 
 
 # group -> (module in scripts/bench, its rows function, seconds it may take at full size);
@@ -175,11 +180,18 @@ def run_isolated(group: str, quick: bool, budget: float) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix=f"fwk-bench-{group}-") as tmp:
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, __file__, "--group", group, "--rows-to", str(out), *(["--quick"] if quick else [])]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        partial = Path(tmp) / "partial.jsonl"
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "FWK_BENCH_PARTIAL": str(partial),
+        }
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=budget, env=env)
         except subprocess.TimeoutExpired:
-            return [failed(group, group, f"over its budget of {budget:.0f} s")]
+            lines = partial.read_text().splitlines() if partial.exists() else []
+            kept = [from_dict(json.loads(line)) for line in lines]
+            return [*kept, failed(group, f"{group} (the rest)", f"over its budget of {budget:.0f} s")]
         if done.returncode != 0 or not out.exists():
             lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
             return [failed(group, group, lines[-1] if lines else f"exit status {done.returncode}")]

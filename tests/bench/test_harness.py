@@ -64,5 +64,15 @@ def test_a_group_that_crashes_or_overruns_in_its_child_is_a_failed_row():
     assert row.failed == "KeyError: 'no_such_group'"
     (row,) = harness.run_isolated("no_such_group", quick=True, budget=0.01)
     assert row.failed == "over its budget of 0 s"
+
+
+def test_rows_of_finished_parts_are_kept_for_the_parent(tmp_path, monkeypatch):
+    partial = tmp_path / "partial.jsonl"
+    monkeypatch.setenv("FWK_BENCH_PARTIAL", str(partial))
+    ok = Row("g", "first part", "a/b", 1.0, 1.0, 1.0, Side("a", 1.0, "s"), Side("b", 1.0, "s"))
+    harness.guarded("g", "first part", lambda: [ok])
+    harness.guarded("g", "second part", lambda: 1 / 0)
+    kept = [harness.from_dict(json.loads(line)) for line in partial.read_text().splitlines()]
+    assert kept[0] == ok and kept[1].failed == "ZeroDivisionError: division by zero"
     with pytest.raises(ValueError):
         measure_pair(lambda: None, lambda: None, reps=0)
