@@ -55,13 +55,15 @@ def rows(quick: bool) -> list:
     support (~10-20x slower there) fit its budget."""
     args = arguments(gpt_batch=32, workloads="").parse_args([])
     args.image_size, args.batch, args.gpt_batch, args.rounds = (32, 2, 2, 3) if quick else (32, 8, 8, 5)
-    out = []
-    for workload in ("resnet50", "gpt"):
+    from harness import guarded
+
+    def one(workload: str) -> list:
         times, chosen = measure(workload, args)
         size = f"{args.image_size} px, batch {args.batch}" if workload == "resnet50" else f"batch {args.gpt_batch}"
         note = "auto ran as " + chosen["auto"] + "; staged in its main phase"
-        out += option_rows("precision", f"{workload} ({size})", times, "fp32", note, {"auto": "<= 1.05x"})
-    return out
+        return option_rows("precision", f"{workload} ({size})", times, "fp32", note, {"auto": "<= 1.05x"})
+
+    return [r for w in ("resnet50", "gpt") for r in guarded("precision", w, lambda w=w: one(w))]
 
 
 def main() -> None:
