@@ -12,6 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+# One intra-op thread in the test processes: pytest, and each `fwk` it starts (they inherit
+# the environment; fwk's launcher sets its own count for torchrun's ranks). The tests' models
+# are tiny, and on a 2-core machine that something else also uses, two OpenMP threads spin
+# waiting for each other: a step of the digits CNN took 212 ms instead of 26 ms. Setting
+# OMP_NUM_THREADS before running pytest overrides this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Without a GPU, Triton kernels run in Triton's interpreter (fp32 and fp16; it has no bf16).
 # Set before any kernel module is imported: triton.jit reads it when a kernel is defined.
 if not torch.cuda.is_available():

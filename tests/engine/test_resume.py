@@ -14,8 +14,11 @@ import torch
 
 from tests.conftest import run_fwk
 
+# A narrow CNN: what is checked is the state a checkpoint restores, not what the model learns
+TINY = ["model.channels1=8", "model.channels2=16", "model.hidden=32"]
 ARGS = [
     "train",
+    *TINY,
     "train.max_steps=120",
     "train.eval_every=60",
     "train.log_every=5",
@@ -23,6 +26,15 @@ ARGS = [
     "checkpoint.keep=10",
     "jit=off",  # jit=auto compiles or not by measured step times, which differ between two runs
 ]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """runs root holding one uninterrupted run of ARGS (read it; copy it before changing it)."""
+    runs = tmp_path_factory.mktemp("straight") / "runs"
+    out = run_fwk(*ARGS, runs=runs)
+    assert out.returncode == 0, out.stderr
+    return runs
 
 
 def _final_weights(runs: Path) -> dict[str, torch.Tensor]:
@@ -50,10 +62,8 @@ def _wait_for_checkpoint(runs: Path, proc: subprocess.Popen, timeout: float = 12
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "interrupted"])
-def test_resume_is_bit_identical(tmp_path: Path, sig: signal.Signals) -> None:
-    straight = run_fwk(*ARGS, runs=tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-    expected = _final_weights(tmp_path / "straight")
+def test_resume_is_bit_identical(straight: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    expected = _final_weights(straight)
 
     runs = tmp_path / "stopped"
     proc = _start(runs)
@@ -80,6 +90,7 @@ def test_resume_is_bit_identical(tmp_path: Path, sig: signal.Signals) -> None:
 
 STAGED = [
     "train",
+    *TINY,
     "train.max_steps=60",
     "train.eval_every=0",
     "train.log_every=5",
@@ -119,12 +130,12 @@ def test_staged_resumes_mid_phase_exactly(tmp_path: Path) -> None:
         assert got["precision"] == expected["precision"]  # loss scale and skipped-step count
 
 
-def test_corrupt_newest_checkpoint_falls_back_and_stays_exact(tmp_path: Path) -> None:
+def test_corrupt_newest_checkpoint_falls_back_and_stays_exact(straight: Path, tmp_path: Path) -> None:
+    expected = _final_weights(straight)
     runs = tmp_path / "runs"
-    straight = run_fwk(*ARGS, runs=runs)
-    assert straight.returncode == 0, straight.stderr
-    expected = _final_weights(runs)
-    (run,) = runs.glob("*/")  # run dirs, not the index
+    (original,) = straight.glob("*/")  # run dirs, not the index
+    run = runs / original.name
+    shutil.copytree(original, run)  # the shared run stays as it is
     (run / "summary.json").unlink()
     for ckpt in (run / "checkpoints").glob("step-*"):
         if int(ckpt.name[5:]) > 60:

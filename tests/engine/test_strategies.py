@@ -18,11 +18,11 @@ TINY = {
         "model.n_layer=2",
         "model.n_embd=32",
         "model.n_head=2",
-        "model.block_size=32",
-        "data.seq_len=32",
+        "model.block_size=16",
+        "data.seq_len=16",
         "data.max_bytes=20000",
         "data.val_max_bytes=4096",
-        "train.batch_size=8",
+        "train.batch_size=4",  # 64 rows of tokens: each runs a Triton program, interpreted on CPU
     ],
     "resnet50_imagenet": [
         "data=synthetic",

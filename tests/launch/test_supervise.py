@@ -17,10 +17,12 @@ import torch.distributed as dist
 
 from tests.conftest import require, run_fwk
 
+# Long enough to outlast a signal or a kill sent just after the step-40 checkpoint (120 steps
+# of two processes: seconds), with checkpoints left to resume from after it
 ARGS = [
     "train",
     "parallel.nproc_per_node=2",
-    "train.max_steps=400",
+    "train.max_steps=160",
     "train.eval_every=0",
     "train.log_every=10",
     "checkpoint.every=40",
@@ -65,7 +67,7 @@ def _worker(runs: Path, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank}")
 
 
-def _weights(runs: Path, step: int = 400) -> dict[str, torch.Tensor]:
+def _weights(runs: Path, step: int = 160) -> dict[str, torch.Tensor]:
     (run,) = runs.glob("*/")  # run dirs, not the index
     return torch.load(run / f"checkpoints/step-{step:08d}/state.pt", weights_only=True)["model"]
 
@@ -115,7 +117,7 @@ def test_killed_worker_is_restarted_and_resumes_bit_exactly(tmp_path: Path) -> N
     assert straight.returncode == 0, straight.stderr
     runs = tmp_path / "killed"
     proc = _start(runs, "parallel.max_restarts=1")
-    _wait_for(runs, proc, 80)
+    _wait_for(runs, proc, 40)
     os.kill(_worker(runs, 1), signal.SIGKILL)  # a node's process dies mid-run
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out + err
