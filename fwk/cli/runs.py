@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -10,6 +9,8 @@ from typing import Any
 
 import typer
 
+from fwk.cli.output import console, echo_json, metrics_text, num, when
+from fwk.cli.sweep_table import show_sweep
 from fwk.errors import UserError
 from fwk.track.status import flatten
 
@@ -26,30 +27,6 @@ def _root(root: Path | None) -> Path:
     from fwk.track.lookup import runs_root
 
     return root or runs_root()
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(highlight=False, width=max(Console().width, 150))
-
-
-def _echo_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
-
-
-def _when(ts: float | None) -> str:
-    import time
-
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
-
-
-def _num(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _metrics_text(metrics: dict[str, Any]) -> str:
-    return "  ".join(f"{k} {_num(v)}" for k, v in metrics.items())
 
 
 @runs.callback()
@@ -80,11 +57,11 @@ def list_runs(
         record = find_sweep(_root(root), sweep)
         if record is not None:  # else: a sweep known only from meta.json (its record was deleted)
             rows = query(_root(root), recipe=recipe, status=status, tags=tag)
-            _show_sweep(record, rows, as_json, pending=not (recipe or status or tag))
+            show_sweep(record, rows, as_json, pending=not (recipe or status or tag))
             return
     rows = query(_root(root), recipe=recipe, status=status, tags=tag, sweep=sweep)
     if as_json:
-        _echo_json(rows)
+        echo_json(rows)
         return
     if not rows:
         typer.echo(
@@ -111,68 +88,12 @@ def list_runs(
             r["recipe"] or "-",
             f"[{colors[r['status']]}]{r['status']}[/]" if r["status"] in colors else r["status"],
             step,
-            _metrics_text(r["metrics"]),
+            metrics_text(r["metrics"]),
             ",".join(r["tags"]),
-            _when(r["created"]),
-            _when(r["updated"]),
+            when(r["created"]),
+            when(r["updated"]),
         )
-    _console().print(table)
-
-
-def print_sweep(root: Path, sid: str) -> None:
-    """The table of `fwk runs --sweep ID` (what `fwk train -m` prints at its end)."""
-    from fwk.track.index import query
-    from fwk.track.sweeps import find_sweep
-
-    record = find_sweep(root, sid)
-    if record is not None:
-        _show_sweep(record, query(root), as_json=False, pending=True)
-
-
-def _show_sweep(record: dict[str, Any], rows: list[dict[str, Any]], as_json: bool, pending: bool) -> None:
-    """One row per run in the order of the combinations: a column per swept key, the metrics, ★ the best."""
-    from fwk.track.sweeps import sweep_rows
-
-    members, metric = sweep_rows(record, rows, pending)
-    if as_json:
-        _echo_json(members)
-        return
-    from rich.table import Table
-
-    keys = list(record.get("swept") or [])
-    names = list(dict.fromkeys(name for r in members for name in r["metrics"]))
-    if metric is not None:
-        names.sort(key=lambda n: n != metric[0])  # the ranking metric first
-    best = "no complete run yet"
-    if metric is not None:
-        from fwk.track.sweeps import PRIMARY
-
-        after = [n for n, _ in PRIMARY][[n for n, _ in PRIMARY].index(metric[0]) + 1 :][:1]
-        ties = f"; ties by {after[0]}" if after else ""
-        best = f"★ best by {_metric_name(metric[0])} ({metric[1]}{ties})"
-    console = _console()
-    console.print(f"sweep {record['sweep_id']}: {len(members)} runs over {', '.join(keys) or 'no key'}; {best}")
-    table = Table(box=None, pad_edge=False)
-    for name in ("", "#", "id", *keys, "status", "step"):
-        table.add_column(name, justify="right" if name in ("#", "step") else "left", no_wrap=True)
-    for name in names:
-        table.add_column(_metric_name(name), justify="right", no_wrap=True)
-    order = {m["run_id"]: str(i) for i, m in enumerate(record["members"], 1)}
-    for r in members:
-        table.add_row(
-            "★" if r["best"] else "",
-            order.get(r["id"], "-"),
-            r["id"],
-            *(str(r["swept"].get(k, "-")) for k in keys),
-            r["status"],
-            "-" if r["step"] is None else str(r["step"]),
-            *("-" if r["metrics"].get(n) is None else _num(r["metrics"][n]) for n in names),
-        )
-    console.print(table)
-
-
-def _metric_name(name: str) -> str:
-    return "train loss" if name == "loss" else name  # the index's "loss" is the last train loss
+    console().print(table)
 
 
 def _files(run_path: Path) -> list[dict[str, Any]]:
@@ -236,11 +157,11 @@ def show(
         "files": _files(run.path),
     }
     if as_json:
-        _echo_json(data)
+        echo_json(data)
         return
     from rich.table import Table
 
-    console = _console()
+    out = console()
     head = Table(box=None, show_header=False, pad_edge=False)
     head.add_column(style="bold")
     head.add_column()
@@ -249,7 +170,7 @@ def show(
     head.add_row("status", row["status"])
     head.add_row("step", "-" if row["step"] is None else f"{row['step']} of {row['max_steps']}")
     head.add_row("tags", ", ".join(row["tags"]) or "-")
-    head.add_row("created", _when(row["created"]))
+    head.add_row("created", when(row["created"]))
     meta = data["meta"] or {}
     head.add_row("code", str(meta.get("code", "-")))
     data_fp = meta.get("data") or {}
@@ -260,24 +181,24 @@ def show(
         head.add_row("derived", ", ".join(f"{c['id']} ({c['kind'] or 'run'}, {c['status']})" for c in derived))
     head.add_row("sweep", row["sweep"] or "-")
     head.add_row("exports", ", ".join(exports) or "-")
-    console.print(head)
+    out.print(head)
     if data["summary"]:
-        console.print("\n[bold]summary[/]")
+        out.print("\n[bold]summary[/]")
         summary = Table(box=None, show_header=False, pad_edge=False)
         summary.add_column()
         summary.add_column()
         for key, value in flatten(data["summary"]).items():
-            summary.add_row(key, _num(value))
-        console.print(summary)
-    console.print("\n[bold]config[/] (config.yaml)")
-    console.print(run.config.read_text().rstrip(), markup=False)
-    console.print("\n[bold]files[/]")
+            summary.add_row(key, num(value))
+        out.print(summary)
+    out.print("\n[bold]config[/] (config.yaml)")
+    out.print(run.config.read_text().rstrip(), markup=False)
+    out.print("\n[bold]files[/]")
     files = Table(box=None, show_header=False, pad_edge=False)
     files.add_column()
     files.add_column(justify="right")
     for f in data["files"]:
         files.add_row(f["name"], _size(f["bytes"]) + (f"  ({f['files']} files)" if f["name"].endswith("/") else ""))
-    console.print(files)
+    out.print(files)
 
 
 def _launches_text(meta: dict[str, Any], env: dict[str, Any] | None) -> str:
@@ -331,19 +252,19 @@ def diff(
         both = isinstance(va, int | float) and isinstance(vb, int | float)
         metrics.append({"name": name, "a": va, "b": vb, "diff": vb - va if both else None})
     if as_json:
-        _echo_json({"a": run_a.id, "b": run_b.id, "config": config, "metrics": metrics})
+        echo_json({"a": run_a.id, "b": run_b.id, "config": config, "metrics": metrics})
         return
     from rich.table import Table
 
-    console = _console()
+    out = console()
     table = Table(title=f"config: {len(config)} keys differ", box=None, pad_edge=False, title_justify="left")
     table.add_column("key")
     table.add_column(f"A {run_a.id}")
     table.add_column(f"B {run_b.id}")
     for row in config:
-        table.add_row(row["key"], _num(row["a"]), _num(row["b"]))
-    console.print(table)
-    console.print()
+        table.add_row(row["key"], num(row["a"]), num(row["b"]))
+    out.print(table)
+    out.print()
     table = Table(title="final metrics", box=None, pad_edge=False, title_justify="left")
     table.add_column("metric")
     for name in (f"A {run_a.id}", f"B {run_b.id}", "B - A"):
@@ -352,11 +273,11 @@ def diff(
         d = row["diff"]
         table.add_row(
             row["name"],
-            "-" if row["a"] is None else _num(row["a"]),
-            "-" if row["b"] is None else _num(row["b"]),
+            "-" if row["a"] is None else num(row["a"]),
+            "-" if row["b"] is None else num(row["b"]),
             "-" if d is None else (f"{d:+.4g}" if isinstance(d, float) else f"{d:+d}"),
         )
-    console.print(table)
+    out.print(table)
 
 
 @runs.command()
@@ -390,7 +311,7 @@ def rm(
         shutil.rmtree(run.path)
     forget(run.path.parent, run.id)
     if as_json:
-        _echo_json({"removed": run.id, "path": str(run.path)})
+        echo_json({"removed": run.id, "path": str(run.path)})
     else:
         print(f"removed {what}", file=sys.stdout)
 
@@ -428,7 +349,7 @@ def plot(
         print(f"fwk: warning: {no_data(empty)}; plotting the other {len(curves)}", file=sys.stderr)
     path = draw(curves, out or _root(root) / "plots" / _plot_name([c.run.id for c in curves])).resolve()
     if as_json:
-        _echo_json(
+        echo_json(
             {
                 "path": str(path),
                 "runs": [c.run.id for c in curves],

@@ -80,7 +80,7 @@ def _sweep(overrides: list[str], cfg: bool, dry_run: bool) -> None:
         typer.echo(sweep.describe())
         return
     outcome = run_sweep(sweep)
-    from fwk.cli.runs import print_sweep
+    from fwk.cli.sweep_table import print_sweep
 
     print_sweep(sweep.root, sweep.id)
     last = outcome.last_line(sweep)

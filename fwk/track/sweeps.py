@@ -83,6 +83,13 @@ def _scored(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     ]
 
 
+def tie_breaker(name: str) -> str | None:
+    """The metric that ranks runs equal on ``name`` (the next of PRIMARY), or None."""
+    names = [n for n, _ in PRIMARY]
+    rest = names[names.index(name) + 1 :] if name in names else []
+    return rest[0] if rest else None
+
+
 def best_run(rows: list[dict[str, Any]]) -> tuple[str | None, tuple[str, str] | None]:
     """(id of the best complete run, (metric, mode)); (None, None) when no run has finished."""
     metric = primary_metric(rows)
