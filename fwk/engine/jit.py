@@ -6,7 +6,8 @@
   train/eval mode, grad mode, autocast). Once ``stable_steps`` steps in a row share one
   signature, and the steps left would take longer than ``min_remaining_s`` eagerly, the
   model is compiled and the compile time logged. On CPU the next ``trial_steps`` compiled
-  steps are timed against the eager ones and the faster mode is kept, and said.
+  steps are timed against the eager ones; compiled is kept, and said, only when it is
+  ``min_speedup`` times faster.
 
 A signature the compiled model has not seen is compiled anew up to ``max_recompiles``
 times, then runs eager (one warning line). A compile error, raised in forward or in the
@@ -166,15 +167,18 @@ class Jit:
             self.say(f"{why}; compiling {when} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
 
     def _judge(self) -> None:
-        """CPU auto: keep compiled only if it is faster than eager."""
+        """CPU auto: keep compiled only if it is faster than eager by ``min_speedup``: a speed-up
+        within the noise of a few timed steps is not worth a compiled graph's recompiles."""
         compiled = all_reduce_max([statistics.median(self.compiled_times)], self.d)[0]
-        faster = compiled < self.eager_step
+        speedup = self.eager_step / compiled
+        faster = speedup >= self.cfg.min_speedup
         self.state = "compiled" if faster else "off"
         if self.d.is_main:
             verdict = "keeps compiled" if faster else "goes back to eager"
+            short = "" if faster or speedup < 1 else f", less than jit.min_speedup={self.cfg.min_speedup:g}"
             self.say(
                 f"jit=auto {verdict}: {compiled * 1000:.0f} ms/step compiled vs {self.eager_step * 1000:.0f} ms eager "
-                f"({self.eager_step / compiled:.2f}x)"
+                f"({speedup:.2f}x{short})"
             )
 
     def recover(self, exc: BaseException) -> bool:

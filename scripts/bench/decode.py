@@ -7,8 +7,8 @@ at quality 90) at 64 and 224 px, three loaders read the same files with the same
 augmentation (RandomResizedCrop to the folder's size, flip, float, normalize), the same
 batch and workers:
 
-- ``fwk``: fwk's imagefolder data set (read(2) + decode_jpeg, per-item CPU seeding) with
-  the DataLoader settings fwk uses;
+- ``fwk``: fwk's imagefolder data set (read(2) + decode_jpeg, per-item CPU seeding, crop
+  and flip in one step: fwk/data/augment.py) with the DataLoader settings fwk uses;
 - ``fwk before``: the same data set as fwk read it before issue 11: ``read_file`` (a
   memory map per file) and a per-item ``torch.manual_seed``;
 - ``torchvision``: ``torchvision.datasets.ImageFolder`` (PIL decode) and v2 transforms on
@@ -165,6 +165,7 @@ def run(
                 for name, loader in make.items():
                     seen[name].append(one_pass(loader(r + 1)))
             reference = statistics.median(rate for rate, _, _ in seen["torchvision"])
+            reference_rates = [rate for rate, _, _ in seen["torchvision"]]
             for name, passes in seen.items():
                 rates = [rate for rate, _, _ in passes]
                 rows.append(
@@ -176,6 +177,7 @@ def run(
                         "min": min(rates),
                         "max": max(rates),
                         "ratio": statistics.median(rates) / reference,
+                        "round_ratios": [a / b for a, b in zip(rates, reference_rates, strict=True)],
                         "user_ms_per_image": 1000 * statistics.median(u for _, u, _ in passes),
                         "sys_ms_per_image": 1000 * statistics.median(s for _, _, s in passes),
                     }

@@ -26,11 +26,11 @@ def rows(quick: bool) -> list:
         for name, r in by.items():
             if name == "torchvision":
                 continue
-            ratio = r["images_per_s"] / ref["images_per_s"]
+            ratio = r["images_per_s"] / ref["images_per_s"]  # of the medians; [min, max] of the rounds' ratios
             target = ">= 2x" if name == "fwk" else ""
             out.append(Row(
                 "decode", f"loader alone {size} px: {name} vs torchvision ImageFolder", f"{name}/torchvision images/s",
-                ratio, None, None, Side(name, r["images_per_s"], "images/s"),
+                ratio, min(r["round_ratios"]), max(r["round_ratios"]), Side(name, r["images_per_s"], "images/s"),
                 Side("torchvision", ref["images_per_s"], "images/s"), target, check(ratio, target),
                 f"{workers} workers, batch 32; {name} [{r['min']:.0f}, {r['max']:.0f}], torchvision "
                 f"[{ref['min']:.0f}, {ref['max']:.0f}] images/s; worker CPU {r['user_ms_per_image']:.2f} vs "

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -34,7 +35,9 @@ HERE = Path(__file__).resolve().parent
 
 WORKLOADS = {  # name -> overrides at full size, at --quick size
     "digits_cnn": (["recipe=digits_cnn"], ["recipe=digits_cnn"]),
-    "resnet_digits": (["recipe=resnet_digits"], ["recipe=resnet_digits", "train.batch_size=8"]),
+    # batch 16, not the recipe's 64: a step is ~0.4 s, not ~1.6 s, on 2 cores (and a smaller
+    # batch shows the engine's fixed cost per step more, not less)
+    "resnet_digits": (["recipe=resnet_digits", "train.batch_size=16"], ["recipe=resnet_digits", "train.batch_size=8"]),
     "gpt_stdlib": (["recipe=gpt_stdlib"], ["recipe=gpt_stdlib", "train.batch_size=4", "data.seq_len=32"]),
 }
 
@@ -79,16 +82,28 @@ def k_steps(fwk, plain, x: torch.Tensor, y: torch.Tensor, k: int, start: int = 0
     return fwk_k, plain_k
 
 
+def steps_per_rep(plain, x: torch.Tensor, y: torch.Tensor, rep_s: float) -> int:
+    """How many steps make a rep of about ``rep_s`` seconds, from two timed plain steps
+    after one warm-up (a rep of many short steps smooths the timer; of one long step, the
+    budget)."""
+    plain(x, y)
+    t0 = time.perf_counter()
+    plain(x, y)
+    plain(x, y)
+    return max(1, round(rep_s / ((time.perf_counter() - t0) / 2)))
+
+
 def step_rows(quick: bool) -> list:
     rows = []
-    reps, k = (3, 2) if quick else (7, 10)
+    reps, rep_s = (3, 0.1) if quick else (7, 0.5)
     for name, (full, small) in WORKLOADS.items():
         cfg, (x, y), _ = workload(small if quick else full)
         fwk, _, _ = engine_step(cfg, torch.device("cpu"), cfg.train.batch_size)
         plain = plain_step(cfg)
+        k = steps_per_rep(plain, x, y, rep_s)
         fwk_k, plain_k = k_steps(fwk, plain, x, y, k)
         pair = measure_pair(fwk_k, plain_k, reps=reps, warmup=1)
-        ms = lambda ts: 1000 * sorted(ts)[len(ts) // 2] / k  # noqa: E731
+        ms = lambda ts, k=k: 1000 * sorted(ts)[len(ts) // 2] / k  # noqa: E731
         rows.append(
             ratio_row(
                 "overhead", f"step {name} (batch {cfg.train.batch_size}, fp32, eager)", pair.ratios(),

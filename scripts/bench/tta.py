@@ -8,9 +8,9 @@ digits_cnn to val_acc >= 0.985; gpt_stdlib to a val loss in nats/byte. fwk is th
 tracking sink that sees the eval row; the plain loop is fp32 eager PyTorch. Ratio: fwk
 seconds / plain seconds (< 1 is fwk faster).
 
-The issue asks gpt_stdlib to 1.7 nats/byte: on 2 CPU cores that takes ~900 steps (minutes
-per run, too long for 5 interleaved reps of each side within `make bench`'s 20 minutes),
-so on a CPU the row measures to a looser target, reached in ~150 steps, and says so.
+gpt_stdlib to the issue's 1.7 nats/byte (the whole val set, evaluated every 50 steps)
+takes ~450 steps, ~1 min a run on 2 CPU cores: three interleaved reps of each side (not
+five) keep the group within its share of `make bench`'s 20 minutes, and the row says so.
 """
 
 from __future__ import annotations
@@ -117,29 +117,33 @@ def evaluate(model: torch.nn.Module, val, max_batches: int) -> dict:
     return {"val_loss": loss / n, "val_acc": correct / n}
 
 
-CASES = {  # name -> (overrides, metric, target, note), at full size and --quick size
+CASES = {  # name -> (overrides, metric, target, reps, note), at full size and --quick size
     "digits_cnn": (
-        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.985, "the issue's target"),
-        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.95, "--quick: a looser target"),
+        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.985, 5, "the issue's target"),
+        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.95, 3, "--quick: a looser target"),
     ),
     "gpt_stdlib": (
-        (["recipe=gpt_stdlib", "train.eval_every=25", "train.eval_batches=8"], "val_loss", 2.5,
-         "not the issue's 1.7 nats/byte (~900 steps on 2 cores: minutes per run); 2.5 is reached in ~150 steps"),
+        (["recipe=gpt_stdlib", "train.eval_every=50"], "val_loss", 1.7, 3,
+         "the issue's target, on the recipe's whole val set; 3 reps, not 5: a run is ~1 min on 2 cores"),
         (["recipe=gpt_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8"], "val_loss",
-         3.5, "--quick: a loose target"),
+         3.5, 3, "--quick: a loose target"),
     ),
 }
 
 
 def one(name: str, quick: bool) -> list:
-    overrides, metric, target, note = CASES[name][1 if quick else 0]
+    overrides, metric, target, reps, note = CASES[name][1 if quick else 0]
     overrides = [*overrides, "checkpoint.every=0", "train.device=cpu"]
     steps: dict[str, list[int]] = {"fwk": [], "plain": []}
+    # Rep i of each side trains with seed i: the two sides shuffle the data differently (fwk's
+    # seeded sampler, the plain loop's DataLoader), so one seed could favour either; the
+    # median is over seeds. The eval that first meets the target ends the run.
+    seeded = lambda side: [*overrides, f"seed={len(steps[side])}"]  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="fwk-bench-tta-") as tmp:
         pair = measure_pair(
-            lambda: steps["fwk"].append(fwk_run(overrides, metric, target, Path(tmp))),
-            lambda: steps["plain"].append(plain_run(overrides, metric, target)),
-            reps=3 if quick else 5,
+            lambda: steps["fwk"].append(fwk_run(seeded("fwk"), metric, target, Path(tmp))),
+            lambda: steps["plain"].append(plain_run(seeded("plain"), metric, target)),
+            reps=reps,
             warmup=0,
         )
     med = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731

@@ -74,6 +74,19 @@ def test_auto_keeps_compiled_when_faster_and_unsettled_steps_do_not_count() -> N
     assert said[-1] == "jit=auto keeps compiled: 5 ms/step compiled vs 10 ms eager (2.00x)"
 
 
+def test_auto_goes_back_to_eager_when_compiled_is_faster_only_within_noise() -> None:
+    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=1)
+    jit = Jit(cfg, SOLO, 100, (said := []).append)
+    model = jit.wrap(_gpt())
+    for step, seconds in enumerate([0.0100, 0.0100, 3.0, 0.0097]):  # compiled 1.03x faster: a tie
+        model(_tokens()[0])
+        jit.step_done(step, seconds)
+    assert jit.state == "off"
+    assert said[-1] == (
+        "jit=auto goes back to eager: 10 ms/step compiled vs 10 ms eager (1.03x, less than jit.min_speedup=1.05)"
+    )
+
+
 def test_auto_stays_eager_when_compiling_cannot_pay_off() -> None:
     jit = Jit(JitConfig(name="auto", stable_steps=2), SOLO, 10, (said := []).append)
     model = jit.wrap(_gpt())
