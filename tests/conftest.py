@@ -51,6 +51,21 @@ def interrupt_after(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+# pytest-xdist (`-n auto --dist loadgroup`, pyproject.toml) hands out groups of tests whole:
+# a test file is a group, so a module-scoped fixture is built once; the files that share a
+# session fixture (the SLURM cluster, the served exports, the exported digits run) are one.
+SHARED_SESSION = {"launch/test_slurm.py": "slurm", "serve/": "serve", "export/": "export"}
+TESTS = Path(__file__).parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = item.path.relative_to(TESTS).as_posix()
+        group = next((g for prefix, g in SHARED_SESSION.items() if rel.startswith(prefix)), rel)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"

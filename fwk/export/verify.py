@@ -151,6 +151,7 @@ class Latency:
     p90_ms: float
     min_ms: float
     max_ms: float
+    round_p50_ms: tuple[float, ...] = ()  # each interleaved round's median: its spread across rounds
 
 
 def _percentile(times: list[float], q: float) -> float:
@@ -177,6 +178,7 @@ def latency(
                 for _ in range(warmup):
                     run(x)
             times: dict[str, list[float]] = {name: [] for name in runners}
+            medians: dict[str, list[float]] = {name: [] for name in runners}
             for r in range(rounds):
                 per_round = iterations // rounds + (1 if r < iterations % rounds else 0)
                 for name, run in runners.items():
@@ -185,8 +187,10 @@ def latency(
                         t0 = time.perf_counter()
                         run(x)
                         times[name].append((time.perf_counter() - t0) * 1e3)
+                    medians[name].append(_percentile(times[name][-per_round:], 0.5))
             for name, ts in times.items():
-                out[name][batch] = Latency(_percentile(ts, 0.5), _percentile(ts, 0.9), min(ts), max(ts))
+                p50, p90 = _percentile(ts, 0.5), _percentile(ts, 0.9)
+                out[name][batch] = Latency(p50, p90, min(ts), max(ts), tuple(medians[name]))
         return out
     finally:
         torch.set_num_threads(previous)

@@ -16,6 +16,7 @@ import torch
 from fwk.config.compose import compose
 from fwk.config.schema import JitConfig
 from fwk.config.validate import to_typed
+from fwk.engine.diagnostics import Diagnostics
 from fwk.engine.jit import Jit
 from fwk.engine.kernels import Kernels
 from fwk.engine.memory import Memory
@@ -23,7 +24,7 @@ from fwk.engine.parallel import Dist
 from fwk.engine.precision import Precision
 from fwk.engine.step import TrainStep
 from fwk.models import MODELS
-from fwk.optim import build_optimizer
+from fwk.optim import build_optimizer, build_schedule
 
 
 def config(workload: str, batch: int, image_size: int, extra: list[str]):
@@ -73,7 +74,10 @@ def engine_step(
     raw = memory.apply(precision.prepare(kernels.apply(raw)))
     raw.train()
     optimizer = build_optimizer(cfg.optim, raw, fused=kernels.triton)
-    step = TrainStep(compiler.wrap(raw), optimizer, precision, memory, compiler, kernels, cfg.train, d)
+    scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
+    # the per-step NaN/spike checks and rollback snapshots, as in every run
+    diagnostics = Diagnostics(cfg.diagnostics, d, raw, optimizer, scheduler, precision, cfg.train.log_every, quiet)
+    step = TrainStep(compiler.wrap(raw), optimizer, precision, memory, compiler, kernels, cfg.train, d, diagnostics)
     return step, precision, memory
 
 

@@ -60,6 +60,8 @@ def test_latency_times_every_model_at_every_batch() -> None:
     assert calls == {"a": 2 * (2 + 3 * 3), "b": 2 * (2 + 3 * 3)}
     for lat in (out["a"][1], out["b"][5]):
         assert 0 < lat.min_ms <= lat.p50_ms <= lat.p90_ms <= lat.max_ms
+        assert len(lat.round_p50_ms) == 3  # one median per interleaved round, within the whole range
+        assert all(lat.min_ms <= m <= lat.max_ms for m in lat.round_p50_ms)
 
 
 def test_percentile_is_an_observed_value() -> None:
