@@ -145,14 +145,14 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 # group -> (module in scripts/bench, its rows function, seconds it may take at full size);
 # the budgets add up to 20 minutes (the bound on 2 cores); --slack scales them
 GROUPS: dict[str, tuple[str, str, int]] = {
-    "overhead": ("overhead", "rows", 130),
-    "auto": ("auto", "rows", 60),
-    "decode": ("decode_rows", "rows", 40),
+    "overhead": ("overhead", "rows", 145),
+    "auto": ("auto", "rows", 55),
+    "decode": ("decode_rows", "rows", 30),
     "datawait": ("datawait", "rows", 120),
-    "tta": ("tta", "rows", 480),
+    "tta": ("tta", "rows", 485),
     "precision": ("precision", "rows", 50),
     "memory": ("memory", "rows", 80),
-    "jit": ("jit", "rows", 40),
+    "jit": ("jit", "rows", 30),
     "kernels": ("kernels", "rows", 20),
     "parallel": ("parallel", "rows", 150),
     "export": ("export", "rows", 30),
