@@ -95,7 +95,7 @@ def steps_per_rep(plain, x: torch.Tensor, y: torch.Tensor, rep_s: float) -> int:
 
 def step_rows(quick: bool) -> list:
     rows = []
-    reps, rep_s = (3, 0.1) if quick else (15, 0.5)  # 15: a digits step is ~8 ms, and the machine's noise is not
+    reps, rep_s = (3, 0.1) if quick else (15, 0.5)  # 15 reps: a digits step is ~8 ms, near the noise
     for name, (full, small) in WORKLOADS.items():
         cfg, (x, y), _ = workload(small if quick else full)
         fwk, _, _ = engine_step(cfg, torch.device("cpu"), cfg.train.batch_size)
