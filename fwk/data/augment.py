@@ -5,8 +5,8 @@ at 64 px on one core, where the resize itself takes ~50 us: the v2 dispatch (fla
 inputs, asking each transform whether it applies) and six small tensors drawn one by one
 for the crop's parameters. ``CropFlip`` samples the crop as ``RandomResizedCrop`` does (area
 uniform in ``scale``, log aspect ratio uniform in ``ratio``, ten tries, then the central
-crop) from one draw of the CPU generator, and resizes the uint8 crop with one ``interpolate``
-(bilinear, antialiased, as torchvision's CPU kernel for uint8 does).
+crop) from one draw of the CPU generator, and resizes the uint8 crop with torchvision's resize
+kernel (``resize_image``: bilinear, antialiased), called directly, without the v2 dispatch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.nn import functional as F
+from torchvision.transforms.v2.functional import resize_image
 
 _TRIES = 10  # RandomResizedCrop's attempts before it falls back to the central crop
 
@@ -42,19 +42,6 @@ def crop_box(height: int, width: int, u: list[float], scale: tuple[float, float]
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def resize(image: torch.Tensor, size: int) -> torch.Tensor:
-    """(C, H, W) -> (C, size, size), bilinear with antialiasing; uint8 stays uint8."""
-    if image.device.type != "cpu" or image.dtype != torch.uint8:
-        from torchvision.transforms.v2 import functional as TF  # its rounding for float-only kernels
-
-        return TF.resize_image(image, [size, size], antialias=True)
-    c, h, w = image.shape
-    batch = image.unsqueeze(0)
-    if image.stride(0) == 1:  # decode_jpeg's channels-last pixels: keep the output channels-last
-        batch = batch.as_strided((1, c, h, w), (c * h * w, *image.stride()))
-    return F.interpolate(batch, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
-
-
 class CropFlip(torch.nn.Module):
     """Random resized crop to ``size`` x ``size`` and a left-right flip with probability
     ``p_flip``, from one draw of torch's CPU generator (seeded per item by the data set)."""
@@ -78,5 +65,5 @@ class CropFlip(torch.nn.Module):
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         u = torch.rand(2 * _TRIES + 3).tolist()  # the tries, the position, the flip
         top, left, h, w = crop_box(image.shape[-2], image.shape[-1], u, self.scale, self.ratio)
-        out = resize(image[..., top : top + h, left : left + w], self.size)
+        out = resize_image(image[..., top : top + h, left : left + w], [self.size, self.size], antialias=True)
         return out.flip(-1) if u[-1] < self.p_flip else out

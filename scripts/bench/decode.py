@@ -164,8 +164,8 @@ def run(
             for r in range(rounds):
                 for name, loader in make.items():
                     seen[name].append(one_pass(loader(r + 1)))
-            reference = statistics.median(rate for rate, _, _ in seen["torchvision"])
             reference_rates = [rate for rate, _, _ in seen["torchvision"]]
+            reference = statistics.median(reference_rates)
             for name, passes in seen.items():
                 rates = [rate for rate, _, _ in passes]
                 rows.append(
