@@ -20,6 +20,12 @@ import torch
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# Every test sees the same CPU, whatever machine runs the suite: one without bf16 units
+# (fwk/engine/hardware.py reads FWK_CPU_BF16; the `fwk` commands the tests start inherit it).
+# The bf16 paths run explicitly with FWK_CPU_BF16=1 (`both_cpus` below, or monkeypatch.setenv);
+# `FWK_CPU_BF16=1 make test` runs the whole suite as on a CPU with bf16 units.
+os.environ.setdefault("FWK_CPU_BF16", "0")
+
 # Without a GPU, Triton kernels run in Triton's interpreter (fp32 and fp16; it has no bf16).
 # Set before any kernel module is imported: triton.jit reads it when a kernel is defined.
 if not torch.cuda.is_available():
@@ -64,6 +70,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         rel = item.path.relative_to(TESTS).as_posix()
         group = next((g for prefix, g in SHARED_SESSION.items() if rel.startswith(prefix)), rel)
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture
+def cpu_bf16(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The CPU probe set to one side for this test and the `fwk` commands it starts: True,
+    a CPU with bf16 units (precision=auto picks bf16, channels-last on conv nets); False,
+    one without (fp32). Parametrize with ``both_cpus``."""
+    monkeypatch.setenv("FWK_CPU_BF16", "1" if request.param else "0")
+    return request.param
+
+
+# Runs a test once as on a CPU without bf16 units and once as on one with them: for the
+# end-to-end paths whose strategies follow precision=auto's choice.
+both_cpus = pytest.mark.parametrize("cpu_bf16", [False, True], ids=["cpu-fp32", "cpu-bf16"], indirect=True)
 
 
 @pytest.fixture

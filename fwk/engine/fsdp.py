@@ -26,6 +26,8 @@ from torch.distributed.tensor import DTensor
 
 from fwk.engine.modules import blocks
 
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
 
 def mesh(device: torch.device, world: int, shard_size: int | None) -> DeviceMesh:
     """1-D mesh over all ranks (fsdp), or 2-D (replicate, shard) for hsdp."""
@@ -41,14 +43,28 @@ def shard(
     fp32_islands: list[nn.Module],
     reshard_after_forward: bool,
 ) -> list[str]:
-    """Shard ``raw`` in place; returns the names of the units (inner first, root last)."""
+    """Shard ``raw`` in place; returns the names of the units (inner first, root last).
+
+    FSDP2 shards contiguous parameters only, and its all-gather gives contiguous ones back
+    each step, so conv weights that the precision strategy made channels-last go back to
+    the contiguous format here. The inputs stay channels-last (``Precision.input``), and
+    that is what makes oneDNN and cuDNN pick their NHWC kernels: their convolutions return
+    channels-last activations when the input is channels-last, whatever the weight's format
+    (scripts/bench/channels_last.py measures both against fully channels-last DDP).
+    """
+    raw.to(memory_format=torch.contiguous_format)  # in place, as Module.to is; a no-op when already so
     mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     fp32 = MixedPrecisionPolicy()
     named = {id(m): n for n, m in raw.named_modules()}
     units: list[str] = []
     block_list = [m for _, m in blocks(raw)]
     if param_dtype is not None:
-        for module in fp32_islands:
+        # BatchNorms keep fp32 parameters, as FSDP1's MixedPrecision leaves them out by default:
+        # their running statistics stay fp32, and the CPU kernel refuses bf16 weights beside
+        # them ("expected scalar type BFloat16 but found Float"). Leaves first: inner units
+        # are sharded before the modules that hold them.
+        norms = [m for m in raw.modules() if isinstance(m, _BATCH_NORMS) and m is not raw]
+        for module in {id(m): m for m in [*norms, *fp32_islands]}.values():  # an island may be a norm
             if module is not raw and not any(module is b for b in block_list):
                 fully_shard(module, mesh=device_mesh, mp_policy=fp32, reshard_after_forward=reshard_after_forward)
                 units.append(named[id(module)])

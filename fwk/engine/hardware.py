@@ -4,13 +4,20 @@ bf16 autocast pays off on CUDA GPUs of compute capability >= 8.0 (Ampere on) and
 with bf16 units (AMX or AVX512-BF16); elsewhere it is emulated: 12x slower than fp32 for
 ResNet-50 at 64 px on an AVX2-only CPU (scripts/bench/precision.py). fp16 autocast runs
 on CUDA GPUs of capability >= 5.3, and on CPU only slowly.
+
+``FWK_CPU_BF16=1`` (or ``0``) replaces the CPU's answer on whether it has bf16 units: the
+test suite sets it so that every test sees the same CPU whatever machine it runs on, and
+runs the bf16 paths with ``1``. The GPU probe is never overridden.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+
+CPU_BF16_ENV = "FWK_CPU_BF16"
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,22 @@ def _cpu_flag(name: str) -> bool:
     return bool(probe()) if probe is not None else False
 
 
+def cpu_units() -> dict[str, bool]:
+    """{"AMX": yes/no, "AVX512-BF16": yes/no} as this CPU reports them (no override)."""
+    return {"AMX": _cpu_flag("amx_tile"), "AVX512-BF16": _cpu_flag("avx512_bf16")}
+
+
+def _cpu_override() -> bool | None:
+    value = os.environ.get(CPU_BF16_ENV, "").strip()
+    if not value:
+        return None
+    if value not in ("0", "1"):
+        from fwk.errors import UserError
+
+        raise UserError(f"{CPU_BF16_ENV}={value!r} is not allowed: expected 1 (bf16 units), 0 (none) or unset")
+    return value == "1"
+
+
 def probe(device: torch.device) -> Features:
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -36,8 +59,12 @@ def probe(device: torch.device) -> Features:
             fp16_works=(major, minor) >= (5, 3),  # native half arithmetic
             text=f"{name}, compute capability {major}.{minor}",
         )
-    amx, avx512_bf16 = _cpu_flag("amx_tile"), _cpu_flag("avx512_bf16")
-    capability = torch.backends.cpu.get_cpu_capability()
-    units = [n for n, ok in (("AMX", amx), ("AVX512-BF16", avx512_bf16)) if ok]
-    text = f"CPU with {' and '.join(units)}" if units else f"CPU without AMX or AVX512-BF16 ({capability})"
-    return Features(bf16_fast=amx or avx512_bf16, fp16_works=True, text=text)
+    units = cpu_units()
+    found = ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in units.items())
+    text = f"CPU ({torch.backends.cpu.get_cpu_capability()}): {found}"
+    bf16_fast = any(units.values())
+    override = _cpu_override()
+    if override is not None:
+        bf16_fast = override
+        text += f"; {CPU_BF16_ENV}={int(override)}: bf16 units {'assumed' if override else 'ignored'}"
+    return Features(bf16_fast=bf16_fast, fp16_works=True, text=text)

@@ -165,9 +165,12 @@ def wrap(
     if d.is_main:
         dtype = precision.sharded_param_dtype()
         shape = " x ".join(f"{n}={s}" for n, s in zip(mesh.mesh_dim_names or (), mesh.shape, strict=True))
+        layout = ""
+        if precision.channels_last:  # fsdp.shard: FSDP2 shards contiguous parameters only
+            layout = "; conv weights contiguous (FSDP shards no other), inputs channels-last"
         say(
             f"parallel={strategy}: mesh {shape}; {len(units)} units ({units[0]}, ...); parameters in "
-            f"{dtype or torch.float32} for compute, fp32 master copy and gradient reduction"
+            f"{dtype or torch.float32} for compute, fp32 master copy and gradient reduction{layout}"
         )
     return fsdp.Sharded(model, raw)
 

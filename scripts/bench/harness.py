@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench/harness.py [--only overhead,auto] [--quick] [--out bench/results]
 
-Each group (overhead, auto, decode, datawait, tta, precision, memory, jit, kernels,
+Each group (overhead, auto, decode, datawait, tta, precision, channels_last, memory, jit, kernels,
 parallel, export) runs in its own child process with a wall-clock budget, so that one
 benchmark's failure, hang or leftover state (compiled graphs, threads, page cache) never
 reaches the next: a group that fails or runs out of time becomes one failed row with its
@@ -143,7 +143,7 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 
 
 # group -> (module in scripts/bench, its rows function, seconds it may take at full size);
-# the budgets add up to 20 minutes (the bound on 2 cores); --slack scales them
+# the budgets add up to about 20 minutes (the bound on 2 cores); --slack scales them
 GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 145),
     "auto": ("auto", "rows", 55),
@@ -151,6 +151,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "datawait": ("datawait", "rows", 120),
     "tta": ("tta", "rows", 485),
     "precision": ("precision", "rows", 50),
+    "channels_last": ("channels_last", "rows", 30),
     "memory": ("memory", "rows", 80),
     "jit": ("jit", "rows", 30),
     "kernels": ("kernels", "rows", 20),

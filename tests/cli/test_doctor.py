@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -15,7 +16,11 @@ def test_report_names_versions_features_and_choices(runs: Path) -> None:
     assert out.returncode == 0, out.stderr
     fields = dict(line.split(None, 1) if " " in line else (line, "") for line in out.stdout.splitlines())
     assert fields["torch"].startswith(torch.__version__)
-    assert "AMX" in out.stdout and "AVX512-BF16" in out.stdout  # the CPU features auto precision rests on
+    # the CPU features auto precision rests on, each named yes or no, as this CPU has them
+    from fwk.engine.hardware import cpu_units
+
+    for unit, present in cpu_units().items():
+        assert re.search(rf"\b{unit} {'yes' if present else 'no'}\b", fields["cpu"]), fields["cpu"]
     assert "precision=auto picks" in out.stdout and "kernels=auto picks" in out.stdout
     from fwk.engine.hardware import probe
     from fwk.engine.precision import choose_format

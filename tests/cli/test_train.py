@@ -5,14 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_fwk
+from tests.conftest import both_cpus, run_fwk
 
 FAST = ["train.max_steps=150", "train.eval_every=75", "train.log_every=25"]
 
 
-def test_digits_trains_and_second_run_does_not_retrain(runs: Path) -> None:
+@both_cpus
+def test_digits_trains_and_second_run_does_not_retrain(runs: Path, cpu_bf16: bool) -> None:
     out = run_fwk("train", *FAST, runs=runs)
     assert out.returncode == 0, out.stderr
+    # the default recipe as on either CPU: bf16 autocast with channels-last, or fp32
+    assert f"precision=auto chose {'bf16' if cpu_bf16 else 'fp32'}" in out.stdout
+    assert ("channels_last" in out.stdout) is cpu_bf16
     run_dirs = list(runs.glob("*/"))  # run dirs, not the index
     assert len(run_dirs) == 1
     run = run_dirs[0]

@@ -4,6 +4,7 @@ checkpointing and the JIT layer, keep their checkpoints sharded, and resume exac
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from fwk.engine.checkpoint import model_weights
-from tests.conftest import interrupt_after, require, run_fwk
+from tests.conftest import both_cpus, interrupt_after, require, run_fwk
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +41,8 @@ def _summary(runs: Path) -> dict:
     ],
     ids=["fsdp-checkpoint-compile-accum", "hsdp-2x2"],
 )
-def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ranks: int) -> None:
+@both_cpus
+def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ranks: int, cpu_bf16: bool) -> None:
     out = run_fwk(
         "train",
         f"parallel.nproc_per_node={ranks}",
@@ -57,6 +59,9 @@ def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ran
     assert summary["replicas_in_sync"] is True  # hsdp: both replica groups hold the same weights
     assert summary["eval"]["val_acc"] > 0.8
     assert f"mesh {mesh};" in out.stdout
+    # with bf16 units auto picks bf16 and channels-last, and FSDP keeps the conv weights contiguous
+    assert summary["precision"] == ("bf16" if cpu_bf16 else "fp32")
+    assert ("inputs channels-last" in out.stdout) is cpu_bf16
     (run,) = runs.glob("*/")  # run dirs, not the index
     final = run / "checkpoints" / "step-00000040"
     assert (final / "sharded" / ".metadata").exists()
@@ -66,6 +71,34 @@ def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ran
     assert weights["head.4.weight"].shape == (10, 128)  # whole tensors, not shards
     rewind = torch.load(run / "rewind" / "step-00000001.pt", weights_only=True)["model"]
     assert rewind["head.4.weight"].shape == (10, 128)  # the rewind point is gathered whole too
+
+
+@pytest.mark.parametrize(
+    ("recipe", "size"),
+    [
+        (["train.max_steps=30", "train.eval_every=30"], []),
+        # ResNet-18 (BatchNorms, residuals, 1x1 downsample convs) at 16 px: mechanics, not accuracy
+        (["recipe=resnet_digits", "train.max_steps=3", "train.eval_every=0"], ["data.image_size=16"]),
+    ],
+    ids=["digits_cnn", "resnet_digits"],
+)
+def test_fsdp_with_bf16_and_channels_last(runs: Path, recipe: list[str], size: list[str]) -> None:
+    """FSDP2 refuses channels-last (non-contiguous) parameters: the conv weights stay
+    contiguous under FSDP while the inputs, and so the activations, are channels-last."""
+    layout = ["precision=bf16", "precision.channels_last=true", "jit=off", "train.batch_size=16"]
+    args = ["parallel=fsdp", "parallel.nproc_per_node=2", "train.log_every=1", "data.val_size=64", *layout]
+    out = run_fwk("train", *recipe, *size, *args, runs=runs, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "precision=bf16 (" in out.stdout and "channels_last" in out.stdout
+    assert "conv weights contiguous (FSDP shards no other), inputs channels-last" in out.stdout
+    summary = _summary(runs)
+    assert summary["precision"] == "bf16" and summary["replicas_in_sync"] is True
+    (run,) = runs.glob("*/")  # run dirs, not the index
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if r["kind"] == "train"]
+    assert losses and all(math.isfinite(v) for v in losses)
+    if "recipe=resnet_digits" not in recipe:
+        assert summary["eval"]["val_acc"] > 0.6  # 30 steps of the digits CNN: it learns under this layout
 
 
 def test_fsdp_matches_ddp(tmp_path: Path) -> None:
@@ -91,9 +124,11 @@ ARGS = [
 ]
 
 
-def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path) -> None:
+@both_cpus
+def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path, cpu_bf16: bool) -> None:
     straight = run_fwk(*ARGS, runs=tmp_path / "straight", timeout=600)
     assert straight.returncode == 0, straight.stdout + straight.stderr
+    assert f"precision=auto chose {'bf16' if cpu_bf16 else 'fp32'}" in straight.stdout
     (run,) = (tmp_path / "straight").glob("*/")
     expected = model_weights(run / "checkpoints" / "step-00000060")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -61,10 +63,41 @@ def test_auto_choice_from_features() -> None:
     assert choose_format(f(False, False), cuda) == "fp32"
 
 
-def test_real_probe_names_this_cpu() -> None:
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "bf16_fast"), [(False, False, False), (True, False, True), (False, True, True)]
+)
+def test_cpu_probe_names_each_unit_yes_or_no(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, avx512_bf16: bool, bf16_fast: bool
+) -> None:
+    flags = {"amx_tile": amx, "avx512_bf16": avx512_bf16}
+    monkeypatch.setattr(hardware, "_cpu_flag", lambda name: flags[name])
+    monkeypatch.delenv(hardware.CPU_BF16_ENV, raising=False)
     features = hardware.probe(torch.device("cpu"))
-    assert features.text.startswith("CPU with") or features.text.startswith("CPU without")
-    assert features.bf16_fast == ("without" not in features.text)
+    assert features.bf16_fast is bf16_fast
+    yes = {True: "yes", False: "no"}
+    assert features.text.endswith(f"AMX {yes[amx]}, AVX512-BF16 {yes[avx512_bf16]}")
+
+
+@pytest.mark.parametrize("cpu_has_units", [False, True])
+def test_the_environment_overrides_the_cpu_probe_both_ways(
+    monkeypatch: pytest.MonkeyPatch, cpu_has_units: bool
+) -> None:
+    monkeypatch.setattr(hardware, "_cpu_flag", lambda name: cpu_has_units)
+    cpu = torch.device("cpu")
+    for value, fast in (("1", True), ("0", False)):
+        monkeypatch.setenv(hardware.CPU_BF16_ENV, value)
+        features = hardware.probe(cpu)
+        assert features.bf16_fast is fast and f"FWK_CPU_BF16={value}" in features.text
+        assert choose_format(features, cpu) == ("bf16" if fast else "fp32")
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "yes")
+    with pytest.raises(UserError, match="FWK_CPU_BF16='yes' is not allowed: expected 1"):
+        hardware.probe(cpu)
+
+
+def test_the_suite_sees_a_pinned_cpu_probe() -> None:
+    """tests/conftest.py pins the probe, so no test depends on the CPU that runs it."""
+    assert os.environ[hardware.CPU_BF16_ENV] in ("0", "1")
+    assert hardware.probe(torch.device("cpu")).bf16_fast is (os.environ[hardware.CPU_BF16_ENV] == "1")
 
 
 def test_keep_fp32_modules_compute_in_fp32_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
