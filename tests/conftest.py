@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Every test sees the same CPU, whatever machine runs the suite: one without bf16 units
-# (fwk/engine/hardware.py reads FWK_CPU_BF16; the `fwk` commands the tests start inherit it).
+# (fwk/strategies/hardware.py reads FWK_CPU_BF16; the `fwk` commands the tests start inherit it).
 # The bf16 paths run explicitly with FWK_CPU_BF16=1 (`both_cpus` below, or monkeypatch.setenv);
 # `FWK_CPU_BF16=1 make test` runs the whole suite as on a CPU with bf16 units.
 os.environ.setdefault("FWK_CPU_BF16", "0")

@@ -61,7 +61,7 @@ def leave(code: int | str | None) -> None:
     Freeing torch's modules and unloading its libraries takes ~0.4 s, ~1 s once TorchDynamo
     is in (every optimizer imports it), after the run is on disk: ``fwk train`` would return
     to the shell a second late. The atexit handlers still run (logging, multiprocessing's
-    children), and the run's files are closed by then; a worker (fwk/engine/worker.py)
+    children), and the run's files are closed by then; a worker (fwk/launch/worker.py)
     ends with os._exit too.
     """
     if "torch" not in sys.modules:

@@ -23,27 +23,21 @@ def preview(
     with the same overrides would train; the preview alone does not make it a
     run (no config.yaml is written).
     """
-    from omegaconf import OmegaConf
-
-    from fwk.config.compose import compose
-    from fwk.config.validate import to_typed
+    from fwk.config.resolve import resolve
     from fwk.errors import UserError
 
     if n < 1:
         raise UserError(f"--n {n} is not allowed: expected a number of samples >= 1 (e.g. --n 64)")
     # Composed and resolved exactly as `fwk train` does, so the run id is the one it trains.
-    config = to_typed(compose(list(overrides or [])))
-    config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    resolved = resolve(list(overrides or []))
+    config = resolved.config
 
     from fwk.data.preview import preview as write_preview
     from fwk.engine.build import build_data
-    from fwk.engine.trainer import seed_everything
-    from fwk.launch.launcher import plan
+    from fwk.engine.state import seed_everything
+    from fwk.launch.run import plan_run
 
-    for section in (config.model, config.data, config.optim):
-        if hasattr(section, "check"):  # the same cheap checks as `fwk train` (e.g. data.root)
-            section.check()
-    p = plan(config, config_dict)
+    p = plan_run(resolved)  # the same cheap checks as `fwk train` (e.g. data.root), then its run id
     seed_everything(config.seed)  # as the engine does before it builds the data
     bundle = build_data(config.data, seed=config.seed)
     per_rank = config.train.batch_size // config.world_size

@@ -59,7 +59,7 @@ def export(
     """
     from fwk.errors import UserError
     from fwk.export.pipeline import check_output
-    from fwk.export.settings import Plan, check_qat_steps, check_quantize, load_settings
+    from fwk.export.settings import PrunePlan, check_qat_steps, check_quantize, load_settings
     from fwk.track.lookup import find_run, runs_root
 
     # the user's mistakes first, before anything slow is imported
@@ -70,7 +70,7 @@ def export(
     ids = [w for w in words if "=" not in w]
     if len(ids) > 1:
         raise UserError(f"fwk export takes one run id, got {len(ids)}: {', '.join(ids)}")
-    plan = Plan.checked(prune, ratio, rounds)
+    plan = PrunePlan.checked(prune, ratio, rounds)
     check_quantize(quantize)
     qat = check_qat_steps(qat_steps, quantize)
     if max_accuracy_drop < 0:

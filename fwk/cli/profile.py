@@ -42,13 +42,10 @@ def profile(
     if warmup < 1:
         raise UserError(f"--warmup={warmup} is not allowed: expected >= 1 (the first step builds the engine)")
 
-    from omegaconf import OmegaConf
+    from fwk.config.resolve import resolve
 
-    from fwk.config.compose import compose
-    from fwk.config.validate import to_typed
-
-    config = to_typed(compose(words))
-    config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    resolved = resolve(words)
+    config = resolved.config
 
     import logging
     import sys
@@ -56,15 +53,12 @@ def profile(
     from rich.console import Console
 
     from fwk.engine.build import preflight
-    from fwk.launch.launcher import plan
+    from fwk.launch.run import plan_run
     from fwk.profile.capture import capture
     from fwk.profile.report import build, show, write
 
-    for section in (config.model, config.data, config.optim):
-        if hasattr(section, "check"):
-            section.check()
+    p = plan_run(resolved)  # the run id `fwk train` would give these overrides (the same checks first)
     preflight(config)
-    p = plan(config, config_dict)  # the run id `fwk train` would give these overrides
     out = p.run_dir / "profile"
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)

@@ -35,15 +35,12 @@ def replay(
     run dir linked to the original (`fwk runs show` prints the lineage); replaying again
     compares the existing replay.
     """
-    from omegaconf import OmegaConf
-
-    from fwk.config.validate import to_typed
-    from fwk.launch.launcher import plan
+    from fwk.config.resolve import from_dict
+    from fwk.launch.run import Job, plan_run, run
     from fwk.track import replay as rp
     from fwk.track.lookup import find_run, runs_root
     from fwk.track.run_id import code_version
     from fwk.track.status import read_config, read_json
-    from fwk.track.store import RunDir
 
     if tolerance < 0:
         raise UserError(f"--tolerance {tolerance:g} must be >= 0")
@@ -55,43 +52,29 @@ def replay(
         raise UserError(f"run {original.id} logged no metrics ({original.metrics} is missing): nothing to compare")
     config_dict.setdefault("paths", {})["runs"] = str(original.path.parent)  # the replay lands beside it
     try:
-        config = to_typed(config_dict)
+        # the config as `fwk train` writes it: keys added to the schema since the run take their defaults
+        resolved = from_dict(config_dict)
     except UserError as exc:
         raise UserError(f"run {original.id}'s recorded config does not validate on this code: {exc}") from None
-    if config.parallel.nnodes > 1:
+    if resolved.config.parallel.nnodes > 1:
         raise UserError(
-            f"run {original.id} ran on {config.parallel.nnodes} nodes; replay it with the same multi-node launch "
-            "(fwk train with its config on every node)"
+            f"run {original.id} ran on {resolved.config.parallel.nnodes} nodes; replay it with the same multi-node "
+            "launch (fwk train with its config on every node)"
         )
-    # the config as `fwk train` writes it: keys added to the schema since the run take their defaults
-    config_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
     meta = read_json(original.meta) or {}
     notes = rp.check_code(str(meta.get("code", "unknown")), code_version(), force)
-    p = plan(config, config_dict, salt=rp.salt(original))
+    p = plan_run(resolved, salt=rp.salt(original))
     notes += rp.check_data(meta.get("data"), p.data, force)
     for line in notes:
         print(line, file=sys.stderr)
-    status = _run(original, p, config, config_dict, RunDir(p.run_dir))
-    _verdict(original, RunDir(p.run_dir), tolerance, status, as_json)
-
-
-def _run(original, p, config, config_dict, run) -> int:
-    """Train the replay unless it already finished; returns the launch's exit status."""
-    if run.summary.is_file():
-        print(f"replay {run.id} of run {original.id} is already complete; comparing it", file=sys.stderr)
-        return 0
-    from omegaconf import OmegaConf
-
-    from fwk.engine import tracking
-    from fwk.engine.build import preflight  # torch: only when there is training to do
-    from fwk.launch.launcher import launch
-
-    print(f"replaying run {original.id} as run {run.id} ({run.path})", file=sys.stderr)
-    preflight(config)
-    tracking.check(config.tracking)  # the recorded MLflow server, if any, answers
-    yaml_text = OmegaConf.to_yaml(config_dict)
-    status, _ = launch(p, yaml_text, config.parallel.nnodes, lineage={"parent": original.id, "kind": "replay"})
-    return status
+    job = Job(resolved, p, lineage={"parent": original.id, "kind": "replay"})
+    result = run(
+        job,
+        say=lambda line: print(line, file=sys.stderr),
+        starting=f"replaying run {original.id} as run {p.run_id} ({p.run_dir})",
+        done=lambda summary, replay: f"replay {replay.id} of run {original.id} is already complete; comparing it",
+    )
+    _verdict(original, result.run, tolerance, result.status, as_json)
 
 
 def _verdict(original, run, tolerance: float, status: int, as_json: bool) -> None:

@@ -47,7 +47,7 @@ def serve(
 
     from fwk.errors import UserError
     from fwk.serve.server import check_port, plan, run
-    from fwk.serve.settings import check, inference_threads, load_settings
+    from fwk.serve.settings import check_settings, inference_threads, load_settings
     from fwk.track.lookup import runs_root
 
     words = list(args or [])
@@ -66,7 +66,7 @@ def serve(
     if canary_share is not None:
         if not 0 < canary_share < 1:
             raise UserError(f"--canary-share={canary_share:g} is not allowed: expected a share of traffic in (0, 1)")
-        cfg = check(replace(cfg, canary_share=canary_share))
+        cfg = check_settings(replace(cfg, canary_share=canary_share))
     p = plan(Path(roots[-1]) if roots else runs_root(), ids, cfg, name, canary, auto_promote)
     check_port(host, port)
     run(p, cfg, host, port, inference_threads(cfg), preload, say=lambda line: print(line, flush=True))

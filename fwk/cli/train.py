@@ -33,39 +33,20 @@ def train(
     if multirun:
         _sweep(list(overrides or []), cfg, dry_run)
         return
-    from fwk.launch.launcher import check, launch, plan, resolve
+    from fwk.config.resolve import resolve
+    from fwk.launch.run import Job, plan_run, run
 
     r = resolve(list(overrides or []))
     if cfg:
         typer.echo(r.as_yaml, nl=False)
         return
-    check(r.config)
-    p = plan(r.config, r.as_dict)
+    job = Job(r, plan_run(r), overrides=list(overrides or []))
     if dry_run:
-        typer.echo(p.describe())
+        typer.echo(job.plan.describe())
         return
-    from fwk.cli.report import already_complete, finished
-    from fwk.track.store import RunDir
-
-    done = RunDir(p.run_dir).read_summary()
-    if done is not None:
-        from fwk.track.index import record_quietly
-
-        record_quietly(RunDir(p.run_dir))  # an index rebuilt or copied without it learns of it here
-        typer.echo(already_complete(done, p.run_dir))
-        return
-    # Only now import torch: the checks of the model and the device take seconds to import,
-    # and --cfg, --dry-run and a finished run answer without them.
-    from fwk.engine import tracking
-    from fwk.engine.build import preflight
-
-    preflight(r.config)
-    tracking.check(r.config.tracking)  # a tracking server that does not answer: before any run dir
-    status, run = launch(p, r.as_yaml, r.config.parallel.nnodes, overrides=list(overrides or []))
-    summary = run.read_summary()
-    if status == 0 and summary is not None:
-        typer.echo(finished(summary, run.path))
-    sys.exit(status)
+    # torch is imported only past this point, and only for a run that trains: --cfg,
+    # --dry-run and a finished run answer without it
+    sys.exit(run(job, say=typer.echo).status)
 
 
 def _sweep(overrides: list[str], cfg: bool, dry_run: bool) -> None:

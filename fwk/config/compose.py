@@ -9,30 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fwk.config.grammar import HYDRA_GROUP, USER_GROUP, check_grammar, one_line, resources_root, to_hydra
 from fwk.errors import UserError
-
-# `recipe=NAME` on the command line selects recipes/NAME.yaml. Hydra names a config group
-# after its folder, so the group is called "recipes"; users only ever see "recipe".
-_USER_GROUP, _HYDRA_GROUP = "recipe", "recipes"
-
-
-def resources_root() -> Path:
-    """The folder holding conf/ and recipes/: bundled in a wheel, else the source tree."""
-    package = Path(__file__).resolve().parents[1]
-    bundled = package / "_resources"
-    return bundled if (bundled / "conf").is_dir() else package.parent
-
-
-def recipe_names() -> list[str]:
-    return sorted(p.stem for p in (resources_root() / "recipes").glob("*.yaml"))
-
-
-def _to_hydra(override: str) -> str:
-    """Rewrite `recipe=X` (and `+recipe=X`) to the Hydra group name."""
-    head, sep, value = override.partition("=")
-    if sep and head.lstrip("+~") == _USER_GROUP:
-        return head.replace(_USER_GROUP, _HYDRA_GROUP) + sep + value
-    return override
 
 
 def _override_error(exc: Exception) -> UserError:
@@ -41,18 +19,14 @@ def _override_error(exc: Exception) -> UserError:
 
     if isinstance(exc, HydraException):
         cause = exc.__cause__
-        detail = f": {_one_line(cause)}" if cause is not None else ""
-        return UserError(f"{_one_line(exc)}{detail}".replace("\n", " "))
-    return UserError(f"bad override: {_one_line(exc)}")
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split("\n")[0].split())
+        detail = f": {one_line(cause)}" if cause is not None else ""
+        return UserError(f"{one_line(exc)}{detail}".replace("\n", " "))
+    return UserError(f"bad override: {one_line(exc)}")
 
 
 def _groups(root: Path) -> set[str]:
     """Names that select a config group option (``model=gpt``), as users write them."""
-    return {p.name for p in (root / "conf").iterdir() if p.is_dir()} | {_USER_GROUP, _HYDRA_GROUP}
+    return {p.name for p in (root / "conf").iterdir() if p.is_dir()} | {USER_GROUP, HYDRA_GROUP}
 
 
 def _forgive(overrides: list[str], root: Path) -> list[str]:
@@ -98,22 +72,6 @@ def _forgive(overrides: list[str], root: Path) -> list[str]:
     return out
 
 
-def _check_grammar(overrides: list[str]) -> None:
-    """Parse each override alone, so an error names the one that is wrong."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
-    for override in overrides:
-        try:
-            parser.parse_override(override)
-        except HydraException as exc:  # the parser raises it bare, not as OverrideParseException
-            reason = _one_line(exc)
-            raise UserError(
-                f"cannot parse override '{override}': {reason}; write key=value, group=option, +key=value or ~key"
-            ) from None
-
-
 def _reject_sweeps(overrides: list[str]) -> None:
     """A sweep (``a=1,2``, ``range(...)``) composes one config per value: only ``fwk train -m`` does that."""
     from fwk.config.sweep import sweeps
@@ -150,9 +108,9 @@ def compose(overrides: list[str]) -> dict[str, Any]:
         for name in registry.names():
             store.store(group=f"schema/{group}", name=name, node=registry.config(name))
     root = resources_root()
-    _check_grammar(overrides)  # before _forgive: an error names the override as the user wrote it
+    check_grammar(overrides)  # before _forgive: an error names the override as the user wrote it
     _reject_sweeps(overrides)
-    hydra_overrides = [_to_hydra(o) for o in _forgive(overrides, root)]
+    hydra_overrides = [to_hydra(o) for o in _forgive(overrides, root)]
     try:
         with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3", job_name="fwk"):
             cfg = hydra_compose(
@@ -163,8 +121,8 @@ def compose(overrides: list[str]) -> dict[str, Any]:
     except MissingConfigException as exc:
         group, _, option = (exc.missing_cfg_file or "").rpartition("/")
         if not group:  # not a config-group option: a file Hydra could not find
-            raise UserError(_one_line(exc)) from None
-        group = _USER_GROUP if group == _HYDRA_GROUP else group
+            raise UserError(one_line(exc)) from None
+        group = USER_GROUP if group == HYDRA_GROUP else group
         options = ", ".join(exc.options or []) or "none"
         raise UserError(
             f"unknown {group} '{option}'; choose one of: {options} (e.g. {group}={(exc.options or ['?'])[0]})"
@@ -177,9 +135,9 @@ def compose(overrides: list[str]) -> dict[str, Any]:
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
-        raise UserError(f"cannot resolve config: {_one_line(exc)}") from None
+        raise UserError(f"cannot resolve config: {one_line(exc)}") from None
     assert isinstance(resolved, dict)
-    resolved["recipe"] = choices.get(_HYDRA_GROUP) or resolved.get("recipe", "")
+    resolved["recipe"] = choices.get(HYDRA_GROUP) or resolved.get("recipe", "")
     return resolved
 
 
@@ -213,7 +171,7 @@ def compose_group(group: str, schema: type, overrides: list[str]) -> dict[str, A
             raise UserError(
                 f"'{override}' is not an override of the {group} group; write {group}.KEY=VALUE or {group}=OPTION"
             )
-    _check_grammar(rest)
+    check_grammar(rest)
     ConfigStore.instance().store(group=f"schema/{group}", name="default", node=schema)
     root = resources_root()
     try:

@@ -200,7 +200,7 @@ class KernelsConfig:
 
 @dataclass
 class DiagnosticsConfig:
-    """What happens on a non-finite loss or gradient, or a loss spike (fwk/engine/diagnostics.py)."""
+    """What happens on a non-finite loss or gradient, or a loss spike (fwk/components/diagnostics.py)."""
 
     name: str = doc("rollback", "name of the option in conf/diagnostics/ (rollback, skip or stop)")
     on_nan: str = doc(
@@ -218,7 +218,7 @@ class DiagnosticsConfig:
 
 @dataclass
 class TrackingConfig:
-    """Where metrics go besides metrics.jsonl (fwk/engine/tracking.py). Not in the run id:
+    """Where metrics go besides metrics.jsonl (fwk/components/sinks.py). Not in the run id:
     it says where results are sent, not what a run computes."""
 
     name: str = doc("tensorboard", "name of the option in conf/tracking/ (tensorboard, or mlflow: both)")

@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from fwk.config.compose import _HYDRA_GROUP, _USER_GROUP, _check_grammar, _one_line, _to_hydra, resources_root
+from fwk.config.grammar import HYDRA_GROUP, USER_GROUP, check_grammar, one_line, resources_root, to_hydra
 from fwk.errors import UserError
 
 
@@ -33,7 +33,7 @@ class Combination:
 
 def _user_key(key: str) -> str:
     """Back from Hydra's group name to what users write: `recipes` -> `recipe`."""
-    return key.replace(_HYDRA_GROUP, _USER_GROUP) if key.lstrip("+~") == _HYDRA_GROUP else key
+    return key.replace(HYDRA_GROUP, USER_GROUP) if key.lstrip("+~") == HYDRA_GROUP else key
 
 
 def _parser() -> Any:
@@ -59,7 +59,7 @@ def _choices(override: Any, typed: str) -> list[str]:
     try:
         values = list(override.sweep_string_iterator())
     except HydraException as exc:
-        raise UserError(f"cannot expand '{typed}': {_one_line(exc)}") from None
+        raise UserError(f"cannot expand '{typed}': {one_line(exc)}") from None
     if not values:
         raise UserError(f"'{typed}' sweeps over no values; check the glob or range")
     key = _user_key(override.get_key_element())
@@ -71,13 +71,13 @@ def sweeps(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    return [o for o in overrides if parser.parse_override(_to_hydra(o)).is_sweep_override()]
+    return [o for o in overrides if parser.parse_override(to_hydra(o)).is_sweep_override()]
 
 
 def expand(overrides: list[str]) -> tuple[list[str], list[Combination]]:
     """(the swept keys, every combination in order); a key with one value is not "swept"."""
-    _check_grammar(overrides)  # a parse error names the override as the user wrote it
-    parsed = _parser().parse_overrides([_to_hydra(o) for o in overrides])
+    check_grammar(overrides)  # a parse error names the override as the user wrote it
+    parsed = _parser().parse_overrides([to_hydra(o) for o in overrides])
     per_key: dict[str, list[str]] = {}
     for override, typed in zip(parsed, overrides, strict=True):
         key = _user_key(override.get_key_element())

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fwk.data.base import item_seed
-from fwk.data.imagefolder import JpegFolder, decode_rgb, is_jpeg, read_bytes, seeded_cpu_rng
+from fwk.data.images import JpegFolder, decode_rgb, is_jpeg, read_bytes, seeded_cpu_rng
 
 NO_SEED = -1  # an item of a data set without augmentation (validation): the fixed transform
 

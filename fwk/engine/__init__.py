@@ -1,1 +1,3 @@
-"""The engine every worker runs: build, apply strategies, loop."""
+"""The loop every worker runs, and only the loop: build (``build``), one optimizer step
+(``step``), evaluation (``evaluate``), what a checkpoint restores and when to stop
+(``trainer``). Strategies (``fwk.strategies``) and components (``fwk.components``) plug in."""

@@ -63,11 +63,11 @@ def preflight(cfg: Any) -> None:
 
     The model is built on the meta device: its structure without allocating its weights.
     """
-    from fwk.engine import kernels, memory, precision
+    from fwk.strategies import activation_memory, kernels, precision
 
     cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
-    kernels.check(cfg.kernels, device)
+    kernels.check_available(cfg.kernels, device)
     p, m = cfg.precision, cfg.memory
     wants_fp16 = p.name == "fp16" or (p.name == "staged" and p.dtype == "fp16")
     if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16):
@@ -76,5 +76,5 @@ def preflight(cfg: Any) -> None:
         model = (
             _instantiate(cfg.model) if isinstance(cfg.model, dict) else MODELS.get(cfg.model.name).builder(cfg.model)
         )
-    precision.check(p, model, device)
-    memory.check(m, model)
+    precision.check_model(p, model, device)
+    activation_memory.check_model(m, model)

@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from fwk.engine.parallel import Dist, all_reduce_max, all_reduce_sum, sharded
-from fwk.engine.precision import Precision
+from fwk.distributed.collectives import all_reduce_max, all_reduce_sum
+from fwk.distributed.group import Dist
+from fwk.strategies.fsdp import is_sharded
+from fwk.strategies.precision import Precision
 
 
 @torch.no_grad()
@@ -30,7 +32,7 @@ def evaluate(
     correct = torch.zeros((), dtype=torch.float64, device=d.device)
     count = 0
     local = min(len(loader), max_batches) if max_batches else len(loader)
-    lockstep = int(all_reduce_max([float(local)], d)[0]) if sharded(model) else local
+    lockstep = int(all_reduce_max([float(local)], d)[0]) if is_sharded(model) else local
     x = None
     for i, (x, y) in enumerate(loader):
         if i >= local:

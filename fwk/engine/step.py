@@ -19,13 +19,13 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
+from fwk.components.diagnostics import Diagnostics
 from fwk.config.schema import TrainConfig
-from fwk.engine.diagnostics import Diagnostics
-from fwk.engine.jit import Jit
-from fwk.engine.kernels import Kernels
-from fwk.engine.memory import Memory
-from fwk.engine.parallel import Dist
-from fwk.engine.precision import Precision
+from fwk.distributed.group import Dist
+from fwk.strategies.activation_memory import Memory
+from fwk.strategies.compile import Jit
+from fwk.strategies.kernels import Kernels
+from fwk.strategies.precision import Precision
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

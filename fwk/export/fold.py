@@ -1,4 +1,4 @@
-"""Stage 1: fold every Conv->BatchNorm pair of the eval-mode model (fwk.engine.fuse).
+"""Stage 1: fold every Conv->BatchNorm pair of the eval-mode model (fwk.export.fuse).
 
 A folded BatchNorm is one conv with a new weight and bias: the exported graph has no
 BatchNormalization nodes, and int8 quantization then calibrates the conv that really
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fwk.engine.fuse import fold_conv_bn
+from fwk.export.fuse import fold_conv_bn
 
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 

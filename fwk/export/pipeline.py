@@ -29,7 +29,7 @@ from typing import Any
 from fwk.config.schema import ExportConfig
 from fwk.errors import UserError
 from fwk.export import report as rep
-from fwk.export.settings import Plan
+from fwk.export.settings import PrunePlan
 from fwk.track.store import RunDir, versions
 
 PRUNED_WEIGHTS = "pruned.pt"  # the pruned torch model's weights: replay pruning_history.json, then load
@@ -56,7 +56,7 @@ def check_output(output: Path | None, overwrite: bool) -> None:
 def export_id(
     run: RunDir,
     checkpoint: Path,
-    plan: Plan,
+    plan: PrunePlan,
     quantize: str,
     cfg: ExportConfig,
     max_drop: float,
@@ -88,7 +88,7 @@ def _weights_onnx(path: Path) -> int:
 def _build(
     source: Any,
     eid: str,
-    plan: Plan,
+    plan: PrunePlan,
     quantize: str,
     cfg: ExportConfig,
     max_drop: float,
@@ -319,7 +319,7 @@ def write_output(src: Path, output: Path, overwrite: bool) -> None:
 
 def run_export(
     run: RunDir,
-    plan: Plan,
+    plan: PrunePlan,
     quantize: str,
     cfg: ExportConfig,
     max_drop: float,

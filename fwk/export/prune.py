@@ -48,7 +48,7 @@ from fwk.export.report import HISTORY
 
 if TYPE_CHECKING:
     from fwk.config.schema import ExportConfig
-    from fwk.export.settings import Plan
+    from fwk.export.settings import PrunePlan
     from fwk.export.source import Source
 
 History = list[tuple[str, bool, list[int]]]
@@ -255,7 +255,7 @@ def _taylor_grads(source: Source, batches: int, batch_size: int) -> Callable[[nn
     return grads
 
 
-def prune(source: Source, plan: Plan, cfg: ExportConfig, out: Path, say: Callable[[str], None]) -> Pruned:
+def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path, say: Callable[[str], None]) -> Pruned:
     """``plan.rounds`` rounds of prune -> rewind (lottery ticket) or keep (fine-tune) -> retrain.
 
     Writes ``out/pruning_history.json`` and one run dir per round under ``out/rounds/``.

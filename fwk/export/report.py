@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fwk.export.settings import Plan
+    from fwk.export.settings import PrunePlan
 
 REPORT = "export_report.json"
 HISTORY = "pruning_history.json"  # fwk/export/prune.py: the removals, to replay on a fresh model
@@ -68,7 +68,7 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     return {"passed": True, "stage": None, "reason": f"every stage's {within} torch fp32"}
 
 
-def pruning(plan: Plan, pruned: Any) -> dict[str, Any] | None:
+def pruning(plan: PrunePlan, pruned: Any) -> dict[str, Any] | None:
     """The pruning section of the report: sizes before and after, each round's retrain."""
     if pruned is None:
         return None

@@ -58,7 +58,7 @@ def retrain(
     """Train ``start(built model)`` with ``cfg`` into run dir ``out``; returns (final weights, summary)."""
     from omegaconf import OmegaConf
 
-    from fwk.engine.checkpoint import model_weights
+    from fwk.components.checkpoint import model_weights
     from fwk.engine.trainer import train
     from fwk.track.store import RunDir
 

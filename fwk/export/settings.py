@@ -13,7 +13,7 @@ METHODS = ("none", "magnitude", "taylor", "lottery_ticket")
 
 
 @dataclass(frozen=True)
-class Plan:
+class PrunePlan:
     """What ``--prune``, ``--ratio`` and ``--rounds`` ask for."""
 
     method: str = "none"
@@ -21,7 +21,7 @@ class Plan:
     rounds: int = 1
 
     @classmethod
-    def checked(cls, method: str, ratio: float, rounds: int | None) -> Plan:
+    def checked(cls, method: str, ratio: float, rounds: int | None) -> PrunePlan:
         """The user's choices, before any work: one line per mistake. Lottery tickets default to 3 rounds."""
         if method not in METHODS:
             raise UserError(f"--prune={method} is not allowed: expected one of {', '.join(METHODS)}")

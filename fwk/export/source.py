@@ -2,7 +2,7 @@
 
 The model is rebuilt with the engine's own builders from the run's stored config (never
 by composing Hydra again), on the CPU in fp32, and its weights come from
-``fwk.engine.checkpoint.model_weights``, which reads both the plain and the sharded (FSDP)
+``fwk.components.checkpoint.model_weights``, which reads both the plain and the sharded (FSDP)
 checkpoint layout. The checkpoint's checksums are checked first: a damaged file is one
 line naming it, not a pickle traceback.
 """
@@ -75,7 +75,7 @@ def check_exportable(run: RunDir) -> Path:
 
 def _check_checksums(path: Path) -> None:
     """The model's files in the checkpoint match the sha256 its manifest recorded."""
-    from fwk.engine.checkpoint import sha256_file
+    from fwk.components.checkpoint import sha256_file
 
     manifest = json.loads((path / "manifest.json").read_text())
     sums: dict[str, str] = manifest.get("sha256", {})
@@ -94,9 +94,9 @@ def load(run: RunDir) -> Source:
     import torch
     from omegaconf import OmegaConf
 
+    from fwk.components.checkpoint import model_weights
     from fwk.config.validate import to_typed
     from fwk.engine.build import build_data, build_model
-    from fwk.engine.checkpoint import model_weights
 
     checkpoint = check_exportable(run)
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))

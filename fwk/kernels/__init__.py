@@ -3,7 +3,7 @@ kernel(s), an ``autograd.Function`` and a small wrapper.
 
 The wrappers run the Triton kernel where it can run (a CUDA tensor, or any tensor when
 ``TRITON_INTERPRET=1`` makes Triton interpret kernels on the CPU, as the tests do) and
-the reference elsewhere. The engine (``fwk/engine/kernels.py``) decides whether the
+the reference elsewhere. The engine (``fwk/strategies/kernels.py``) decides whether the
 kernels are used at all (config group ``kernels``).
 """
 

@@ -1,4 +1,5 @@
-"""From a validated config to running workers: the run dir, then in-process or torchrun."""
+"""From a resolved config to running workers: the plan (run id, run dir, torchrun or not),
+then the run dir opened and the workers run in this process or under torchrun."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fwk.config.schema import Config
+from fwk.config.resolve import Resolved
 from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
 from fwk.track import index
@@ -19,7 +20,7 @@ from fwk.track.store import RunDir, RunLock, open_run
 
 
 @dataclass
-class Plan:
+class LaunchPlan:
     """What a launch will do; ``--dry-run`` prints it and stops."""
 
     run_id: str
@@ -47,47 +48,19 @@ def data_fingerprint(data: Any) -> dict[str, str]:
     return {"digest": "", "what": f"not fingerprinted: fwk cannot see what data '{data.name}' reads"}
 
 
-@dataclass
-class Resolved:
-    """One run's config, composed and validated: typed, as a plain dict (hashed), as YAML (written)."""
-
-    config: Config
-    as_dict: dict[str, Any]
-    as_yaml: str
-
-
-def resolve(overrides: list[str]) -> Resolved:
-    """Compose and validate the config of ``overrides`` (a user's mistake: UserError, one line)."""
-    from omegaconf import OmegaConf
-
-    from fwk.config.compose import compose
-    from fwk.config.validate import to_typed
-
-    config = to_typed(compose(overrides))
-    as_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
-    assert isinstance(as_dict, dict)
-    return Resolved(config, as_dict, OmegaConf.to_yaml(as_dict))
-
-
-def check(config: Config) -> None:
-    """Cheap pre-flight checks (paths exist), before any run dir exists."""
-    for section in (config.model, config.data, config.optim):
-        if hasattr(section, "check"):
-            section.check()
-
-
-def plan(cfg: Config, config_dict: dict[str, Any], salt: str = "") -> Plan:
-    """``salt`` makes a run with the same config another run (a replay)."""
+def plan(resolved: Resolved, salt: str = "") -> LaunchPlan:
+    """Where ``resolved`` runs and how; ``salt`` makes a run of the same config another run (a replay)."""
+    cfg = resolved.config
     code = code_version()
     data = data_fingerprint(cfg.data)
-    rid = run_id(config_dict, code, data["digest"], salt)
+    rid = run_id(resolved.as_dict, code, data["digest"], salt)
     run_dir = Path(cfg.paths.runs).expanduser().resolve() / rid
     argv = torchrun_argv(cfg.parallel, run_dir, rid) if cfg.world_size > 1 else None
-    return Plan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv, data)
+    return LaunchPlan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv, data)
 
 
 def launch(
-    p: Plan,
+    p: LaunchPlan,
     config_yaml: str,
     nnodes: int,
     lineage: dict[str, str] | None = None,
@@ -103,7 +76,7 @@ def launch(
         status, outcome = 1, "failed"
         try:
             if p.argv is None:
-                from fwk.engine.worker import run_worker
+                from fwk.launch.worker import run_worker
 
                 status = run_worker(run.path)
             else:

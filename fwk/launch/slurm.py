@@ -100,14 +100,10 @@ def requeue_target(env: Mapping[str, str]) -> str:
 
 def _run_dir(args: Sequence[str]) -> Path:
     """The run dir `fwk train ARGS` uses (the same composition as fwk/cli/train.py)."""
-    from omegaconf import OmegaConf
-
-    from fwk.config.compose import compose
-    from fwk.config.validate import to_typed
+    from fwk.config.resolve import resolve
     from fwk.launch.launcher import plan
 
-    config = to_typed(compose(list(args)))
-    return plan(config, OmegaConf.to_container(OmegaConf.structured(config), resolve=True)).run_dir
+    return plan(resolve(list(args))).run_dir
 
 
 def _latest_checkpoint(run_dir: Path) -> str:

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fwk.config.resolve import Resolved, resolve
 from fwk.config.sweep import Combination, expand
 from fwk.errors import UserError
-from fwk.launch.launcher import Plan, Resolved, check, launch, plan, resolve
-from fwk.track.store import RunDir
+from fwk.launch.launcher import LaunchPlan
+from fwk.launch.run import Job, plan_run, preflight, run
 from fwk.track.sweeps import sweep_id, write_sweep
 
 Say = Callable[[str], None]
@@ -33,7 +34,11 @@ class Member:
     number: int  # 1-based, in the order of the combinations
     combination: Combination
     resolved: Resolved
-    plan: Plan
+    plan: LaunchPlan
+
+    def job(self, sweep_id: str) -> Job:
+        lineage = {"sweep": sweep_id, "kind": "sweep"}  # kept only if this launch creates the run
+        return Job(self.resolved, self.plan, lineage, list(self.combination.overrides))
 
 
 @dataclass
@@ -98,9 +103,7 @@ def prepare(overrides: list[str], checks: bool = True) -> Sweep:
     for number, combination in enumerate(combinations, 1):
         with _naming(number, len(combinations), combination):
             resolved = resolve(list(combination.overrides))
-            if checks:
-                check(resolved.config)
-            members.append(Member(number, combination, resolved, plan(resolved.config, resolved.as_dict)))
+            members.append(Member(number, combination, resolved, plan_run(resolved, checks=checks)))
     _check_distinct(members)
     return Sweep(sweep_id([m.plan.run_id for m in members]), members[0].plan.run_dir.parent, overrides, keys, members)
 
@@ -144,21 +147,17 @@ class Outcome:
 
 def run_sweep(sweep: Sweep, say: Say = print) -> Outcome:
     """Run each member in turn; the model and device checks of every unfinished one come first."""
-    todo = [m for m in sweep.members if not RunDir(m.plan.run_dir).summary.is_file()]
-    if todo:
-        from fwk.engine import tracking
-        from fwk.engine.build import preflight  # imports torch: only when there is something to train
-
-        for m in todo:
+    jobs = {m.number: m.job(sweep.id) for m in sweep.members}
+    for m in sweep.members:
+        if jobs[m.number].summary() is None:  # torch is imported only when there is something to train
             with _naming(m.number, len(sweep.members), m.combination):
-                preflight(m.resolved.config)
-                tracking.check(m.resolved.config.tracking)  # its MLflow server answers, if any
+                preflight(jobs[m.number])
     path = write_sweep(sweep.root, sweep.record())
     say(f"{sweep.title()} ({path})")
     outcome = Outcome()
     for m in sweep.members:
         say(sweep.header(m))
-        result = _run_member(sweep, m, say)
+        result = _run_member(jobs[m.number], say)
         if result == "failed":
             outcome.failed.append(m)
         elif result == "interrupted":
@@ -167,19 +166,10 @@ def run_sweep(sweep: Sweep, say: Say = print) -> Outcome:
     return outcome
 
 
-def _run_member(sweep: Sweep, m: Member, say: Say) -> str:
+def _run_member(job: Job, say: Say) -> str:
     """Run one member as `fwk train` runs one run: "complete", "failed" or "interrupted"."""
-    from fwk.cli.report import already_complete, finished
-
-    done = RunDir(m.plan.run_dir).read_summary()
-    if done is not None:
-        say(already_complete(done, m.plan.run_dir))
-        return "complete"
-    lineage = {"sweep": sweep.id, "kind": "sweep"}  # kept only if this launch creates the run
     try:
-        status, run = launch(
-            m.plan, m.resolved.as_yaml, m.resolved.config.parallel.nnodes, lineage, list(m.combination.overrides)
-        )
+        result = run(job, say, checked=True)
     except KeyboardInterrupt:  # a second Ctrl-C, or one before the loop took over the signal
         return "interrupted"
     except UserError as exc:  # the member's own one line (diverged, bad data, already running)
@@ -188,9 +178,4 @@ def _run_member(sweep: Sweep, m: Member, say: Say) -> str:
     except Exception:  # noqa: BLE001 - our bug in one in-process member: its traceback, then the next
         traceback.print_exc()
         return "failed"
-    summary = run.read_summary()
-    if status == 0 and summary is not None:
-        say(finished(summary, run.path))
-        return "complete"
-    # a clean exit without a summary stopped at a step boundary; 128+N: torchrun's workers were signalled
-    return "interrupted" if status == 0 or status >= 128 else "failed"
+    return "complete" if result.outcome == "already complete" else result.outcome

@@ -9,7 +9,7 @@ from fwk.config.schema import ParallelConfig
 
 
 def torchrun_argv(p: ParallelConfig, run_dir: Path, run_id: str) -> list[str]:
-    """``python -m torch.distributed.run ... -m fwk.engine.worker <run_dir>``.
+    """``python -m torch.distributed.run ... -m fwk.launch.worker <run_dir>``.
 
     torchrun is started through this interpreter so that it runs in fwk's environment
     even when the ``torchrun`` script is not on PATH.
@@ -29,4 +29,4 @@ def torchrun_argv(p: ParallelConfig, run_dir: Path, run_id: str) -> list[str]:
         ]
         if p.rdzv_backend == "static":
             argv.append(f"--node-rank={p.node_rank}")
-    return [*argv, "-m", "fwk.engine.worker", str(run_dir)]
+    return [*argv, "-m", "fwk.launch.worker", str(run_dir)]

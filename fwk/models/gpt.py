@@ -102,7 +102,7 @@ class GPT(nn.Module):
         # parameters, and it trains as well or better at this size).
         self.lm_head.weight = self.tok_emb.weight
         # forward(idx, targets) returns head_loss(hidden, lm_head.weight, targets): a fused,
-        # chunked version can be put here (fwk/engine/kernels.py) without touching the model
+        # chunked version can be put here (fwk/strategies/kernels.py) without touching the model
         self.head_loss = plain_head_loss
         self.apply(self._init_weights)
 

@@ -146,7 +146,7 @@ def profile_config(cfg: Config, warmup: int, steps: int) -> tuple[Config, list[s
 def _hardware(device: torch.device) -> dict[str, Any]:
     import os
 
-    from fwk.engine import hardware
+    from fwk.strategies import hardware
 
     features = hardware.probe(device)
     if device.type == "cuda":
@@ -172,7 +172,7 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str]
     """Train ``warmup + steps`` steps of ``cfg`` under the profiler; the trace goes to ``out``."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from fwk.engine.parallel import pick_device
+    from fwk.distributed.group import pick_device
     from fwk.engine.trainer import train
     from fwk.track.store import RunDir
 

@@ -5,7 +5,7 @@ starts from). After: the kernels ``torch.compile`` (the JIT layer's backend and 
 generates for one training step, forward and backward: each fused kernel with the ops it
 fused (inductor names a kernel after them, and notes the graph nodes it came from), and
 the library calls left as they were (convolutions, matmuls). Evaluation and export also
-fold Conv->BatchNorm pairs (``fwk.engine.fuse``): the folded pairs are listed too.
+fold Conv->BatchNorm pairs (``fwk.export.fuse``): the folded pairs are listed too.
 
 The model is the plain one (fp32, no precision or memory strategy), on the training device,
 with one training batch. A compile that fails leaves the "after" side with its error.
@@ -86,7 +86,7 @@ def after_kernels(code: str) -> list[dict[str, Any]]:
 
 def folded_pairs(model: nn.Module) -> list[str]:
     """The Conv->BatchNorm pairs that evaluation and export fold into one conv."""
-    from fwk.engine.fuse import fold_conv_bn
+    from fwk.export.fuse import fold_conv_bn
 
     norms = {n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
     left = {n for n, m in fold_conv_bn(model).named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
@@ -94,8 +94,8 @@ def folded_pairs(model: nn.Module) -> list[str]:
 
 
 def _batch(cfg: Config) -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.device]:
+    from fwk.distributed.group import pick_device
     from fwk.engine.build import build_data, build_model
-    from fwk.engine.parallel import pick_device
 
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data, seed=cfg.seed)

@@ -20,7 +20,7 @@ from fwk.serve.routing import AutoPromote, Router
 
 
 @dataclass
-class Plan:
+class ServePlan:
     """Which exports are served, under which model names, and how traffic is split."""
 
     exports: dict[str, dict[str, Export]]  # model -> version (export id) -> export
@@ -34,7 +34,7 @@ def plan(
     name: str | None = None,
     canary: str | None = None,
     auto_promote: bool = False,
-) -> Plan:
+) -> ServePlan:
     """Resolve the ids (export ids, run ids, prefixes; none: the newest export) into models and versions."""
     listed = [find_export(root, q) for q in ids] if ids else [find_export(root, None)]
     new = find_export(root, canary) if canary else None
@@ -71,7 +71,7 @@ def plan(
             auto=auto if auto_promote and has_canary else None,
             window=cfg.latency_window,
         )
-    return Plan(exports, routers)
+    return ServePlan(exports, routers)
 
 
 def check_port(host: str, port: int) -> None:
@@ -84,7 +84,7 @@ def check_port(host: str, port: int) -> None:
         raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another with --port") from None
 
 
-def describe(p: Plan) -> list[str]:
+def describe(p: ServePlan) -> list[str]:
     lines = []
     for model, router in p.routers.items():
         parts = []
@@ -97,7 +97,7 @@ def describe(p: Plan) -> list[str]:
 
 
 def run(
-    p: Plan,
+    p: ServePlan,
     cfg: ServeConfig,
     host: str,
     port: int,

@@ -34,11 +34,11 @@ def load_settings(overrides: list[str]) -> ServeConfig:
     from fwk.config.compose import compose_group
 
     cfg = ServeConfig(**compose_group("serve", ServeConfig, overrides))
-    check(cfg)
+    check_settings(cfg)
     return cfg
 
 
-def check(cfg: ServeConfig) -> ServeConfig:
+def check_settings(cfg: ServeConfig) -> ServeConfig:
     for ok, key, value, allowed in _rules(cfg):
         if not ok:
             raise UserError(f"{key}={value!r} is not allowed: expected {allowed} (fix it with {key}=...)")

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench/channels_last.py [--rounds 7] [--image-size 64] [--batch 16]
     .venv/bin/python scripts/bench/channels_last.py --device cuda --image-size 224 --batch 128
 
-FSDP2 shards contiguous parameters only (``fwk/engine/fsdp.py``), so under FSDP the conv
+FSDP2 shards contiguous parameters only (``fwk/strategies/fsdp.py``), so under FSDP the conv
 weights stay contiguous and only the inputs are made channels-last. Three layouts of one
 ResNet-50 training step (forward, backward, SGD), each in fp32 and under bf16 autocast,
 timed interleaved:

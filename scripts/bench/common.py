@@ -13,18 +13,18 @@ from collections.abc import Callable
 
 import torch
 
+from fwk.components.diagnostics import Diagnostics
 from fwk.config.compose import compose
 from fwk.config.schema import JitConfig
 from fwk.config.validate import to_typed
-from fwk.engine.diagnostics import Diagnostics
-from fwk.engine.jit import Jit
-from fwk.engine.kernels import Kernels
-from fwk.engine.memory import Memory
-from fwk.engine.parallel import Dist
-from fwk.engine.precision import Precision
+from fwk.distributed.group import Dist
 from fwk.engine.step import TrainStep
 from fwk.models import MODELS
 from fwk.optim import build_optimizer, build_schedule
+from fwk.strategies.activation_memory import Memory
+from fwk.strategies.compile import Jit
+from fwk.strategies.kernels import Kernels
+from fwk.strategies.precision import Precision
 
 
 def config(workload: str, batch: int, image_size: int, extra: list[str]):
@@ -136,7 +136,7 @@ def device_arg(choice: str) -> torch.device:
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    from fwk.engine.hardware import probe
+    from fwk.strategies.hardware import probe
 
     return f"{probe(device).text}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 

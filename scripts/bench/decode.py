@@ -36,7 +36,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fwk.data.configs import ImageFolderConfig
-from fwk.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, decode_bytes, imagefolder
+from fwk.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, imagefolder
+from fwk.data.images import decode_bytes
 from fwk.data.loader import LoaderPlan, loader_kwargs
 
 

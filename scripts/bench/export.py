@@ -32,7 +32,7 @@ from pathlib import Path
 from fwk.export import report as rep
 from fwk.export import verify
 from fwk.export.pipeline import run_export
-from fwk.export.settings import Plan, load_settings
+from fwk.export.settings import PrunePlan, load_settings
 from fwk.export.source import load
 from fwk.track.store import RunDir
 
@@ -82,8 +82,8 @@ def measure(recipe: str, args: argparse.Namespace):
         run = trained_run(recipe, args.runs)
         cfg = load_settings([f"export.latency_batch={args.batch}", *args.export])
         quiet = lambda _: None  # noqa: E731
-        report = run_export(run, Plan(), "int8", cfg, 100.0, None, False, say=_say, show=quiet)
-        plan = Plan.checked(args.prune, args.ratio, None)
+        report = run_export(run, PrunePlan(), "int8", cfg, 100.0, None, False, say=_say, show=quiet)
+        plan = PrunePlan.checked(args.prune, args.ratio, None)
         pruned = run_export(run, plan, "int8", cfg, 100.0, None, False, say=_say, show=quiet)
     export = run.path / "exports" / report["export_id"]
     pexport = run.path / "exports" / pruned["export_id"]

@@ -17,13 +17,13 @@ def test_report_names_versions_features_and_choices(runs: Path) -> None:
     fields = dict(line.split(None, 1) if " " in line else (line, "") for line in out.stdout.splitlines())
     assert fields["torch"].startswith(torch.__version__)
     # the CPU features auto precision rests on, each named yes or no, as this CPU has them
-    from fwk.engine.hardware import cpu_units
+    from fwk.strategies.hardware import cpu_units
 
     for unit, present in cpu_units().items():
         assert re.search(rf"\b{unit} {'yes' if present else 'no'}\b", fields["cpu"]), fields["cpu"]
     assert "precision=auto picks" in out.stdout and "kernels=auto picks" in out.stdout
-    from fwk.engine.hardware import probe
-    from fwk.engine.precision import choose_format
+    from fwk.strategies.hardware import probe
+    from fwk.strategies.precision import choose_format
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert fields["precision=auto"] == f"picks   {choose_format(probe(device), device)}"

@@ -178,7 +178,7 @@ def test_a_sweep_without_m_says_to_add_it(runs: Path) -> None:
 
 def test_a_failed_member_does_not_stop_the_sweep(runs: Path) -> None:
     # the model emits NaN at its 2nd training step when model.at=2, and never in 4 steps when at=100
-    poisoned = ["model=custom", "model._target_=tests.engine.nan_models.PoisonedCNN", "diagnostics=stop"]
+    poisoned = ["model=custom", "model._target_=tests.components.nan_models.PoisonedCNN", "diagnostics=stop"]
     out = run_fwk("train", "-m", *poisoned, "+model.at=2,100", *TINY, runs=runs)
     assert out.returncode == 1
     (path,) = (runs / "sweeps").glob("*.json")

@@ -69,7 +69,7 @@ def test_cfg_prints_resolved_config(runs: Path) -> None:
 def test_dry_run_shows_torchrun_command(runs: Path) -> None:
     out = run_fwk("train", "--dry-run", "parallel.nproc_per_node=2", runs=runs)
     assert out.returncode == 0, out.stderr
-    assert "torch.distributed.run --nproc-per-node=2 --standalone -m fwk.engine.worker" in out.stdout
+    assert "torch.distributed.run --nproc-per-node=2 --standalone -m fwk.launch.worker" in out.stdout
     assert not runs.exists()
 
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from fwk.config.compose import compose, recipe_names, resources_root
+from fwk.config.compose import compose
+from fwk.config.grammar import recipe_names, resources_root
 from fwk.config.validate import to_typed
 from fwk.errors import UserError
 

@@ -13,7 +13,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from fwk.data.augment import CropFlip, crop_box
-from fwk.data.imagefolder import seeded_cpu_rng
+from fwk.data.images import seeded_cpu_rng
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 RATIO = (3 / 4, 4 / 3)

@@ -8,7 +8,8 @@ import torch
 from PIL import Image
 
 from fwk.data import sources
-from fwk.data.imagefolder import ImageFolderConfig, decode_rgb, imagefolder
+from fwk.data.imagefolder import ImageFolderConfig, imagefolder
+from fwk.data.images import decode_rgb
 from fwk.errors import UserError
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
@@ -67,7 +68,7 @@ def test_jpeg_decodes_close_to_pil(tmp_path):
 def test_read_bytes_reads_what_torchvision_reads(tmp_path):
     from torchvision.io import read_file
 
-    from fwk.data.imagefolder import read_bytes
+    from fwk.data.images import read_bytes
 
     path = tmp_path / "image.jpg"
     _pixels("RGB").save(path, "JPEG", quality=90)

@@ -88,7 +88,7 @@ def _old_way_item(train, index):
     """Item ``index`` as the code before the seeding fix made it: the whole RNG forked and
     torch.manual_seed (which also queues a seeding of every accelerator) per item."""
     from fwk.data.base import item_seed
-    from fwk.data.imagefolder import decode_rgb
+    from fwk.data.images import decode_rgb
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(item_seed(train.seed, train.epoch, index))
@@ -120,7 +120,7 @@ def test_cpu_only_seeding_gives_the_images_of_torch_manual_seed(tree):
 def test_per_item_seeding_costs_microseconds():
     import timeit
 
-    from fwk.data.imagefolder import seeded_cpu_rng
+    from fwk.data.images import seeded_cpu_rng
 
     def once():
         with seeded_cpu_rng(123):

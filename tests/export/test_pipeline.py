@@ -44,8 +44,8 @@ def _session(path: Path) -> ort.InferenceSession:
 
 
 def test_digits_int8_end_to_end(digits_run: Path, tmp_path: Path) -> None:
+    from fwk.components.checkpoint import model_weights
     from fwk.data.digits import DigitsConfig, digits
-    from fwk.engine.checkpoint import model_weights
     from fwk.models.cnn import SmallCNNConfig, small_cnn
 
     runs = tmp_path / "runs"
@@ -113,7 +113,7 @@ def test_stage_that_fails_its_check_exits_1_and_keeps_artifacts(digits_run: Path
     The export runs in this process (its imports are paid once per test session); the
     command is then checked on the stored export, which it shows again without redoing it."""
     from fwk.export.pipeline import VerificationFailed, run_export
-    from fwk.export.settings import Plan, load_settings
+    from fwk.export.settings import PrunePlan, load_settings
     from fwk.track.store import RunDir
 
     runs = tmp_path / "runs"
@@ -121,7 +121,7 @@ def test_stage_that_fails_its_check_exits_1_and_keeps_artifacts(digits_run: Path
     settings = ["export.fp32_rtol=1e-12", *QUICK]
     cfg = load_settings(settings)
     with pytest.raises(VerificationFailed):
-        run_export(RunDir(run), Plan(), "none", cfg, 1.0, None, False, say=lambda _: None, show=lambda _: None)
+        run_export(RunDir(run), PrunePlan(), "none", cfg, 1.0, None, False, say=lambda _: None, show=lambda _: None)
     out = run_fwk("export", "--quantize", "none", *settings, "--output", str(tmp_path / "m.onnx"), runs=runs)
     assert out.returncode == 1
     (line,) = out.stderr.strip().splitlines()

@@ -13,7 +13,7 @@ from torch import nn
 
 from fwk.errors import UserError
 from fwk.export import prune as pr
-from fwk.export.settings import Plan, load_settings
+from fwk.export.settings import PrunePlan, load_settings
 from fwk.models.cnn import SmallCNN
 from fwk.models.gpt import GPT
 from tests.conftest import run_fwk
@@ -28,12 +28,12 @@ def _resnet18() -> nn.Module:
 
 
 def test_plan_checks_the_options_and_defaults_the_rounds() -> None:
-    assert Plan.checked("lottery_ticket", 0.5, None).rounds == 3
-    assert Plan.checked("taylor", 0.3, None) == Plan("taylor", 0.3, 1)
-    assert Plan.checked("none", 0.9, 7) == Plan()
+    assert PrunePlan.checked("lottery_ticket", 0.5, None).rounds == 3
+    assert PrunePlan.checked("taylor", 0.3, None) == PrunePlan("taylor", 0.3, 1)
+    assert PrunePlan.checked("none", 0.9, 7) == PrunePlan()
     for method, ratio, rounds in (("magnitude", 1.0, 1), ("magnitude", -0.1, 1), ("magnitude", 0.5, 0), ("l1", 0.5, 1)):
         with pytest.raises(UserError):
-            Plan.checked(method, ratio, rounds)
+            PrunePlan.checked(method, ratio, rounds)
 
 
 def test_rounds_reach_the_ratio_together() -> None:
@@ -118,7 +118,7 @@ def test_lottery_ticket_rewinds_the_survivors_to_the_rewind_weights(
     out = tmp_path / "export"
     out.mkdir()
     cfg = load_settings(["export.retrain_frac=0.05"])  # 5 of the run's 100 steps per round
-    pruned = pr.prune(source, Plan("lottery_ticket", 0.5, 2), cfg, out, say=lambda _: None)
+    pruned = pr.prune(source, PrunePlan("lottery_ticket", 0.5, 2), cfg, out, say=lambda _: None)
 
     assert len(started) == 2 and len(pruned.rounds) == 2
     assert pr.load_history(out / pr.HISTORY) == pruned.history

@@ -123,7 +123,7 @@ def test_act_scale_of_an_all_zero_tensor_is_ones() -> None:
 def test_qat_settings_are_checked_and_in_the_export_id(digits_run: Path) -> None:
     from fwk.errors import UserError
     from fwk.export.pipeline import export_id
-    from fwk.export.settings import Plan, check_qat_steps, load_settings
+    from fwk.export.settings import PrunePlan, check_qat_steps, load_settings
     from fwk.track.store import RunDir
 
     with pytest.raises(UserError, match=r"export.qat_frac=0.0 is not allowed: expected a number in \(0, 1\]"):
@@ -135,7 +135,7 @@ def test_qat_settings_are_checked_and_in_the_export_id(digits_run: Path) -> None
     )
     run, cfg = RunDir(digits_run), load_settings([])
     ckpt = next((digits_run / "checkpoints").iterdir())
-    ids = {export_id(run, ckpt, Plan(), "int8", cfg, 1.0, steps) for steps in (0, 10, "auto")}
+    ids = {export_id(run, ckpt, PrunePlan(), "int8", cfg, 1.0, steps) for steps in (0, 10, "auto")}
     assert len(ids) == 3
 
 
@@ -149,14 +149,14 @@ def test_decide_steps() -> None:
 
 def test_auto_skips_qat_when_ptq_is_within_the_limit(digits_run: Path, tmp_path: Path) -> None:
     from fwk.export.pipeline import run_export
-    from fwk.export.settings import Plan, load_settings
+    from fwk.export.settings import PrunePlan, load_settings
     from fwk.track.store import RunDir
 
     run = copy_run(digits_run, tmp_path / "runs")
     lines: list[str] = []
     report = run_export(
         RunDir(run),
-        Plan(),
+        PrunePlan(),
         "int8",
         load_settings(QUICK),
         1.0,
@@ -197,7 +197,7 @@ def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path) -
     In this process (the imports are paid once per session); measured: PTQ 95.33%, QAT 98.00%
     against torch fp32's 98.33%, QAT in ~1 s of training (30 steps)."""
     from fwk.export.pipeline import run_export
-    from fwk.export.settings import Plan, load_settings
+    from fwk.export.settings import PrunePlan, load_settings
     from fwk.track.store import RunDir
 
     run = copy_run(digits_run, tmp_path / "runs")
@@ -206,7 +206,7 @@ def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path) -
     lines: list[str] = []
     report = run_export(
         RunDir(run),
-        Plan(),
+        PrunePlan(),
         "int8",
         load_settings(settings),
         1.0,

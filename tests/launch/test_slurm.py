@@ -135,7 +135,7 @@ def test_a_refused_requeue_fails_the_job(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_the_preemption_notice_may_come_twice() -> None:
     # SLURM signals every process of a job step, and fwk's launcher forwards USR1 too
-    from fwk.engine.trainer import StopSignal
+    from fwk.engine.state import StopSignal
 
     before = signal.getsignal(signal.SIGUSR1)
     stop = StopSignal()

@@ -61,7 +61,7 @@ def _worker(runs: Path, rank: int) -> int:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"fwk.engine.worker" in cmdline and str(runs).encode() in b" ".join(cmdline):
+        if b"fwk.launch.worker" in cmdline and str(runs).encode() in b" ".join(cmdline):
             if f"RANK={rank}".encode() in environ:
                 return int(entry.name)
     raise AssertionError(f"no worker of rank {rank}")
@@ -159,7 +159,7 @@ def test_a_rank_that_aborted_because_its_peer_died_is_not_the_cause(tmp_path: Pa
         f"[{r}]:\n  rank      : {r} (local_rank: {r})\n  exitcode  : {c} (pid: 1{r})  ({name})\n"
         for r, c, name in failures
     ]
-    report = "fwk.engine.worker FAILED\nFailures:\n" + blocks[0] + "Root Cause (first observed failure):\n" + blocks[1]
+    report = "fwk.launch.worker FAILED\nFailures:\n" + blocks[0] + "Root Cause (first observed failure):\n" + blocks[1]
     (tmp_path / "torchrun.log").write_text(report)
     (tmp_path / "rank0.log").write_text("terminate called without an active exception\n")
     (tmp_path / "rank1.log").write_text("step 10/100\n")

@@ -14,7 +14,7 @@ def test_single_node_is_standalone() -> None:
         "--nproc-per-node=4",
         "--standalone",
         "-m",
-        "fwk.engine.worker",
+        "fwk.launch.worker",
         "/runs/abc",
     ]
 

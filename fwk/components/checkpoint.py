@@ -1,0 +1,293 @@
+"""Checkpoints that resume exactly: atomic, checksummed, the last K kept.
+
+Layout of one checkpoint: ``checkpoints/step-00000400/`` holding ``state.pt`` (model,
+optimizer, scheduler, data position, step), ``rng-rank<R>.pt`` (every rank's RNG
+states) and ``manifest.json`` (step, world size, sha256 of each file). Under FSDP the
+model and optimizer go to ``sharded/`` instead, written by every rank with
+``torch.distributed.checkpoint``. It is written into a temp dir, fsynced, then renamed:
+a crash leaves the previous checkpoint intact. Files are loaded with
+``weights_only=True``: a checkpoint cannot run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fwk.distributed.group import Dist
+from fwk.errors import UserError
+
+_PREFIX = "step-"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from, as tensors and plain Python values."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+_SHARDED = "sharded"
+Template = Callable[[], dict[str, Any]]
+
+
+def model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model's weights in a checkpoint dir of either layout, in one process."""
+    if (path / _SHARDED).is_dir():
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(path / _SHARDED, Path(tmp) / "full.pt")
+            return torch.load(Path(tmp) / "full.pt", weights_only=True)["model"]
+    return torch.load(path / "state.pt", map_location="cpu", weights_only=True)["model"]
+
+
+class RewindPoint:
+    """The model's weights early in training, kept for lottery-ticket rewinding (``fwk export``).
+
+    Saved once, at ``rewind_at`` x ``max_steps`` (at least step 1), as whole tensors in
+    ``rewind/step-<N>.pt`` beside the checkpoints, never pruned with them. A resumed run
+    that has passed that step finds the file and leaves it alone. Cheap: weights only, once.
+    """
+
+    def __init__(self, root: Path, d: Dist, rewind_at: float, max_steps: int) -> None:
+        self.root, self.d = root, d
+        self.step = max(1, round(rewind_at * max_steps)) if rewind_at > 0 else None
+        # decided once, before training, by every rank alike: under HSDP rank 0 gathers the
+        # weights with its shard group only and may write the file before a rank of another
+        # replica group reaches the step; that rank must not then skip the barrier below
+        self.done = self.path is None or self.path.exists()
+
+    @property
+    def path(self) -> Path | None:
+        return self.root / f"{_PREFIX}{self.step:08d}.pt" if self.step is not None else None
+
+    def after(self, step: int, model: torch.nn.Module) -> None:
+        """Called after every step by every rank (gathering sharded weights is a collective)."""
+        if step != self.step or self.done or self.path is None:
+            return
+        self.done = True
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.d.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".tmp-{self.path.name}"
+            torch.save({"step": step, "model": weights}, tmp)
+            _fsync_file(tmp)
+            os.rename(tmp, self.path)
+            _fsync_dir(self.root)
+        self.d.barrier()
+
+
+class Checkpointer:
+    def __init__(self, root: Path, d: Dist, keep: int, on_corrupt: str = "error", sharded: bool = False) -> None:
+        self.root, self.d, self.keep, self.on_corrupt, self.sharded = root, d, keep, on_corrupt, sharded
+
+    def _final(self, step: int) -> Path:
+        return self.root / f"{_PREFIX}{step:08d}"
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Collective: every rank calls it at the same step. Returns the checkpoint dir."""
+        final = self._final(step)
+        tmp = self.root / f".tmp-{final.name}"
+        if self.d.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        self.d.barrier()
+        rng_file = tmp / f"rng-rank{self.d.rank}.pt"
+        torch.save(rng_state(), rng_file)
+        _fsync_file(rng_file)
+        if self.sharded:
+            import torch.distributed.checkpoint as dcp
+
+            shards = {key: state.pop(key) for key in ("model", "optimizer")}
+            dcp.save(shards, checkpoint_id=tmp / _SHARDED)  # collective: each rank its own shards
+            for f in (tmp / _SHARDED).iterdir():
+                _fsync_file(f)
+        self.d.barrier()
+        if self.d.is_main:
+            torch.save(state, tmp / "state.pt")
+            _fsync_file(tmp / "state.pt")
+            files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+            manifest = {
+                "step": step,
+                "world_size": self.d.world_size,
+                "sharded": self.sharded,
+                "sha256": {f: sha256_file(tmp / f) for f in files},
+            }
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            _fsync_file(tmp / "manifest.json")
+            _fsync_dir(tmp)
+            if final.exists():  # a re-save of the same step (e.g. the final one): replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+            self._prune()
+        self.d.barrier()
+        return final
+
+    def _prune(self) -> None:
+        for old in self.all()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def all(self) -> list[Path]:
+        """Complete checkpoints (those with a manifest), oldest first."""
+        if not self.root.exists():
+            return []
+        done = [p for p in self.root.glob(f"{_PREFIX}*") if (p / "manifest.json").exists()]
+        return sorted(done, key=lambda p: int(p.name[len(_PREFIX) :]))
+
+    def latest(self) -> Path | None:
+        found = self.all()
+        return found[-1] if found else None
+
+    def _damage(self, path: Path) -> str | None:
+        """What is wrong with a checkpoint's files, or None when every checksum holds.
+
+        Every rank checks every file, so all ranks reach the same verdict on a shared disk."""
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return "manifest.json unreadable"
+        if manifest.get("world_size") != self.d.world_size:
+            raise UserError(
+                f"checkpoint {path} was written by {manifest.get('world_size')} processes, this run has "
+                f"{self.d.world_size}; resume with the same parallel settings"
+            )
+        if bool(manifest.get("sharded", False)) != self.sharded:
+            kinds = {True: "sharded (parallel=fsdp/hsdp)", False: "unsharded (parallel=none/ddp)"}
+            raise UserError(
+                f"checkpoint {path} is {kinds[not self.sharded]} but this run is {kinds[self.sharded]}; "
+                "resume with the parallel setting that wrote it (parallel.name=...)"
+            )
+        names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(self.d.world_size))]
+        if self.sharded:
+            shard_files = [f for f in manifest.get("sha256", {}) if f.startswith(f"{_SHARDED}/")]
+            names += shard_files or [f"{_SHARDED}/.metadata"]
+        for name in names:
+            expected = manifest.get("sha256", {}).get(name)
+            if expected is None or not (path / name).exists() or sha256_file(path / name) != expected:
+                return f"{name}: missing or checksum mismatch"
+        return None
+
+    def load(self, path: Path, template: Template | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state, this rank's RNG state), after checking every checksum.
+
+        Sharded: ``template()`` gives this rank's model and optimizer state to load into."""
+        damage = self._damage(path)
+        if damage is not None:
+            hint = f"move {path} out of {self.root} to resume from the checkpoint before it"
+            raise UserError(f"checkpoint {path} is corrupt ({damage}); {hint}")
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        rng = torch.load(path / f"rng-rank{self.d.rank}.pt", map_location="cpu", weights_only=True)
+        if self.sharded:
+            import torch.distributed.checkpoint as dcp
+
+            assert template is not None, "a sharded checkpoint loads into the model's own shards"
+            shards = template()
+            dcp.load(shards, checkpoint_id=path / _SHARDED)
+            state.update(shards)
+        return state, rng
+
+    def load_latest(
+        self, warn: Callable[[str], None], template: Template | None = None
+    ) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+        """The newest checkpoint that loads: (path, state, RNG), or None when there is none.
+
+        With ``on_corrupt=fallback`` a damaged newest checkpoint is skipped for the newest
+        intact one, with one warning naming both; nothing is deleted. A restarted worker
+        (torchrun elastic, SLURM requeue) thus resumes without anyone moving files by hand.
+        """
+        found = self.all()
+        if not found or self.on_corrupt == "error":
+            return (found[-1], *self.load(found[-1], template)) if found else None
+        skipped: list[tuple[Path, str]] = []
+        for path in reversed(found):
+            damage = self._damage(path)
+            if damage is None:
+                if skipped:
+                    names = ", ".join(f"{p.name} ({why})" for p, why in skipped)
+                    warn(f"warning: skipped corrupt checkpoint {names}; resuming from {path.name} instead")
+                return (path, *self.load(path, template))
+            skipped.append((path, damage))
+        raise UserError(
+            f"every checkpoint in {self.root} is corrupt (newest: {found[-1].name}, {skipped[0][1]}); "
+            f"move {self.root} away to train from scratch"
+        )
+
+
+# ---- model and optimizer state: whole tensors, or this rank's FSDP shards ---------------
+def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Model and optimizer state to checkpoint: full tensors, or this rank's shards (FSDP)."""
+    from fwk.strategies import fsdp  # torch.distributed.fsdp: imported by sharded runs only
+
+    if fsdp.is_sharded(raw):
+        return fsdp.model_state(raw, optimizer)
+    return {"model": raw.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    from fwk.strategies import fsdp
+
+    if fsdp.is_sharded(raw):
+        fsdp.load_model_state(raw, optimizer, state)
+    else:
+        raw.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,115 @@
+"""What a run needs to be re-run exactly: deterministic kernels when ``train.deterministic``
+asks, and ``env.json``, a record of where each launch ran.
+
+``config.yaml`` (the resolved config, seed included) and ``meta.json`` (code version,
+overrides as typed, data fingerprint, lineage; written by the launcher) say *what* ran;
+the checkpoints hold the RNG states. ``env.json`` adds, per launch, *where* and *how*: the
+hardware, the library versions, the torch settings that change numerics, and the data
+pipeline (datasets and their transforms, as text). Rank 0 writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from typing import Any
+
+import torch
+
+from fwk.data.base import DataBundle
+from fwk.distributed.group import Dist
+from fwk.strategies import hardware
+from fwk.track.status import read_json
+from fwk.track.store import RunDir, versions, write_atomic
+
+ENV_FILE = "env.json"
+
+
+def make_deterministic(on: bool) -> None:
+    """Deterministic kernels and no cuDNN autotuning; call before CUDA is first used
+    (cuBLAS reads its workspace setting when it creates its handle)."""
+    if not on:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine(d: Dist) -> dict[str, Any]:
+    """This node's hardware and the torch build and settings that change numerics."""
+    out: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "torch_threads": torch.get_num_threads(),
+        "device": hardware.probe(d.device).text,
+        "world_size": d.world_size,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    if torch.cuda.is_available():
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        out["gpus"] = [f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}" for p in props]
+        out["cuda"] = torch.version.cuda
+        out["cudnn"] = torch.backends.cudnn.version()
+        out["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        out["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+    return out
+
+
+def describe(dataset: Any) -> str:
+    """A data set as text: its class, size and transform (the augmentation pipeline)."""
+    text = f"{type(dataset).__name__}, {len(dataset):,} items"
+    transform = getattr(dataset, "transform", None)
+    if transform is not None:
+        text += f"; transform: {' '.join(repr(transform).split())}"
+    return text
+
+
+def pipeline(data: DataBundle) -> dict[str, Any]:
+    out: dict[str, Any] = {"task": data.task, "train": describe(data.train), "val": describe(data.val)}
+    if data.mean is not None:
+        out["normalize"] = {"mean": list(data.mean), "std": list(data.std or ())}
+    return out
+
+
+def record_launch(run: RunDir, d: Dist, data: DataBundle, seed: int, step: int) -> None:
+    """Append this launch (from ``step``: 0, or where it resumed) to ``env.json`` (rank 0)."""
+    if not d.is_main:
+        return
+    env = read_json(run.path / ENV_FILE) or {"launches": []}
+    env["launches"].append(
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "from_step": step,
+            "seed": seed,
+            "machine": machine(d),
+            "versions": versions(),
+            "data": pipeline(data),
+        }
+    )
+    write_atomic(run.path / ENV_FILE, json.dumps(env, indent=2, default=str) + "\n")

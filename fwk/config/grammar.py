@@ -1,0 +1,52 @@
+"""The command line's override grammar, shared by composing one config (``compose.py``)
+and expanding a sweep (``sweep.py``): where conf/ and recipes/ live, ``recipe=`` as users
+write it, and Hydra's parser run on each override alone so an error names the one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fwk.errors import UserError
+
+# `recipe=NAME` on the command line selects recipes/NAME.yaml. Hydra names a config group
+# after its folder, so the group is called "recipes"; users only ever see "recipe".
+USER_GROUP, HYDRA_GROUP = "recipe", "recipes"
+
+
+def resources_root() -> Path:
+    """The folder holding conf/ and recipes/: bundled in a wheel, else the source tree."""
+    package = Path(__file__).resolve().parents[1]
+    bundled = package / "_resources"
+    return bundled if (bundled / "conf").is_dir() else package.parent
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in (resources_root() / "recipes").glob("*.yaml"))
+
+
+def to_hydra(override: str) -> str:
+    """Rewrite `recipe=X` (and `+recipe=X`) to the Hydra group name."""
+    head, sep, value = override.partition("=")
+    if sep and head.lstrip("+~") == USER_GROUP:
+        return head.replace(USER_GROUP, HYDRA_GROUP) + sep + value
+    return override
+
+
+def one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split("\n")[0].split())
+
+
+def check_grammar(overrides: list[str]) -> None:
+    """Parse each override alone, so an error names the one that is wrong."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException as exc:  # the parser raises it bare, not as OverrideParseException
+            reason = one_line(exc)
+            raise UserError(
+                f"cannot parse override '{override}': {reason}; write key=value, group=option, +key=value or ~key"
+            ) from None

@@ -1,0 +1,151 @@
+"""Reading image files: their bytes (``read_bytes``), decoded to (3, H, W) uint8 RGB
+whatever the format (``decode_rgb``, ``decode_bytes``), and the data set of one split's
+files (``JpegFolder``), whose random transforms draw from a per-item seed
+(``seeded_cpu_rng``). ``imagefolder.py`` finds the files and builds the transforms;
+``gpu_decode.py`` hands the bytes to nvJPEG instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import accumulate
+
+import torch
+from torch.utils.data import Dataset
+
+from fwk.data.base import item_seed
+from fwk.errors import UserError
+
+
+class JpegFolder(Dataset):
+    """(image, label) pairs from a list of image files; image is (3, S, S) float32, normalized.
+
+    Paths are kept in one bytes blob plus an offsets tensor rather than a list of 1.3M
+    Python strings: forked loader workers touching each string's refcount would copy the
+    pages one by one until every worker holds its own copy of the list.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        paths: list[str],
+        labels: list[int],
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        seed: int,
+        random: bool,
+    ) -> None:
+        encoded = [os.fsencode(p) for p in paths]  # fsencode: file names need not be UTF-8
+        self.root = root
+        self._blob = b"".join(encoded)
+        self._offsets = torch.tensor([0, *accumulate(len(e) for e in encoded)], dtype=torch.int64)
+        self.labels = torch.tensor(labels, dtype=torch.int64)
+        self.transform = transform
+        self.seed = seed
+        self.random = random
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def path(self, index: int) -> str:
+        start, end = self._offsets[index].item(), self._offsets[index + 1].item()
+        return os.path.join(self.root, os.fsdecode(self._blob[start:end]))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = decode_rgb(self.path(index))  # (3, H, W) uint8
+        if self.random:
+            with seeded_cpu_rng(item_seed(self.seed, self.epoch, index)):
+                image = self.transform(image)
+        else:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+
+@contextmanager
+def seeded_cpu_rng(seed: int) -> Iterator[None]:
+    """Torch's global CPU generator seeded with ``seed`` inside, as it was before outside.
+
+    The transforms draw from that generator, so the seed set here must leak neither into
+    the caller nor into the next item. ``torch.manual_seed`` would also queue a CUDA/XPU/MPS
+    seeding and format a stack trace for it (~170-450 us a call); the CPU generator alone
+    takes ~2 us and gives the same draws, as the CPU generator is all the transforms use.
+    """
+    generator = torch.default_generator
+    state = generator.get_state()
+    generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        generator.set_state(state)
+
+
+# Formats torchvision decodes itself, by their first bytes (the file name can lie: ImageNet's
+# train set holds a PNG named n02105855_2933.JPEG). JPEG is checked first: the fast path.
+_JPEG = b"\xff\xd8\xff"
+_TORCHVISION_MAGIC = (b"\x89PNG", b"GIF8")
+
+
+def decode_rgb(path: str) -> torch.Tensor:
+    """The image file at ``path`` as (3, H, W) uint8 RGB, whatever its format."""
+    data = read_bytes(path)
+    try:
+        return decode_bytes(data)
+    except (RuntimeError, OSError) as exc:  # PIL's UnidentifiedImageError is an OSError
+        reason = " ".join(str(exc).split())[:200]
+        raise UserError(f"cannot decode image {path}: {reason}; replace or remove the file") from None
+
+
+def read_bytes(path: str) -> torch.Tensor:
+    """The file's bytes as a 1-D uint8 tensor, read with read(2) into the tensor.
+
+    Not ``torchvision.io.read_file``: it maps the file into memory, and the page faults and
+    the unmap per image cost ~3x the system CPU time of a plain read (measured: ~29 vs ~10
+    us an image at 64 px), the main part of a loader worker's system time.
+    """
+    with open(path, "rb", buffering=0) as f:
+        data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
+        view, done = memoryview(data.numpy()), 0
+        while done < len(view):  # read(2) may return less than asked
+            got = f.readinto(view[done:])
+            if not got:
+                break
+            done += got
+    return data[:done]
+
+
+def is_jpeg(data: torch.Tensor) -> bool:
+    return data[:3].numpy().tobytes() == _JPEG
+
+
+def decode_bytes(data: torch.Tensor) -> torch.Tensor:
+    """An encoded image (1-D uint8) as (3, H, W) uint8 RGB.
+
+    JPEG: libjpeg-turbo through ``decode_jpeg``; PNG, GIF, WebP: ``decode_image``; the
+    formats torchvision cannot decode (BMP, PPM/PGM, TIFF): PIL, as torchvision's own
+    ``ImageFolder`` reads every file (``convert("RGB")``).
+    """
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    head = data[:12].numpy().tobytes()
+    if head.startswith(_JPEG):
+        return decode_jpeg(data, mode=ImageReadMode.RGB)
+    if head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        return decode_image(data, mode=ImageReadMode.RGB)
+    return _decode_pil(data)
+
+
+def _decode_pil(data: torch.Tensor) -> torch.Tensor:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        rgb = np.asarray(image.convert("RGB"))  # (H, W, 3)
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)  # copy: asarray is read-only; (3, H, W) view

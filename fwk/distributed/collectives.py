@@ -1,0 +1,66 @@
+"""Small collectives on Python floats, the time they take, and whole-tensor helpers.
+
+``all_reduce_sum`` / ``all_reduce_max`` make every rank take the same decision (stop,
+roll back, compile or not); the seconds they spend are counted (``explicit_collective_seconds``)
+so that the DDP communication monitor can tell its own all-reduces from these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from fwk.distributed.group import Dist
+
+_EXPLICIT_S = [0.0]  # time spent in this module's explicit collectives (read by comm.py)
+
+
+def explicit_collective_seconds() -> float:
+    return _EXPLICIT_S[0]
+
+
+def _all_reduce(values: list[float], d: Dist, op: dist.ReduceOp.RedOpType) -> list[float]:
+    t0 = time.perf_counter()
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t, op=op)
+    out = t.tolist()
+    _EXPLICIT_S[0] += time.perf_counter() - t0
+    return out
+
+
+def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
+    """Sum floats over ranks (one small collective; a CPU-GPU sync point on CUDA)."""
+    if not d.distributed:
+        return values
+    return _all_reduce(values, d, dist.ReduceOp.SUM)
+
+
+def all_reduce_max(values: list[float], d: Dist) -> list[float]:
+    """Elementwise max of floats over ranks, so every rank takes the same decision."""
+    if not d.distributed or not values:
+        return values
+    return _all_reduce(values, d, dist.ReduceOp.MAX)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (a collective), or ``t`` itself."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def replicas_in_sync(model: nn.Module, d: Dist) -> bool:
+    """Whether every rank holds bit-identical parameters (a check for desync bugs; sharded
+    parameters are gathered whole first)."""
+    if not d.distributed:
+        return True
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        whole = full_tensor(p.detach())
+        digest.update(whole.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    digests: list[str] = [""] * d.world_size
+    dist.all_gather_object(digests, digest.hexdigest())
+    return len(set(digests)) == 1

@@ -1,0 +1,72 @@
+"""What the loop keeps across a stop: the seeds, the stop request, and everything a
+checkpoint restores (``Resumable``: model, optimizer and the state of every object the
+loop calls)."""
+
+from __future__ import annotations
+
+import random
+import signal
+from typing import Any
+
+import numpy as np
+import torch
+
+from fwk.components.checkpoint import load_model_state, model_state
+from fwk.distributed.collectives import all_reduce_sum
+from fwk.distributed.group import Dist
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class StopSignal:
+    """SIGTERM/SIGINT/SIGUSR1 ask the loop to save a checkpoint and stop at the next step boundary.
+
+    SIGUSR1 is a batch system's preemption notice (scripts/slurm/train.sbatch). SLURM signals
+    every process of a job step and fwk's launcher forwards it as well, so it may come twice:
+    a repeat changes nothing. A second SIGINT/SIGTERM stops at once.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+        self._previous = {s: signal.signal(s, self._handle) for s in signals}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        if signum != signal.SIGUSR1:
+            signal.signal(signum, self._previous[signum])  # a second Ctrl-C stops at once
+
+    def agreed(self, d: Dist) -> bool:
+        """True when any rank was asked to stop (a collective when distributed)."""
+        return all_reduce_sum([float(self.requested)], d)[0] > 0
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+class Resumable:
+    """What a checkpoint holds: the model and optimizer (whole, or this rank's shards) and
+    the state of every object the loop calls, gathered from them and given back to them."""
+
+    def __init__(self, raw: torch.nn.Module, optimizer: torch.optim.Optimizer, **parts: Any) -> None:
+        self.raw, self.optimizer, self.parts = raw, optimizer, parts
+
+    def template(self) -> dict[str, Any]:
+        return model_state(self.raw, self.optimizer)
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        parts = {name: part.state_dict() for name, part in self.parts.items()}
+        return {**model_state(self.raw, self.optimizer), **parts, "step": step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> int:
+        """Restore everything; returns the step the checkpoint was taken at."""
+        load_model_state(self.raw, self.optimizer, state)
+        for name, part in self.parts.items():
+            if name in state:  # a checkpoint from before a part existed leaves it as built
+                part.load_state_dict(state[name])
+        return int(state["step"])

@@ -1,0 +1,97 @@
+"""The one launch path: resolved config -> checks -> plan -> already complete? -> preflight ->
+launch -> report. `fwk train`, every member of a sweep and `fwk replay` go through it;
+what differs between them (what they print and where, the lineage they record, whether
+the model checks already ran) is passed in.
+
+1. ``plan_run``: the cheap checks of what the run reads, then the plan (run id, run dir,
+   in-process or torchrun). No torch import: ``--dry-run`` stops here.
+2. ``run``: a run whose summary exists is complete: it is (re)recorded in the index and
+   reported, nothing trains. Otherwise ``preflight`` (the model built on the meta device,
+   the strategies' patterns and device checked, the tracking server reached), then the
+   launch (run dir, index, workers), then one line on how it ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fwk.config.resolve import Resolved, check_inputs
+from fwk.launch.launcher import LaunchPlan, launch, plan
+from fwk.launch.report import already_complete, finished
+from fwk.track import index
+from fwk.track.store import RunDir
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Job:
+    """One run to launch: its config, its plan, and what its run dir records of its origin."""
+
+    resolved: Resolved
+    plan: LaunchPlan
+    lineage: dict[str, str] = field(default_factory=dict)  # kept in meta.json if this launch creates the run
+    overrides: list[str] | None = None  # the command's, for meta.json
+
+    def summary(self) -> dict[str, Any] | None:
+        """The finished run's summary, or None: the one test of "already complete"."""
+        return RunDir(self.plan.run_dir).read_summary()
+
+
+@dataclass
+class Result:
+    outcome: str  # "already complete", "complete", "failed" or "interrupted"
+    status: int  # the exit status to pass on (torchrun's, for several workers)
+    run: RunDir
+    summary: dict[str, Any] | None
+
+
+def plan_run(resolved: Resolved, salt: str = "", checks: bool = True) -> LaunchPlan:
+    """Step 1: the cheap checks (unless ``checks`` is off: ``--cfg`` shows a config whose
+    data is not there yet), then the plan."""
+    if checks:
+        check_inputs(resolved.config)
+    return plan(resolved, salt)
+
+
+def preflight(job: Job) -> None:
+    """The model and device checks, and the tracking server: before any run dir exists.
+    Imports torch (seconds): only for a run that will train."""
+    from fwk.components import sinks
+    from fwk.engine.build import preflight as check_model
+
+    check_model(job.resolved.config)
+    sinks.check_server(job.resolved.config.tracking)
+
+
+def run(
+    job: Job,
+    say: Say = print,
+    starting: str = "",
+    done: Callable[[dict[str, Any], RunDir], str] | None = None,
+    checked: bool = False,
+) -> Result:
+    """Step 2. ``say`` gets the report lines; ``starting`` is said before a launch;
+    ``done(summary, run)`` words the already-complete line (default: ``already_complete``);
+    ``checked``: ``preflight(job)`` already ran (a sweep checks every member first)."""
+    summary = job.summary()
+    if summary is not None:
+        run_dir = RunDir(job.plan.run_dir)
+        index.record_quietly(run_dir)  # an index rebuilt or copied without it learns of it here
+        say(done(summary, run_dir) if done else already_complete(summary, run_dir.path))
+        return Result("already complete", 0, run_dir, summary)
+    if starting:
+        say(starting)
+    if not checked:
+        preflight(job)
+    config = job.resolved.config
+    status, run_dir = launch(job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides)
+    summary = run_dir.read_summary()
+    if status == 0 and summary is not None:
+        say(finished(summary, run_dir.path))
+        return Result("complete", status, run_dir, summary)
+    # a clean exit without a summary stopped at a step boundary; 128+N: torchrun's workers were signalled
+    outcome = "interrupted" if status == 0 or status >= 128 else "failed"
+    return Result(outcome, status, run_dir, summary)

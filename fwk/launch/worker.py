@@ -1,0 +1,66 @@
+"""A worker: ``python -m fwk.launch.worker <run_dir>`` (what torchrun starts on every rank).
+
+It reads the resolved config from the run dir and never calls Hydra's composition.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from fwk.config.validate import to_typed
+from fwk.errors import UserError
+from fwk.launch.supervise import redirect_worker_output
+from fwk.track.store import RunDir
+
+
+def run_worker(run_dir: Path) -> int:
+    """Train the run in this process; 0 when finished or stopped cleanly."""
+    from fwk.components.sinks import Tracking
+    from fwk.distributed.group import shutdown
+    from fwk.engine.trainer import train
+
+    redirect_worker_output(int(os.environ.get("RANK", "0")))  # under torchrun: into runs/<id>/logs/
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    run = RunDir(Path(run_dir))
+    cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
+    is_main = os.environ.get("RANK", "0") == "0"
+    tracking = Tracking(cfg.tracking, run, is_main)
+    clean = False
+    try:
+        summary = train(cfg, run, tracking=tracking)
+        if summary is not None and is_main:
+            run.write_summary(summary)
+            tracking.finish()  # summary.json is on disk: the artifacts go to MLflow
+        clean = True
+    finally:
+        tracking.close()
+        shutdown(clean)
+    return 0
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m fwk.launch.worker <run_dir>")
+    try:
+        code = run_worker(Path(sys.argv[1]))
+    except UserError as exc:
+        # every rank says it, into its own log under fwk's launcher: whichever rank torchrun
+        # stops first, the launcher finds the line
+        print(f"fwk: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+    # Everything is on disk (checkpoints and summary fsynced, metrics closed). Skip the
+    # interpreter's teardown: gloo's threads can still hold tensors then, and freeing them
+    # without a live interpreter aborts the process ("terminate called without an active
+    # exception", SIGABRT) after a run that finished fine.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""Memory strategies: config group ``memory`` (read here and nowhere else).
+
+- ``none``: autograd keeps every activation until backward.
+- ``checkpoint``: non-reentrant activation checkpointing of every ``every``-th block
+  (ResNet bottlenecks, GPT blocks, or the module names in ``modules``); recomputed in
+  backward. Gradients are bit-identical to ``none``.
+- ``offload``: saved activations are copied to host memory during forward and back for
+  backward (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
+- ``microbatch``: each rank's batch is split into ``micro_batches`` pieces whose
+  gradients are accumulated (see ``step.py``); DDP syncs only on the last.
+- ``auto``: on CUDA (or on CPU when ``budget_gb`` is set) the first steps are run under
+  each candidate plan, measured, and the fastest plan that fits the budget is kept; an
+  out-of-memory step is redone with twice the micro-batches.
+
+A strategy is a ``MemoryPlan``. The checkpoint wrappers are installed once and switched on
+and off by the plan, so ``auto`` can move between plans without rebuilding the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from fwk.config.schema import MemoryConfig
+from fwk.distributed.collectives import all_reduce_max
+from fwk.distributed.group import Dist
+from fwk.errors import UserError
+from fwk.strategies.modules import blocks, match, outermost, wrap_forward
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    checkpoint: bool = False
+    offload: bool = False
+    micro_batches: int = 1
+
+    def describe(self) -> str:
+        parts = (["checkpoint"] if self.checkpoint else []) + (["offload"] if self.offload else [])
+        if self.micro_batches > 1:
+            parts.append(f"microbatch x{self.micro_batches}")
+        return " + ".join(parts) or "none"
+
+
+class SavedTensorMeter:
+    """Bytes held for backward on the training device: autograd's saved tensors (one count
+    per storage, after offload moved them) plus the inputs checkpointed blocks keep. The
+    model's own parameters and buffers, also saved by autograd, are not activations and
+    are left out (``ignore``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.ignore: set[int] = set()
+        self.active = False
+        self.peak = 0
+        self._seen: dict[int, int] = {}
+
+    def hold(self, t: Any) -> None:
+        if isinstance(t, tuple):  # save_on_cpu packs (device, tensor)
+            for part in t:
+                self.hold(part)
+        elif self.active and isinstance(t, torch.Tensor) and t.device.type == self.device.type:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self.ignore:
+                self._seen[storage.data_ptr()] = storage.nbytes()
+
+    def counting(self, inner: torch.autograd.graph.saved_tensors_hooks | None) -> contextlib.AbstractContextManager:
+        """Saved-tensor hooks that count what ``inner`` (offload, or none) keeps."""
+        pack = inner.pack_hook if inner is not None else (lambda t: t)
+        unpack = inner.unpack_hook if inner is not None else (lambda t: t)
+
+        def counted(t: torch.Tensor) -> Any:
+            packed = pack(t)
+            self.hold(packed)
+            return packed
+
+        stack = contextlib.ExitStack()
+        self.active = True
+        stack.callback(self._close)
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counted, unpack))
+        return stack
+
+    def _close(self) -> None:
+        self.active = False
+        self.peak = max(self.peak, sum(self._seen.values()))
+        self._seen = {}
+
+    def take(self) -> int:
+        """The largest count of one counting block (one micro-batch) since the last take."""
+        peak, self.peak = self.peak, 0
+        return peak
+
+
+@contextlib.contextmanager
+def _keep_norm_stats(module: nn.Module) -> Iterator[None]:
+    """Around a recomputation: BatchNorm running stats are updated once, in the forward
+    pass, not again when backward recomputes the block."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None} for m in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, buffers in zip(norms, saved, strict=False):
+                for k, value in buffers.items():
+                    getattr(m, k).copy_(value)
+
+
+def _checkpointed(module: nn.Module, plan: Callable[[], MemoryPlan], meter: SavedTensorMeter):
+    def contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+        return contextlib.nullcontext(), _keep_norm_stats(module)
+
+    def wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not plan().checkpoint or not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            for a in args:
+                meter.hold(a)  # kept alive by the checkpoint for its recomputation
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+
+        return run
+
+    return wrapper
+
+
+def checkpoint_targets(model: nn.Module, cfg: MemoryConfig) -> dict[str, nn.Module]:
+    """The modules to checkpoint: ``modules`` patterns, else the model's blocks; every k-th."""
+    found = outermost(match(model, cfg.modules, "memory.modules")) if cfg.modules else dict(blocks(model))
+    return {n: m for i, (n, m) in enumerate(found.items()) if i % cfg.every == 0}
+
+
+def check_model(cfg: MemoryConfig, model: nn.Module) -> None:
+    """Pre-flight: ``modules`` patterns match (UserError naming the closest names if not)."""
+    if cfg.name in ("checkpoint", "auto"):
+        checkpoint_targets(model, cfg)
+
+
+class Memory:
+    def __init__(self, cfg: MemoryConfig, d: Dist, per_rank_batch: int, say: Callable[[str], None]) -> None:
+        self.cfg, self.d, self.per_rank_batch, self.say = cfg, d, per_rank_batch, say
+        self.meter = SavedTensorMeter(d.device)
+        self._warmed = False
+        self.plan = {
+            "checkpoint": MemoryPlan(checkpoint=True),
+            "offload": MemoryPlan(offload=True),
+            "microbatch": MemoryPlan(micro_batches=cfg.micro_batches),
+        }.get(cfg.name, MemoryPlan())
+        cuda = d.device.type == "cuda"
+        self.budget = cfg.budget_gb * GB
+        if cfg.name == "auto" and cuda and not self.budget:
+            free, _ = torch.cuda.mem_get_info(d.device)
+            self.budget = free + torch.cuda.memory_reserved(d.device)  # what this process holds is ours too
+        # auto's trials: plan -> (peak bytes, seconds); None once decided (or never deciding)
+        self.trials: dict[MemoryPlan, tuple[float, float]] | None = {} if cfg.name == "auto" and self.budget else None
+        self.candidates = [MemoryPlan(), MemoryPlan(micro_batches=2), MemoryPlan(checkpoint=True)] + (
+            [MemoryPlan(offload=True)] if cuda else []
+        )
+        if cfg.name == "auto" and not self.budget and d.is_main:
+            say("memory=auto chose none: on CPU a budget is needed to decide (set memory.budget_gb)")
+        self.targets: list[str] = []
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Install the (switchable) checkpoint wrappers on the plain model."""
+        self.meter.ignore = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        if self.cfg.name in ("checkpoint", "auto"):
+            targets = checkpoint_targets(model, self.cfg)
+            for module in targets.values():
+                wrap_forward(module, _checkpointed(module, lambda: self.plan, self.meter))
+            self.targets = list(targets)
+        if self.d.is_main and self.cfg.name != "auto":
+            where = f" of {len(self.targets)} modules ({self._target_text()})" if self.targets else ""
+            self.say(f"memory={self.plan.describe()}{where}")
+        return model
+
+    def _target_text(self) -> str:
+        shown = self.targets[:3] + (["..."] if len(self.targets) > 3 else [])
+        return ", ".join(shown)
+
+    # ---- per step -----------------------------------------------------------------
+    def saved_tensors(self) -> contextlib.AbstractContextManager:
+        """Around forward and backward of one micro-batch."""
+        offload = (
+            torch.autograd.graph.save_on_cpu(pin_memory=self.d.device.type == "cuda") if self.plan.offload else None
+        )
+        if self.measuring:
+            return self.meter.counting(offload)
+        return offload if offload is not None else contextlib.nullcontext()
+
+    def split(self, x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        n = self.plan.micro_batches
+        if n == 1:
+            return [(x, y)]
+        return list(zip(torch.tensor_split(x, n), torch.tensor_split(y, n), strict=False))
+
+    @property
+    def measuring(self) -> bool:
+        return self.trials is not None
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[None]:
+        """Around one whole step: while auto decides, time it and record its peak memory."""
+        if not self.measuring:
+            yield
+            return
+        cuda = self.d.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.d.device)
+            torch.cuda.reset_peak_memory_stats(self.d.device)
+        self.meter.take()
+        t0 = time.perf_counter()
+        yield
+        if cuda:
+            torch.cuda.synchronize(self.d.device)
+        seconds = time.perf_counter() - t0
+        # on CPU the budget bounds activation memory: the largest micro-batch's saved tensors
+        peak = torch.cuda.max_memory_allocated(self.d.device) if cuda else self.meter.take()
+        self._record(float(peak), seconds)
+
+    def _record(self, peak: float, seconds: float) -> None:
+        assert self.trials is not None
+        peak, seconds = all_reduce_max([peak, seconds], self.d)
+        if not self._warmed:  # the first step pays one-time costs (allocator, kernels): none runs again
+            self._warmed = True
+        else:
+            self.trials[self.plan] = (peak, seconds)
+        self._next_plan()
+
+    def _next_plan(self) -> None:
+        assert self.trials is not None
+        left = [c for c in self.candidates if c not in self.trials]
+        if left:
+            self.plan = left[0]
+            return
+        fits = {p: t for p, t in self.trials.items() if t[0] <= self.budget}
+        if not fits:  # nothing fits: checkpoint with ever more micro-batches
+            smallest = min(self.trials, key=lambda p: self.trials[p][0])
+            more = replace(smallest, checkpoint=True, micro_batches=smallest.micro_batches * 2)
+            if more.micro_batches > self.per_rank_batch:
+                raise UserError(
+                    f"memory.budget_gb={self.budget / GB:.2f} is too small: the smallest plan "
+                    f"({smallest.describe()}) peaks at {self.trials[smallest][0] / GB:.2f} GB; "
+                    "raise memory.budget_gb or lower train.batch_size"
+                )
+            self.candidates.append(more)
+            self.plan = more
+            return
+        self.plan = min(fits, key=lambda p: fits[p][1])
+        if self.d.is_main:
+            tried = "; ".join(
+                f"{p.describe()} {t[0] / GB:.3g} GB {t[1] * 1000:.0f} ms{'' if t[0] <= self.budget else ' (over)'}"
+                for p, t in self.trials.items()
+            )
+            self.say(
+                f"memory=auto chose {self.plan.describe()}: fastest within {self.budget / GB:.3g} GB "
+                f"({'peak' if self.d.device.type == 'cuda' else 'activations'}; tried {tried})"
+            )
+        self.trials = None
+
+    def retry_after_oom(self, step: int) -> None:
+        """After an out-of-memory step: free, double the micro-batches (auto), or raise."""
+        gc.collect()
+        if self.d.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if self.d.distributed and self.cfg.name == "auto":
+            # the other ranks may be waiting in a gradient all-reduce this rank will not join:
+            # redoing the step alone would pair mismatched collectives, so stop instead
+            raise UserError(
+                f"out of memory at step {step} on rank {self.d.rank}; with several processes a step cannot be "
+                f"redone on one rank alone: set memory=microbatch memory.micro_batches={self.plan.micro_batches * 2} "
+                "or memory.budget_gb lower than the free memory, then run the same command to resume"
+            )
+        if self.cfg.name != "auto":
+            raise UserError(
+                f"out of memory at step {step} with memory={self.cfg.name}; use memory=auto (redoes the step "
+                "with more micro-batches), memory=checkpoint, or a smaller train.batch_size"
+            )
+        if self.trials is not None:  # a trial plan that does not fit: record it as such
+            self.trials[self.plan] = (float("inf"), float("inf"))
+            self._next_plan()
+            return
+        doubled = replace(self.plan, micro_batches=self.plan.micro_batches * 2)
+        if doubled.micro_batches > self.per_rank_batch:
+            raise UserError(
+                f"out of memory at step {step} even with one sample per micro-batch; lower train.batch_size, "
+                "use a smaller model, or more processes"
+            )
+        if self.d.is_main:
+            self.say(f"step {step}: out of memory; redoing the step with {doubled.describe()}")
+        self.plan = doubled
+
+    # ---- reporting and checkpoint state ------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        return {"memory": self.plan.describe()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"plan": asdict(self.plan), "deciding": self.trials is not None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state["deciding"]:
+            self.plan, self.trials = MemoryPlan(**state["plan"]), None

@@ -1,0 +1,227 @@
+"""The JIT layer: config group ``jit`` (read here and nowhere else).
+
+- ``off``: eager.
+- ``compile``: ``torch.compile`` from the first step.
+- ``auto``: eager while recording each step's signature (input shapes, dtypes, strides,
+  train/eval mode, grad mode, autocast). Once ``stable_steps`` steps in a row share one
+  signature, and the steps left would take longer than ``min_remaining_s`` eagerly, the
+  model is compiled and the compile time logged. On CPU the next ``trial_steps`` compiled
+  steps are timed against the eager ones; compiled is kept, and said, only when it is
+  ``min_speedup`` times faster.
+
+A signature the compiled model has not seen is compiled anew up to ``max_recompiles``
+times, then runs eager (one warning line). A compile error, raised in forward or in the
+backward compiled lazily after it, falls back to eager for good and the step is redone
+(``TrainStep`` asks ``recover``). Evaluation uses the plain model; where compile stands
+among the strategies is ``parallelize.py``'s to say.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from fwk.config.schema import JitConfig
+from fwk.distributed.collectives import all_reduce_max
+from fwk.distributed.group import Dist
+
+Signature = tuple
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def signature(module: nn.Module, args: tuple, kwargs: dict) -> Signature:
+    """What decides whether a compiled graph can be reused for this call."""
+    device = next((t.device.type for t in _tensors(args)), "cpu")
+    autocast = torch.is_autocast_enabled(device)
+    return (
+        tuple((tuple(t.shape), t.dtype, t.stride(), t.requires_grad) for t in _tensors((args, kwargs))),
+        module.training,
+        torch.is_grad_enabled(),
+        (autocast, torch.get_autocast_dtype(device) if autocast else None),
+    )
+
+
+class _Dispatch(nn.Module):
+    """Calls the compiled model or the eager one, as the Jit decides, per call."""
+
+    def __init__(self, model: nn.Module, jit: Jit) -> None:
+        super().__init__()
+        self.model = model
+        self._jit = [jit]  # in a list: not a submodule
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._jit[0].call(self.model, args, kwargs)
+
+
+class Jit:
+    def __init__(
+        self, cfg: JitConfig, d: Dist, max_steps: int, say: Callable[[str], None], deterministic: bool = False
+    ) -> None:
+        """``deterministic`` (train.deterministic): auto decides from step times, so it stays eager."""
+        self.cfg, self.d, self.max_steps, self.say = cfg, d, max_steps, say
+        self.compiled: Callable[..., Any] | None = None
+        self.state = "off" if cfg.name == "off" else "eager"  # eager -> trial -> compiled, or off
+        if cfg.name == "auto" and deterministic:
+            self.state = "off"
+            say("jit=auto stays eager: train.deterministic=true (compiling is decided from measured step times)")
+        self.step_sigs: list[Signature] = []  # signatures of this step's calls
+        self.last: tuple | None = None
+        self.run = 0  # consecutive steps with the same signatures
+        self.eager_times: list[float] = []
+        self.compiled_times: list[float] = []
+        self.seen: set[Signature] = set()
+        self.warned = False
+        self.used_compiled = False
+        self.compiled_at: int | None = None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The model to train: ``model`` behind a switch between eager and compiled."""
+        if self.cfg.name == "off":
+            return model
+        self.model = model
+        if self.cfg.name == "compile":
+            self._compile(0, why="jit=compile")
+        return _Dispatch(model, self)
+
+    # ---- per call and per step ------------------------------------------------------
+    def call(self, model: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if self.state == "off":  # decided for eager: no signature work in the hot path
+            return model(*args, **kwargs)
+        sig = signature(model, args, kwargs)
+        self.step_sigs.append(sig)
+        if self.compiled is None or not model.training:
+            return model(*args, **kwargs)
+        if sig not in self.seen:
+            if len(self.seen) > self.cfg.max_recompiles:
+                if not self.warned and self.d.is_main:
+                    self.say(
+                        f"jit: more than jit.max_recompiles={self.cfg.max_recompiles} input signatures; "
+                        "new ones run eager (raise jit.max_recompiles, or keep shapes fixed)"
+                    )
+                self.warned = True
+                return model(*args, **kwargs)
+            if self.seen and self.d.is_main:
+                self.say(f"jit: new input signature {_short(sig)}: compiling it too")
+            self.seen.add(sig)
+        self.used_compiled = True
+        return self.compiled(*args, **kwargs)
+
+    def step_done(self, step: int, seconds: float, settled: bool = True) -> None:
+        """After each optimizer step (``step`` is its 0-based index): decide what comes next.
+
+        ``settled`` is False while another strategy is still deciding (auto precision's range
+        probe, auto memory's trials): those steps do not count as stable.
+        """
+        sigs, self.step_sigs = tuple(self.step_sigs), []
+        used, self.used_compiled = self.used_compiled, False
+        if self.state == "eager" and self.cfg.name == "auto":
+            self.run = self.run + 1 if sigs == self.last and settled else int(settled)
+            self.last = sigs
+            self.eager_times = (self.eager_times + [seconds])[-self.cfg.stable_steps :]
+            if self.run >= self.cfg.stable_steps:
+                self._maybe_compile(step)
+        elif self.state in ("trial", "compiled") and used and step == self.compiled_at:
+            if self.d.is_main:
+                self.say(f"step {step}: compiled in {seconds:.1f} s (the first compiled step, compile included)")
+        elif self.state == "trial" and used:
+            self.compiled_times.append(seconds)
+            if len(self.compiled_times) >= self.cfg.trial_steps:
+                self._judge()
+
+    def _maybe_compile(self, step: int) -> None:
+        per_step = all_reduce_max([statistics.median(self.eager_times)], self.d)[0]
+        left = (self.max_steps - step - 1) * per_step
+        if left < self.cfg.min_remaining_s:
+            self.state = "off"
+            if self.d.is_main:
+                self.say(
+                    f"jit=auto stays eager: {self.max_steps - step - 1} steps left x {per_step * 1000:.0f} ms = "
+                    f"{left:.0f} s, less than jit.min_remaining_s={self.cfg.min_remaining_s:g} (compiling costs)"
+                )
+            return
+        self.eager_step = per_step
+        self._compile(step + 1, why=f"jit=auto: {self.cfg.stable_steps} steps with one signature")
+
+    def _compile(self, at_step: int, why: str) -> None:
+        # the CPU build's C++ toolchain probe warns about a missing CUDA runtime: not ours to show
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        self.compiled = torch.compile(self.model, mode=self.cfg.mode, backend=self.cfg.backend, dynamic=False)
+        self.compiled_at = at_step
+        trial = self.cfg.name == "auto" and self.d.device.type == "cpu"
+        self.state = "trial" if trial else "compiled"
+        if self.d.is_main:
+            when = f"from step {at_step}" if at_step >= 0 else "again"  # -1: on resume
+            self.say(f"{why}; compiling {when} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
+
+    def _judge(self) -> None:
+        """CPU auto: keep compiled only if it is faster than eager by ``min_speedup``: a speed-up
+        within the noise of a few timed steps is not worth a compiled graph's recompiles."""
+        compiled = all_reduce_max([statistics.median(self.compiled_times)], self.d)[0]
+        speedup = self.eager_step / compiled
+        faster = speedup >= self.cfg.min_speedup
+        self.state = "compiled" if faster else "off"
+        if self.d.is_main:
+            verdict = "keeps compiled" if faster else "goes back to eager"
+            short = "" if faster or speedup < 1 else f", less than jit.min_speedup={self.cfg.min_speedup:g}"
+            self.say(
+                f"jit=auto {verdict}: {compiled * 1000:.0f} ms/step compiled vs {self.eager_step * 1000:.0f} ms eager "
+                f"({speedup:.2f}x{short})"
+            )
+
+    def recover(self, exc: BaseException) -> bool:
+        """After an exception in a step: if compiled code ran in it, go eager for good and let
+        the step be redone (True); otherwise it is not ours (False)."""
+        if not self.used_compiled or self.state == "off":
+            return False
+        self.used_compiled, self.step_sigs, self.state = False, [], "off"
+        cause = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if self.d.is_main:
+            self.say(f"jit: compiling failed ({type(exc).__name__}: {cause}); running eager from here")
+        return True
+
+    @property
+    def timing(self) -> bool:
+        """Whether step times feed a decision now (then a CUDA step is synchronized to be timed)."""
+        return self.state in ("eager", "trial") and self.cfg.name == "auto"
+
+    def summary(self) -> dict[str, Any]:
+        return {"jit": self.state if self.cfg.name != "off" else "off"}
+
+    def state_dict(self) -> dict[str, Any]:
+        """auto's decision so far, so that a resumed run keeps it rather than deciding anew
+        from its own step times (compiled and eager steps differ in the last bits)."""
+        return {"state": self.state, "eager_step": getattr(self, "eager_step", 0.0)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.cfg.name != "auto" or self.state == "off":  # nothing to decide, or decided here (deterministic)
+            return
+        decided = state.get("state", "eager")
+        if decided == "off":
+            self.state = "off"
+            if self.d.is_main:
+                self.say("jit=auto stays eager, as it decided before the checkpoint")
+        elif decided in ("trial", "compiled"):
+            self.eager_step = float(state.get("eager_step", 0.0))
+            self._compile(-1, why="jit=auto compiled before the checkpoint")
+            self.state = decided  # a trial goes on timing compiled steps; a kept decision stays
+
+
+def _short(sig: Signature) -> str:
+    shapes = ", ".join("x".join(map(str, s[0])) for s in sig[0])
+    enabled, dtype = sig[3]
+    autocast = f", autocast {str(dtype).removeprefix('torch.')}" if enabled else ""
+    return f"({shapes}{'' if sig[1] else ', eval'}{autocast})"

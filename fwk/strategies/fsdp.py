@@ -1,0 +1,120 @@
+"""Sharded data parallelism (FSDP2's ``fully_shard``) and its checkpoint state.
+
+Used by ``parallel.py`` for ``parallel=fsdp`` and ``parallel=hsdp``. Sharding happens in
+place, after the other strategies (``parallelize.py``): the
+fp32 islands of the precision strategy become units of their own with fp32 parameters,
+then every block (``modules.blocks``), then the root. Activation checkpointing and the
+JIT layer wrap the same modules and keep working: FSDP's hooks run around the module
+call, the checkpointed or compiled forward runs inside it.
+
+Model and optimizer state are saved with ``torch.distributed.checkpoint``: every rank
+writes its own shards, and a load reshards to whatever mesh the loading run has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from fwk.strategies.modules import blocks
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def mesh(device: torch.device, world: int, shard_size: int | None) -> DeviceMesh:
+    """1-D mesh over all ranks (fsdp), or 2-D (replicate, shard) for hsdp."""
+    if shard_size is None or shard_size == world:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device.type, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
+
+
+def shard(
+    raw: nn.Module,
+    device_mesh: DeviceMesh,
+    param_dtype: torch.dtype | None,
+    fp32_islands: list[nn.Module],
+    reshard_after_forward: bool,
+) -> list[str]:
+    """Shard ``raw`` in place; returns the names of the units (inner first, root last).
+
+    FSDP2 shards contiguous parameters only, and its all-gather gives contiguous ones back
+    each step, so conv weights that the precision strategy made channels-last go back to
+    the contiguous format here. The inputs stay channels-last (``Precision.input``), and
+    that is what makes oneDNN and cuDNN pick their NHWC kernels: their convolutions return
+    channels-last activations when the input is channels-last, whatever the weight's format
+    (scripts/bench/channels_last.py measures both against fully channels-last DDP).
+    """
+    raw.to(memory_format=torch.contiguous_format)  # in place, as Module.to is; a no-op when already so
+    mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    fp32 = MixedPrecisionPolicy()
+    named = {id(m): n for n, m in raw.named_modules()}
+    units: list[str] = []
+    block_list = [m for _, m in blocks(raw)]
+    if param_dtype is not None:
+        # BatchNorms keep fp32 parameters, as FSDP1's MixedPrecision leaves them out by default:
+        # their running statistics stay fp32, and the CPU kernel refuses bf16 weights beside
+        # them ("expected scalar type BFloat16 but found Float"). Leaves first: inner units
+        # are sharded before the modules that hold them.
+        norms = [m for m in raw.modules() if isinstance(m, _BATCH_NORMS) and m is not raw]
+        for module in {id(m): m for m in [*norms, *fp32_islands]}.values():  # an island may be a norm
+            if module is not raw and not any(module is b for b in block_list):
+                fully_shard(module, mesh=device_mesh, mp_policy=fp32, reshard_after_forward=reshard_after_forward)
+                units.append(named[id(module)])
+    islands = {id(m) for m in fp32_islands}
+    for block in block_list:
+        if block is raw:
+            continue
+        policy = fp32 if id(block) in islands else mixed
+        fully_shard(block, mesh=device_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        units.append(named[id(block)])
+    # the root keeps its parameters gathered after forward: backward needs them first
+    fully_shard(raw, mesh=device_mesh, mp_policy=fp32 if id(raw) in islands else mixed, reshard_after_forward=False)
+    units.append("<root>")
+    return units
+
+
+class Sharded(nn.Module):
+    """The model the step calls: ``model`` (maybe the JIT's wrapper) around the sharded root.
+
+    ``no_sync`` skips the gradient reduce-scatter on all but the last piece of an
+    accumulated step, as DDP's ``no_sync`` skips the all-reduce.
+    """
+
+    def __init__(self, model: nn.Module, root: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self._root = [root]  # a list: not registered twice as a submodule
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        root = self._root[0]
+        assert isinstance(root, FSDPModule)
+        root.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            root.set_requires_gradient_sync(True)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """{"model", "optimizer"} state as DTensor shards, keyed by parameter names."""
+    model_sd, optim_sd = get_state_dict(raw, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    set_state_dict(raw, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -1,0 +1,79 @@
+"""The one place that applies the strategies to a model, in one fixed order.
+
+Model code is plain single-device PyTorch; everything that changes how it runs is applied
+on top of it here, as torchtitan's ``parallelize_llama`` does, and the order is written
+nowhere else:
+
+1. ``kernels``: Triton LayerNorm/RMSNorm swapped in (same parameters), the chunked head
+   loss. First, because the modules it swaps are what the next two match by pattern.
+2. ``precision``: fp32 islands (``keep_fp32``), channels-last, the range probe.
+3. ``memory``: activation checkpointing (or offload) around the chosen blocks. Before
+   compile, so that the compiled graph contains the checkpoints.
+4. ``jit``: ``torch.compile`` (or eager until ``auto`` decides). Around the plain model,
+   so that evaluation and checkpoints keep using the plain one.
+5. ``parallel``: DDP wraps the compiled model; FSDP shards the plain one in place (the
+   compiled wrapper then calls the sharded model). Last, because DDP and FSDP hook the
+   parameters the others left in place, and the DDP communication monitor watches it.
+
+``Strategies`` builds each from its own config section, applies them (``apply``), and
+hands the loop what it iterates over: their checkpoint state, metrics and summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from fwk.config.schema import Config
+from fwk.distributed.group import Dist
+from fwk.strategies import parallel
+from fwk.strategies.activation_memory import Memory
+from fwk.strategies.compile import Jit
+from fwk.strategies.ddp import CommMonitor
+from fwk.strategies.kernels import Kernels
+from fwk.strategies.precision import Precision
+
+ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` runs them (tests check it)
+
+
+class Strategies:
+    """The strategy objects of one run; ``apply`` once, then the loop asks them per step."""
+
+    def __init__(self, cfg: Config, dist: Dist, per_rank_batch: int, say: Callable[[str], None]) -> None:
+        self.cfg, self.dist, self.say = cfg, dist, say
+        self.kernels = Kernels(cfg.kernels, dist.device, say)
+        self.precision = Precision(cfg.precision, dist, cfg.train.max_steps, say)
+        self.memory = Memory(cfg.memory, dist, per_rank_batch, say)
+        self.jit = Jit(cfg.jit, dist, cfg.train.max_steps, say, cfg.train.deterministic)
+        self.comm: CommMonitor | None = None  # watches the wrapped model: made by apply()
+
+    def apply(self, model: nn.Module, optimizer_floats: float) -> tuple[nn.Module, nn.Module]:
+        """(plain model with kernels, islands and checkpoints installed; the model to train).
+
+        ``optimizer_floats``: optimizer state elements per parameter (parallel=auto's memory
+        estimate). The plain model is what evaluation, checkpoints and the optimizer use."""
+        assert self.comm is None, "strategies are applied once"
+        cfg = self.cfg
+        raw = self.kernels.apply(model)  # 1
+        raw = self.precision.prepare(raw)  # 2
+        raw = self.memory.apply(raw)  # 3
+        compiled = self.jit.wrap(raw)  # 4
+        trained = parallel.wrap(compiled, raw, cfg.parallel, self.dist, self.precision, optimizer_floats, self.say)  # 5
+        self.comm = CommMonitor(cfg.parallel, self.dist, cfg.train.accum_steps, trained, self.say)
+        return raw, trained
+
+    def parts(self) -> dict[str, Any]:
+        """name -> strategy with ``state_dict()``/``load_state_dict()``/``summary()``: the
+        checkpoint keys (their names in checkpoints written before this file existed too)."""
+        assert self.comm is not None, "apply() first"
+        return {"precision": self.precision, "memory": self.memory, "jit": self.jit, "comm": self.comm}
+
+    def metrics(self, step: int) -> dict[str, Any]:
+        """The strategies' columns of a logged row; closes the DDP monitor's window."""
+        assert self.comm is not None, "apply() first"
+        return {**self.precision.metrics(), **self.comm.window(step)}
+
+    def summary(self) -> dict[str, Any]:
+        return {k: v for part in self.parts().values() for k, v in part.summary().items()}

@@ -1,0 +1,320 @@
+"""Numeric precision: config group ``precision`` (read here and nowhere else).
+
+- ``fp32``: no autocast.
+- ``bf16``: autocast to bfloat16; weights, gradients and optimizer state stay fp32.
+- ``fp16``: autocast to float16 with dynamic loss scaling (``torch.amp.GradScaler``): a
+  step with inf/NaN gradients is skipped and counted, and the scale backs off.
+- ``staged``: fp32 warm-up -> AMP -> final phase with ``final_fp32`` back in fp32.
+- ``auto``: the format the hardware runs fast (see ``hardware.py``); the first
+  ``probe_steps`` record per-module value ranges, and under fp16 the modules near fp16's
+  limit join ``keep_fp32``.
+
+``keep_fp32`` modules run with autocast disabled and their inputs cast up to fp32.
+The loop calls ``begin(step)`` before each step, ``autocast()`` around forward,
+``backward(loss)`` and ``step(optimizer, ...)``; the state (scaler, auto's choice and
+ranges) is part of the checkpoint, and the phase follows from the step, so resume is exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from fwk.config.schema import PrecisionConfig
+from fwk.distributed.collectives import all_reduce_max
+from fwk.distributed.group import Dist
+from fwk.errors import UserError
+from fwk.strategies import hardware
+from fwk.strategies.modules import match, outermost, wrap_forward
+from fwk.strategies.ranges import RangeProbe
+
+FP16_MAX = 65504.0
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _Gate:
+    """A switch shared by the fp32 wrappers of one set of modules."""
+
+    on = False
+
+
+def _up(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+        return value.float()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_up(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _up(v) for k, v in value.items()}
+    return value
+
+
+def _fp32_forward(gate: _Gate, device_type: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not gate.on:
+                return forward(*args, **kwargs)
+            with torch.autocast(device_type, enabled=False):
+                return forward(*_up(args), **_up(kwargs))
+
+        return run
+
+    return wrapper
+
+
+def choose_format(features: hardware.Features, device: torch.device) -> str:
+    """bf16 where fast, fp16 on older CUDA GPUs, else fp32."""
+    if features.bf16_fast:
+        return "bf16"
+    if device.type == "cuda" and features.fp16_works:
+        return "fp16"
+    return "fp32"
+
+
+def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device) -> None:
+    """Pre-flight: patterns match modules and the device runs the asked format (UserError if not)."""
+    match(model, cfg.keep_fp32, "precision.keep_fp32")
+    match(model, cfg.final_fp32, "precision.final_fp32")
+    wants_fp16 = cfg.name == "fp16" or (cfg.name == "staged" and cfg.dtype == "fp16")
+    if wants_fp16 and not hardware.probe(device).fp16_works:
+        raise UserError(
+            f"precision fp16 is not supported on {hardware.probe(device).text}; use precision=bf16, fp32 or auto"
+        )
+
+
+def _last_linear(model: nn.Module) -> list[str]:
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return linears[-1:]
+
+
+class Precision:
+    def __init__(self, cfg: PrecisionConfig, d: Dist, max_steps: int, say: Callable[[str], None]) -> None:
+        self.cfg, self.d, self.say = cfg, d, say
+        self.device_type = d.device.type
+        features = hardware.probe(d.device)
+        if cfg.name == "auto":
+            self.format = choose_format(features, d.device)
+        elif cfg.name == "staged":
+            # an explicit staged run wants AMP: fp16 where auto would pick it, else bf16 (range-safe)
+            auto = "fp16" if choose_format(features, d.device) == "fp16" else "bf16"
+            self.format = cfg.dtype if cfg.dtype != "auto" else auto
+        else:
+            self.format = cfg.name
+        self._features = features
+        warmup = cfg.warmup_steps or round(cfg.warmup_frac * max_steps)
+        final = round(cfg.final_frac * max_steps)
+        # (first step, phase) pairs; a step runs in the last phase whose start it has reached
+        self.phases = (
+            [(0, "warmup"), (warmup, "main"), (max_steps - final, "final")] if cfg.name == "staged" else [(0, "main")]
+        )
+        self.phase: str | None = None
+        self.scaler = (
+            torch.amp.GradScaler(
+                self.device_type,
+                init_scale=cfg.init_scale,
+                growth_factor=cfg.growth_factor,
+                backoff_factor=cfg.backoff_factor,
+                growth_interval=cfg.growth_interval,
+            )
+            if self.format == "fp16"
+            else None
+        )
+        self._skipped = torch.zeros((), dtype=torch.int64, device=d.device)
+        self._keep, self._final = _Gate(), _Gate()
+        self._kept: set[str] = set()
+        self._model: nn.Module | None = None
+        self._probe: RangeProbe | None = None
+        self.ranges: dict[str, tuple[float, float]] = {}
+        self.probe_done = cfg.name != "auto" or cfg.probe_steps == 0
+
+    # ---- set-up -------------------------------------------------------------------
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Install fp32 islands, channels-last and the range probe on the plain model."""
+        check_model(self.cfg, model, self.d.device)
+        self._model = model
+        self._keep_fp32(match(model, self.cfg.keep_fp32, "precision.keep_fp32"), self._keep)
+        if self.cfg.name == "staged":
+            final = self.cfg.final_fp32 or _last_linear(model)
+            self._keep_fp32(match(model, final, "precision.final_fp32"), self._final)
+        convs = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        switch = self.cfg.channels_last.lower()
+        self.channels_last = switch == "true" or (switch == "auto" and convs and self.format != "fp32")
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if not self.probe_done:
+            self._probe = RangeProbe(model)
+        if self.d.is_main:
+            self.say(self._describe())
+        return model
+
+    def _keep_fp32(self, modules: dict[str, nn.Module], gate: _Gate) -> None:
+        for name, module in outermost(modules).items():
+            if name not in self._kept:
+                wrap_forward(module, _fp32_forward(gate, self.device_type))
+                self._kept.add(name)
+
+    def _describe(self) -> str:
+        extras = []
+        if self.cfg.keep_fp32 and self.format != "fp32":
+            extras.append(f"keep_fp32 {', '.join(self.cfg.keep_fp32)}")
+        if self.channels_last:
+            extras.append("channels_last")
+        slow = (self.format == "bf16" and not self._features.bf16_fast) or (
+            self.format == "fp16" and self.device_type == "cpu"
+        )
+        if slow and self.cfg.name != "auto":
+            extras.append(f"slow here: {self._features.text} emulates {self.format}; precision=auto would pick fp32")
+        tail = f" ({'; '.join(extras)})" if extras else ""
+        if self.cfg.name == "auto":
+            why = "fast bf16 units" if self.format == "bf16" else "no fast bf16 units"
+            return f"precision=auto chose {self.format}: {self._features.text}, {why}{tail}"
+        if self.cfg.name == "staged":
+            spans = zip(self.phases, [s for s, _ in self.phases[1:]] + [None], strict=True)
+            starts = ", ".join(f"{p} from step {s}" for (s, p), end in spans if end is None or end > s)
+            return f"precision=staged ({self.format}): {starts}{tail}"
+        return f"precision={self.format}{tail}"
+
+    # ---- for sharded data parallelism ---------------------------------------------
+    def sharded_param_dtype(self) -> torch.dtype | None:
+        """Parameter dtype of FSDP's mixed-precision policy: the AMP dtype when it holds for
+        the whole run; None (fp32 parameters, autocast alone) when the format changes during
+        the run (staged phases, auto's fp16 range probe)."""
+        if self.format == "fp32" or self.cfg.name == "staged" or not self.probe_done:
+            return None
+        return _DTYPES[self.format]
+
+    def fp32_islands(self) -> list[nn.Module]:
+        """The modules kept in fp32 (``keep_fp32``, staged ``final_fp32``), outermost only."""
+        assert self._model is not None, "prepare() first"
+        named = dict(self._model.named_modules())
+        return [named[n] for n in sorted(self._kept)]
+
+    # ---- per step -----------------------------------------------------------------
+    def begin(self, step: int) -> None:
+        """Called before each step: ends the range probe, switches staged phases."""
+        if self._probe is not None and step >= self.cfg.probe_steps:
+            self._finish_probe()
+        phase = [p for start, p in self.phases if step >= start][-1]
+        if phase != self.phase:
+            if self.phase is not None and self.d.is_main:
+                self.say(f"step {step}: precision phase {self.phase} -> {phase} ({self._phase_text(phase)})")
+            self.phase = phase
+        self._keep.on = self.amp_on
+        self._final.on = self.amp_on and self.phase == "final"
+
+    def _phase_text(self, phase: str) -> str:
+        return {"warmup": "fp32", "main": f"{self.format} autocast", "final": f"{self.format}, final layers fp32"}[
+            phase
+        ]
+
+    @property
+    def amp_on(self) -> bool:
+        """Whether autocast runs now (not during fp32 warm-up, nor while auto probes fp16 ranges)."""
+        if self.format == "fp32" or self.phase == "warmup":
+            return False
+        return not (self.format == "fp16" and self._probe is not None)
+
+    def autocast(self) -> AbstractContextManager:
+        if not self.amp_on:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=_DTYPES[self.format])
+
+    def input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], clip: float) -> None:
+        """Unscale, clip, step. Under fp16 a step with inf/NaN gradients is skipped and counted."""
+        if self.scaler is None:
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            optimizer.step()
+            return
+        if clip > 0:
+            self.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        before = self._scale().clone()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        self._skipped += (self._scale() < before).long()  # the scale backs off exactly on a skipped step
+
+    def _scale(self) -> torch.Tensor:
+        assert self.scaler is not None
+        scale = getattr(self.scaler, "_scale", None)  # the device tensor: reading it needs no sync
+        return scale if isinstance(scale, torch.Tensor) else torch.tensor(self.scaler.get_scale())
+
+    # ---- auto's range probe -------------------------------------------------------
+    def _finish_probe(self) -> None:
+        assert self._probe is not None and self._model is not None
+        self._probe.remove()
+        seen = self._probe.read()
+        self._probe = None
+        names = list(seen)
+        values = all_reduce_max([v for n in names for v in seen[n]], self.d)
+        for i, n in enumerate(names):
+            old = self.ranges.get(n, (0.0, 0.0))
+            self.ranges[n] = (max(old[0], values[2 * i]), max(old[1], values[2 * i + 1]))
+        self.probe_done = True
+        self._apply_ranges(announce=True)
+
+    def _apply_ranges(self, announce: bool) -> None:
+        """Under fp16, modules whose values come near fp16's limit join keep_fp32."""
+        assert self._model is not None
+        limit = FP16_MAX / self.cfg.fp16_headroom
+        hot = [n for n, (a, g) in self.ranges.items() if max(a, g) > limit] if self.format == "fp16" else []
+        if hot:
+            self._keep_fp32({n: m for n, m in self._model.named_modules() if n in hot}, self._keep)
+        if announce and self.d.is_main and self.ranges:
+            act = max(self.ranges.items(), key=lambda kv: kv[1][0])
+            grad = max(self.ranges.items(), key=lambda kv: kv[1][1])
+            moved = f"; {len(hot)} module(s) above {limit:.0f} join keep_fp32: {', '.join(hot)}" if hot else ""
+            self.say(
+                f"precision=auto ranges over {self.cfg.probe_steps} steps: largest activation {act[1][0]:.3g} "
+                f"({act[0]}), largest gradient {grad[1][1]:.3g} ({grad[0]}){moved}"
+            )
+
+    # ---- reporting and checkpoint state ------------------------------------------
+    def metrics(self) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        if self.cfg.name == "staged":
+            row["phase"] = self.phase
+        if self.scaler is not None:
+            row["loss_scale"] = float(self._scale())
+            row["skipped_steps"] = int(self._skipped)
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        return {"precision": self.format, "skipped_steps": int(self._skipped)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "skipped": int(self._skipped),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+            "probe_done": self.probe_done,
+            "ranges": {n: list(v) for n, v in self.ranges.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["format"] != self.format:
+            raise UserError(
+                f"the checkpoint was trained with {state['format']} but precision={self.cfg.name} now chooses "
+                f"{self.format} on this machine; resume on the same hardware or set precision={state['format']}"
+            )
+        self._skipped.fill_(int(state["skipped"]))
+        if self.scaler is not None and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.ranges = {n: (float(a), float(g)) for n, (a, g) in state["ranges"].items()}
+        if state["probe_done"] and self._probe is not None:
+            self._probe.remove()
+            self._probe = None
+            self.probe_done = True
+            self._apply_ranges(announce=False)

@@ -1,0 +1,130 @@
+"""Checkpoints: round trip, RNG restore, last-K pruning, corruption: fallback or a clear error."""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from fwk.components.checkpoint import Checkpointer, RewindPoint, rng_state, set_rng_state
+from fwk.distributed.group import Dist
+from fwk.errors import UserError
+
+SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def _state(step: int) -> dict:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+
+
+def test_round_trip_and_rng(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
+    torch.manual_seed(3)
+    random.seed(3)
+    state = _state(10)
+    path = ckpt.save(10, state)
+    expected = (torch.rand(3), random.random())
+    loaded, rng = ckpt.load(path)
+    assert loaded["step"] == 10
+    for k, v in state["model"].items():
+        assert torch.equal(loaded["model"][k], v)
+    assert loaded["optimizer"]["state"][0]["exp_avg"].equal(state["optimizer"]["state"][0]["exp_avg"])
+    set_rng_state(rng)
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+def test_keeps_last_k_and_ignores_partial(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
+    for step in (1, 2, 3):
+        ckpt.save(step, _state(step))
+    (tmp_path / ".tmp-step-00000004").mkdir()  # a crash mid-save leaves only a temp dir
+    assert [p.name for p in ckpt.all()] == ["step-00000002", "step-00000003"]
+    assert ckpt.latest().name == "step-00000003"
+
+
+def _corrupt(path: Path, name: str = "state.pt") -> None:
+    data = bytearray((path / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / name).write_bytes(bytes(data))
+
+
+def test_corrupt_checkpoint_is_one_line_error(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2, on_corrupt="error")
+    path = ckpt.save(5, _state(5))
+    _corrupt(path)
+    with pytest.raises(UserError, match="corrupt .*state.pt.*checksum") as err:
+        ckpt.load_latest(print)
+    assert "\n" not in str(err.value)
+    assert (path / "state.pt").exists()  # nothing deleted
+
+
+def test_corrupt_newest_falls_back_to_the_newest_intact(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=3, on_corrupt="fallback")
+    for step in (1, 2, 3):
+        ckpt.save(step, _state(step))
+    _corrupt(tmp_path / "step-00000003", "rng-rank0.pt")
+    (tmp_path / "step-00000002" / "state.pt").unlink()  # cut off mid-write: a file missing
+    said: list[str] = []
+    path, state, _ = ckpt.load_latest(said.append)
+    assert (path.name, state["step"]) == ("step-00000001", 1)
+    assert said == [
+        "warning: skipped corrupt checkpoint step-00000003 (rng-rank0.pt: missing or checksum mismatch), "
+        "step-00000002 (state.pt: missing or checksum mismatch); resuming from step-00000001 instead"
+    ]
+    assert (tmp_path / "step-00000003" / "rng-rank0.pt").exists()  # nothing deleted
+
+
+def test_every_checkpoint_corrupt_is_one_line_error(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2, on_corrupt="fallback")
+    _corrupt(ckpt.save(4, _state(4)))
+    with pytest.raises(UserError, match="every checkpoint in .* is corrupt .newest: step-00000004"):
+        ckpt.load_latest(print)
+
+
+def test_world_size_mismatch(tmp_path: Path) -> None:
+    path = Checkpointer(tmp_path, SOLO, keep=1).save(1, _state(1))
+    other = Checkpointer(tmp_path, Dist(0, 0, 2, torch.device("cpu")), keep=1)
+    with pytest.raises(UserError, match="written by 1 processes"):
+        other.load(path)
+
+
+def test_layout_mismatch_is_one_line_error(tmp_path: Path) -> None:
+    """A checkpoint of an unsharded run does not load into a sharded one (and back)."""
+    path = Checkpointer(tmp_path, SOLO, keep=1).save(1, _state(1))
+    sharded = Checkpointer(tmp_path, SOLO, keep=1, sharded=True)
+    with pytest.raises(UserError, match=r"is unsharded \(parallel=none/ddp\) but this run is sharded") as err:
+        sharded.load_latest(print)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_rng_state_loads_with_weights_only(tmp_path: Path) -> None:
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+
+
+def test_rewind_point_saves_weights_once(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    point = RewindPoint(tmp_path / "rewind", SOLO, rewind_at=0.02, max_steps=500)
+    assert point.step == 10
+    point.after(9, model)
+    assert not (tmp_path / "rewind").exists()
+    point.after(10, model)
+    saved = torch.load(tmp_path / "rewind" / "step-00000010.pt", weights_only=True)
+    assert saved["step"] == 10
+    assert saved["model"].keys() == model.state_dict().keys()
+    assert all(torch.equal(saved["model"][k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():  # a resumed run passing the step again leaves the file as it was
+        model[0].weight.add_(1.0)
+    point.after(10, model)
+    again = torch.load(tmp_path / "rewind" / "step-00000010.pt", weights_only=True)
+    assert torch.equal(again["model"]["0.weight"], saved["model"]["0.weight"])
+    assert RewindPoint(tmp_path / "rewind", SOLO, rewind_at=0.02, max_steps=500).done  # decided up front
+
+
+def test_rewind_point_off_and_at_least_step_one(tmp_path: Path) -> None:
+    assert RewindPoint(tmp_path, SOLO, rewind_at=0.0, max_steps=500).step is None
+    assert RewindPoint(tmp_path, SOLO, rewind_at=0.02, max_steps=10).step == 1

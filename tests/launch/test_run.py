@@ -1,0 +1,84 @@
+"""fwk/launch/run.py is the one launch path: `fwk train`, each member of a sweep and
+`fwk replay` record the index, meta.json and summary.json the same way, a run that is
+already complete included."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from fwk.track.index import forget, index_path
+from tests.conftest import run_fwk
+
+TINY = ["train.max_steps=2", "train.eval_every=0", "train.log_every=1", "data.val_size=40", "jit=off"]
+
+
+def _index_rows(root: Path) -> dict[str, dict]:
+    """The index as stored (read raw: `fwk runs` would first square it with the run dirs)."""
+    con = sqlite3.connect(index_path(root))
+    con.row_factory = sqlite3.Row
+    try:
+        return {r["id"]: dict(r) for r in con.execute("SELECT id, status, step, parent, sweep FROM runs")}
+    finally:
+        con.close()
+
+
+def _meta(root: Path, run_id: str) -> dict:
+    return json.loads((root / run_id / "meta.json").read_text())
+
+
+def _ids(out: str) -> list[str]:
+    return [line.split()[1] for line in out.splitlines() if line.startswith("run ") and " complete" in line]
+
+
+def test_train_sweep_and_replay_record_a_run_alike(runs: Path) -> None:
+    commands = {
+        "train": ["train", *TINY],
+        "sweep": ["train", "-m", "seed=1,2", *TINY],
+    }
+    out = {name: run_fwk(*args, runs=runs) for name, args in commands.items()}
+    for name, done in out.items():
+        assert done.returncode == 0, (name, done.stdout + done.stderr)
+    (trained,) = _ids(out["train"].stdout)
+    members = _ids(out["sweep"].stdout)
+    assert len(members) == 2
+    replay = run_fwk("replay", trained, runs=runs)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    (replayed,) = _ids(replay.stderr)  # replay reports on stderr; its verdict is on stdout
+    sweep_id = _meta(runs, members[0])["sweep"]
+    expected = {  # run id -> (parent, sweep, kind) in meta.json and the index
+        trained: (None, None, None),
+        members[0]: (None, sweep_id, "sweep"),
+        members[1]: (None, sweep_id, "sweep"),
+        replayed: (trained, None, "replay"),
+    }
+
+    def check_all() -> None:
+        rows = _index_rows(runs)
+        for run_id, (parent, sweep, kind) in expected.items():
+            meta, summary = _meta(runs, run_id), json.loads((runs / run_id / "summary.json").read_text())
+            assert (meta.get("parent"), meta.get("sweep"), meta.get("kind")) == (parent, sweep, kind), run_id
+            assert meta["data"]["digest"] and meta["launches"][0]["outcome"] == "complete"
+            assert summary["run_id"] == run_id and summary["final_step"] == 2 and summary["status"] == "complete"
+            row = rows[run_id]
+            assert (row["status"], row["step"], row["parent"], row["sweep"]) == ("complete", 2, parent, sweep)
+
+    check_all()
+    # already complete: each command says so, trains nothing, and puts its run back in an
+    # index that lost it (a copied or rebuilt index)
+    for run_id in expected:
+        forget(runs, run_id)
+    assert _index_rows(runs) == {}
+    metrics = {run_id: (runs / run_id / "metrics.jsonl").read_text() for run_id in expected}
+    again = {name: run_fwk(*args, runs=runs) for name, args in commands.items()}
+    again["replay"] = run_fwk("replay", trained, runs=runs)
+    assert again["train"].stdout.count("is already complete") == 1
+    assert again["sweep"].stdout.count("is already complete") == 2
+    assert f"replay {replayed} of run {trained} is already complete" in again["replay"].stderr
+    for name, done in again.items():
+        assert done.returncode == 0, (name, done.stdout + done.stderr)
+    assert set(_index_rows(runs)) == set(expected)
+    check_all()
+    assert {run_id: (runs / run_id / "metrics.jsonl").read_text() for run_id in expected} == metrics
+    assert len(_meta(runs, trained)["launches"]) == 1  # an already-complete run is not launched again
