@@ -105,8 +105,8 @@ class RewindPoint:
     that has passed that step finds the file and leaves it alone. Cheap: weights only, once.
     """
 
-    def __init__(self, root: Path, d: Dist, rewind_at: float, max_steps: int) -> None:
-        self.root, self.d = root, d
+    def __init__(self, root: Path, dist: Dist, rewind_at: float, max_steps: int) -> None:
+        self.root, self.dist = root, dist
         self.step = max(1, round(rewind_at * max_steps)) if rewind_at > 0 else None
         # decided once, before training, by every rank alike: under HSDP rank 0 gathers the
         # weights with its shard group only and may write the file before a rank of another
@@ -125,19 +125,19 @@ class RewindPoint:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.d.is_main:
+        if self.dist.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = self.root / f".tmp-{self.path.name}"
             torch.save({"step": step, "model": weights}, tmp)
             _fsync_file(tmp)
             os.rename(tmp, self.path)
             _fsync_dir(self.root)
-        self.d.barrier()
+        self.dist.barrier()
 
 
 class Checkpointer:
-    def __init__(self, root: Path, d: Dist, keep: int, on_corrupt: str = "error", sharded: bool = False) -> None:
-        self.root, self.d, self.keep, self.on_corrupt, self.sharded = root, d, keep, on_corrupt, sharded
+    def __init__(self, root: Path, dist: Dist, keep: int, on_corrupt: str = "error", sharded: bool = False) -> None:
+        self.root, self.dist, self.keep, self.on_corrupt, self.sharded = root, dist, keep, on_corrupt, sharded
 
     def _final(self, step: int) -> Path:
         return self.root / f"{_PREFIX}{step:08d}"
@@ -146,12 +146,12 @@ class Checkpointer:
         """Collective: every rank calls it at the same step. Returns the checkpoint dir."""
         final = self._final(step)
         tmp = self.root / f".tmp-{final.name}"
-        if self.d.is_main:
+        if self.dist.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-        self.d.barrier()
-        rng_file = tmp / f"rng-rank{self.d.rank}.pt"
+        self.dist.barrier()
+        rng_file = tmp / f"rng-rank{self.dist.rank}.pt"
         torch.save(rng_state(), rng_file)
         _fsync_file(rng_file)
         if self.sharded:
@@ -161,14 +161,14 @@ class Checkpointer:
             dcp.save(shards, checkpoint_id=tmp / _SHARDED)  # collective: each rank its own shards
             for f in (tmp / _SHARDED).iterdir():
                 _fsync_file(f)
-        self.d.barrier()
-        if self.d.is_main:
+        self.dist.barrier()
+        if self.dist.is_main:
             torch.save(state, tmp / "state.pt")
             _fsync_file(tmp / "state.pt")
             files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
             manifest = {
                 "step": step,
-                "world_size": self.d.world_size,
+                "world_size": self.dist.world_size,
                 "sharded": self.sharded,
                 "sha256": {f: sha256_file(tmp / f) for f in files},
             }
@@ -180,7 +180,7 @@ class Checkpointer:
             os.rename(tmp, final)
             _fsync_dir(self.root)
             self._prune()
-        self.d.barrier()
+        self.dist.barrier()
         return final
 
     def _prune(self) -> None:
@@ -206,10 +206,10 @@ class Checkpointer:
             manifest = json.loads((path / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return "manifest.json unreadable"
-        if manifest.get("world_size") != self.d.world_size:
+        if manifest.get("world_size") != self.dist.world_size:
             raise UserError(
                 f"checkpoint {path} was written by {manifest.get('world_size')} processes, this run has "
-                f"{self.d.world_size}; resume with the same parallel settings"
+                f"{self.dist.world_size}; resume with the same parallel settings"
             )
         if bool(manifest.get("sharded", False)) != self.sharded:
             kinds = {True: "sharded (parallel=fsdp/hsdp)", False: "unsharded (parallel=none/ddp)"}
@@ -217,7 +217,7 @@ class Checkpointer:
                 f"checkpoint {path} is {kinds[not self.sharded]} but this run is {kinds[self.sharded]}; "
                 "resume with the parallel setting that wrote it (parallel.name=...)"
             )
-        names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(self.d.world_size))]
+        names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(self.dist.world_size))]
         if self.sharded:
             shard_files = [f for f in manifest.get("sha256", {}) if f.startswith(f"{_SHARDED}/")]
             names += shard_files or [f"{_SHARDED}/.metadata"]
@@ -236,7 +236,7 @@ class Checkpointer:
             hint = f"move {path} out of {self.root} to resume from the checkpoint before it"
             raise UserError(f"checkpoint {path} is corrupt ({damage}); {hint}")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-        rng = torch.load(path / f"rng-rank{self.d.rank}.pt", map_location="cpu", weights_only=True)
+        rng = torch.load(path / f"rng-rank{self.dist.rank}.pt", map_location="cpu", weights_only=True)
         if self.sharded:
             import torch.distributed.checkpoint as dcp
 

@@ -108,7 +108,7 @@ class Diagnostics:
     def __init__(
         self,
         cfg: DiagnosticsConfig,
-        d: Dist,
+        dist: Dist,
         raw: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
@@ -116,7 +116,7 @@ class Diagnostics:
         log_every: int,
         say: Callable[[str], None],
     ) -> None:
-        self.cfg, self.d, self.raw, self.optimizer, self.scheduler = cfg, d, raw, optimizer, scheduler
+        self.cfg, self.dist, self.raw, self.optimizer, self.scheduler = cfg, dist, raw, optimizer, scheduler
         self.precision, self.log_every, self.say = precision, log_every, say
         self.losses: deque[float] = deque(maxlen=cfg.spike_window)
         self.bad_steps, self.rollbacks = 0, 0
@@ -133,8 +133,8 @@ class Diagnostics:
             kind = _NAN
         elif self._spike(value):
             kind = _SPIKE
-        if self.d.distributed:
-            kind = all_reduce_max([kind], self.d)[0]
+        if self.dist.distributed:
+            kind = all_reduce_max([kind], self.dist)[0]
         if kind == 0.0:
             self.losses.append(value)
             self._stats(step)
@@ -216,13 +216,13 @@ class Diagnostics:
     def _from_other_rank(self, found: Finding, line: str) -> str:
         """Rank 0 speaks for all: when another rank's batch made the NaN, it says which (and
         that rank writes its own finding into its log, runs/<id>/logs/rank<R>.log)."""
-        if not self.d.distributed:
+        if not self.dist.distributed:
             return line
         located = found.where != "transient"
-        rank = int(all_reduce_max([float(self.d.rank if located else -1)], self.d)[0])
-        if located and not self.d.is_main:
-            print(f"rank {self.d.rank}: {line}", flush=True)
-        if self.d.is_main and not located and rank > 0:
+        rank = int(all_reduce_max([float(self.dist.rank if located else -1)], self.dist)[0])
+        if located and not self.dist.is_main:
+            print(f"rank {self.dist.rank}: {line}", flush=True)
+        if self.dist.is_main and not located and rank > 0:
             return f"{line.split(': ')[0]}: on rank {rank} (its finding is in runs/<id>/logs/rank{rank}.log)"
         return line
 

@@ -40,9 +40,9 @@ class Window:
         self.steps += 1
         self.data_wait += data_wait
 
-    def close(self, global_batch: int, d: Dist) -> dict[str, float]:
+    def close(self, global_batch: int, dist: Dist) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        loss_sum, finite = all_reduce_sum([self.loss_sum.item(), self.finite.item()], d)
+        loss_sum, finite = all_reduce_sum([self.loss_sum.item(), self.finite.item()], dist)
         loss = loss_sum / finite if finite else float("nan")
         row = {
             "loss": loss,
@@ -69,8 +69,8 @@ class Reporter:
     """Writes metrics.jsonl, forwards every row to the tracking sinks (TensorBoard, MLflow)
     and shows progress; a no-op on ranks other than 0."""
 
-    def __init__(self, path: Path, d: Dist, max_steps: int, tracking: Tracking | None = None) -> None:
-        self.enabled = d.is_main
+    def __init__(self, path: Path, dist: Dist, max_steps: int, tracking: Tracking | None = None) -> None:
+        self.enabled = dist.is_main
         self.path, self.max_steps, self.tracking = path, max_steps, tracking
         self.tty = self.enabled and sys.stdout.isatty()
         self._bar = None

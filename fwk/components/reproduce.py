@@ -57,7 +57,7 @@ def _memory_gib() -> float | None:
         return None
 
 
-def machine(d: Dist) -> dict[str, Any]:
+def machine(dist: Dist) -> dict[str, Any]:
     """This node's hardware and the torch build and settings that change numerics."""
     out: dict[str, Any] = {
         "host": socket.gethostname(),
@@ -66,8 +66,8 @@ def machine(d: Dist) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "torch_threads": torch.get_num_threads(),
-        "device": hardware.probe(d.device).text,
-        "world_size": d.world_size,
+        "device": hardware.probe(dist.device).text,
+        "world_size": dist.world_size,
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "matmul_precision": torch.get_float32_matmul_precision(),
     }
@@ -97,9 +97,9 @@ def pipeline(data: DataBundle) -> dict[str, Any]:
     return out
 
 
-def record_launch(run: RunDir, d: Dist, data: DataBundle, seed: int, step: int) -> None:
+def record_launch(run: RunDir, dist: Dist, data: DataBundle, seed: int, step: int) -> None:
     """Append this launch (from ``step``: 0, or where it resumed) to ``env.json`` (rank 0)."""
-    if not d.is_main:
+    if not dist.is_main:
         return
     env = read_json(run.path / ENV_FILE) or {"launches": []}
     env["launches"].append(
@@ -107,7 +107,7 @@ def record_launch(run: RunDir, d: Dist, data: DataBundle, seed: int, step: int) 
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "from_step": step,
             "seed": seed,
-            "machine": machine(d),
+            "machine": machine(dist),
             "versions": versions(),
             "data": pipeline(data),
         }

@@ -11,7 +11,7 @@ import hashlib
 import time
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -24,27 +24,27 @@ def explicit_collective_seconds() -> float:
     return _EXPLICIT_S[0]
 
 
-def _all_reduce(values: list[float], d: Dist, op: dist.ReduceOp.RedOpType) -> list[float]:
+def _all_reduce(values: list[float], dist: Dist, op: tdist.ReduceOp.RedOpType) -> list[float]:
     t0 = time.perf_counter()
-    t = torch.tensor(values, dtype=torch.float64, device=d.device)
-    dist.all_reduce(t, op=op)
+    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
+    tdist.all_reduce(t, op=op)
     out = t.tolist()
     _EXPLICIT_S[0] += time.perf_counter() - t0
     return out
 
 
-def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
+def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
     """Sum floats over ranks (one small collective; a CPU-GPU sync point on CUDA)."""
-    if not d.distributed:
+    if not dist.distributed:
         return values
-    return _all_reduce(values, d, dist.ReduceOp.SUM)
+    return _all_reduce(values, dist, tdist.ReduceOp.SUM)
 
 
-def all_reduce_max(values: list[float], d: Dist) -> list[float]:
+def all_reduce_max(values: list[float], dist: Dist) -> list[float]:
     """Elementwise max of floats over ranks, so every rank takes the same decision."""
-    if not d.distributed or not values:
+    if not dist.distributed or not values:
         return values
-    return _all_reduce(values, d, dist.ReduceOp.MAX)
+    return _all_reduce(values, dist, tdist.ReduceOp.MAX)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -52,15 +52,15 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def replicas_in_sync(model: nn.Module, d: Dist) -> bool:
+def replicas_in_sync(model: nn.Module, dist: Dist) -> bool:
     """Whether every rank holds bit-identical parameters (a check for desync bugs; sharded
     parameters are gathered whole first)."""
-    if not d.distributed:
+    if not dist.distributed:
         return True
     digest = hashlib.sha256()
     for p in model.parameters():
         whole = full_tensor(p.detach())
         digest.update(whole.cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    digests: list[str] = [""] * d.world_size
-    dist.all_gather_object(digests, digest.hexdigest())
+    digests: list[str] = [""] * dist.world_size
+    tdist.all_gather_object(digests, digest.hexdigest())
     return len(set(digests)) == 1

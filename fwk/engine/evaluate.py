@@ -17,7 +17,7 @@ from fwk.strategies.precision import Precision
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, precision: Precision, task: str, d: Dist, max_batches: int
+    model: nn.Module, loader: DataLoader, precision: Precision, task: str, dist: Dist, max_batches: int
 ) -> dict[str, float]:
     """Mean loss per target (token or image), plus accuracy or perplexity.
 
@@ -28,16 +28,16 @@ def evaluate(
     """
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
-    correct = torch.zeros((), dtype=torch.float64, device=d.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
+    correct = torch.zeros((), dtype=torch.float64, device=dist.device)
     count = 0
     local = min(len(loader), max_batches) if max_batches else len(loader)
-    lockstep = int(all_reduce_max([float(local)], d)[0]) if is_sharded(model) else local
+    lockstep = int(all_reduce_max([float(local)], dist)[0]) if is_sharded(model) else local
     x = None
     for i, (x, y) in enumerate(loader):
         if i >= local:
             break
-        x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+        x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         with precision.autocast():
             logits = model(x)
         logits = logits.reshape(-1, logits.size(-1)).float()  # (N, classes): images or tokens
@@ -48,8 +48,8 @@ def evaluate(
     for _ in range(lockstep - local):
         x = x if x is not None else loader.dataset[0][0].unsqueeze(0)
         with precision.autocast():
-            model(x.to(d.device))
-    total_loss, total_correct, total = all_reduce_sum([loss_sum.item(), correct.item(), float(count)], d)
+            model(x.to(dist.device))
+    total_loss, total_correct, total = all_reduce_sum([loss_sum.item(), correct.item(), float(count)], dist)
     model.train(was_training)
     loss = total_loss / max(total, 1.0)
     if task == "lm":

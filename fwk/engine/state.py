@@ -40,9 +40,9 @@ class StopSignal:
         if signum != signal.SIGUSR1:
             signal.signal(signum, self._previous[signum])  # a second Ctrl-C stops at once
 
-    def agreed(self, d: Dist) -> bool:
+    def agreed(self, dist: Dist) -> bool:
         """True when any rank was asked to stop (a collective when distributed)."""
-        return all_reduce_sum([float(self.requested)], d)[0] > 0
+        return all_reduce_sum([float(self.requested)], dist)[0] > 0
 
     def restore(self) -> None:
         for s, handler in self._previous.items():

@@ -46,11 +46,11 @@ class TrainStep:
         jit: Jit,
         kernels: Kernels,
         cfg: TrainConfig,
-        d: Dist,
+        dist: Dist,
         diagnostics: Diagnostics | None = None,
     ) -> None:
         self.model, self.optimizer, self.precision, self.memory, self.jit = model, optimizer, precision, memory, jit
-        self.kernels, self.cfg, self.d, self.diagnostics = kernels, cfg, d, diagnostics
+        self.kernels, self.cfg, self.dist, self.diagnostics = kernels, cfg, dist, diagnostics
 
     def __call__(self, step: int, batches: list[Batch]) -> torch.Tensor:
         """Run the step; returns the detached mean loss. An OOM, or a failed compilation, redoes
@@ -70,14 +70,14 @@ class TrainStep:
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 continue
-            if self.jit.timing and self.d.device.type == "cuda":
-                torch.cuda.synchronize(self.d.device)  # only while the JIT is deciding
+            if self.jit.timing and self.dist.device.type == "cuda":
+                torch.cuda.synchronize(self.dist.device)  # only while the JIT is deciding
             settled = self.precision.probe_done and not self.memory.measuring
             self.jit.step_done(step, time.perf_counter() - t0, settled)
             return loss
 
     def _run(self, step: int, batches: list[Batch]) -> torch.Tensor:
-        device = self.d.device
+        device = self.dist.device
         pieces = [p for x, y in batches for p in self.memory.split(x, y)]
         total = sum(y.numel() for _, y in pieces)
         loss_sum = torch.zeros((), device=device)
@@ -105,7 +105,7 @@ class TrainStep:
         """The step's forward and backward again, on the unwrapped model, for diagnostics' hooks."""
         raw = self.diagnostics.raw  # type: ignore[union-attr]  # only diagnostics calls it
         for x, y in pieces:
-            x, y = x.to(self.d.device), y.to(self.d.device)
+            x, y = x.to(self.dist.device), y.to(self.dist.device)
             with self.precision.autocast():
                 loss = self.kernels.loss(raw, self.precision.input(x), y, self.cfg.label_smoothing)
             loss.backward()

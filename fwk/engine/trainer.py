@@ -65,27 +65,29 @@ def train(
     """
     started = time.perf_counter()
     make_deterministic(cfg.train.deterministic)
-    d = init(cfg.parallel.backend, cfg.train.device)
+    dist = init(cfg.parallel.backend, cfg.train.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
-    per_rank = cfg.train.batch_size // d.world_size
-    reporter = Reporter(run.metrics, d, cfg.train.max_steps, tracking)
-    strategies = Strategies(cfg, d, per_rank, reporter.message)
-    raw, model = strategies.apply(start(build_model(cfg.model, data)).to(d.device), state_floats_per_param(cfg.optim))
+    per_rank = cfg.train.batch_size // dist.world_size
+    reporter = Reporter(run.metrics, dist, cfg.train.max_steps, tracking)
+    strategies = Strategies(cfg, dist, per_rank, reporter.message)
+    raw, model = strategies.apply(
+        start(build_model(cfg.model, data)).to(dist.device), state_floats_per_param(cfg.optim)
+    )
     optimizer = build_optimizer(cfg.optim, raw, fused=strategies.kernels.triton)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     diagnostics = Diagnostics(
-        cfg.diagnostics, d, raw, optimizer, scheduler, strategies.precision, cfg.train.log_every, reporter.message
+        cfg.diagnostics, dist, raw, optimizer, scheduler, strategies.precision, cfg.train.log_every, reporter.message
     )
     hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
-    train_step = TrainStep(model, optimizer, *hooks, cfg.train, d, diagnostics)
-    plan = loading.for_run(cfg.loader, data, per_rank, d.device.type == "cuda", reporter.message)
-    loader = loading.TrainLoader(data.train, per_rank, d.rank, d.world_size, cfg.seed, plan, data.collate)
+    train_step = TrainStep(model, optimizer, *hooks, cfg.train, dist, diagnostics)
+    plan = loading.for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", reporter.message)
+    loader = loading.TrainLoader(data.train, per_rank, dist.rank, dist.world_size, cfg.seed, plan, data.collate)
     val = OnDevice(
-        loading.val_loader(data.val, per_rank, d.rank, d.world_size, plan, data.collate), d.device, data.finish
+        loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
     )
-    ckpt = Checkpointer(run.checkpoints, d, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, is_sharded(raw))
-    rewind = RewindPoint(run.path / "rewind", d, cfg.checkpoint.rewind_at, cfg.train.max_steps)
+    ckpt = Checkpointer(run.checkpoints, dist, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, is_sharded(raw))
+    rewind = RewindPoint(run.path / "rewind", dist, cfg.checkpoint.rewind_at, cfg.train.max_steps)
 
     parts = dict(scheduler=scheduler, loader=loader, **strategies.parts(), diagnostics=diagnostics)
     resumable = Resumable(raw, optimizer, **parts)
@@ -96,22 +98,22 @@ def train(
         latest, state, rng = found
         step = resumable.load_state_dict(state)
         set_rng_state(rng)
-        if d.is_main:
+        if dist.is_main:
             run.truncate_metrics(after_step=step)
     else:
-        seed_everything(cfg.seed + d.rank)  # per-rank streams for dropout and the like
+        seed_everything(cfg.seed + dist.rank)  # per-rank streams for dropout and the like
 
     def save() -> None:
         ckpt.save(step, resumable.state_dict(step))
 
-    record_launch(run, d, data, cfg.seed, step)
+    record_launch(run, dist, data, cfg.seed, step)
     reporter.start(step)
     if found is not None:
         reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")
     stop = StopSignal()
-    window = Window(d.device)
+    window = Window(dist.device)
     train_time, train_samples, data_wait, final_eval = 0.0, 0, 0.0, {}
-    batches = DevicePrefetcher(iter(loader), d.device, data.finish)
+    batches = DevicePrefetcher(iter(loader), dist.device, data.finish)
     model.train()
     try:
         while step < cfg.train.max_steps:
@@ -129,7 +131,7 @@ def train(
             train_samples, data_wait = train_samples + samples_per_step, data_wait + t1 - t0
             train_time += time.perf_counter() - t0
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
-                row = window.close(samples_per_step, d)
+                row = window.close(samples_per_step, dist)
                 lr = scheduler.get_last_lr()[0]
                 reporter.log(
                     step,
@@ -142,18 +144,18 @@ def train(
                     },
                 )
                 strategies.comm.adapt(step)
-                if stop.agreed(d):
+                if stop.agreed(dist):
                     save()
                     reporter.message(f"stopped at step {step}; checkpoint saved. Run the same command to resume.")
                     return None
             evaluating = cfg.train.eval_every and step % cfg.train.eval_every == 0
             if evaluating or step == cfg.train.max_steps:
-                final_eval = evaluate(raw, val, strategies.precision, data.task, d, cfg.train.eval_batches)
+                final_eval = evaluate(raw, val, strategies.precision, data.task, dist, cfg.train.eval_batches)
                 reporter.log(step, final_eval, kind="eval")
             if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.train.max_steps:
                 save()
         if not final_eval:  # resumed from the final checkpoint: the loop had nothing left to do
-            final_eval = evaluate(raw, val, strategies.precision, data.task, d, cfg.train.eval_batches)
+            final_eval = evaluate(raw, val, strategies.precision, data.task, dist, cfg.train.eval_batches)
     finally:
         stop.restore()
         reporter.close()
@@ -166,8 +168,8 @@ def train(
         "train_time_s": train_time,
         "samples_per_s": train_samples / max(train_time, 1e-9),
         "data_wait": min(1.0, data_wait / max(train_time, 1e-9)),  # share of train time spent waiting for data
-        "world_size": d.world_size,
+        "world_size": dist.world_size,
         **strategies.summary(),
         **diagnostics.summary(),
-        "replicas_in_sync": replicas_in_sync(raw, d),
+        "replicas_in_sync": replicas_in_sync(raw, dist),
     }

@@ -145,26 +145,26 @@ def check_model(cfg: MemoryConfig, model: nn.Module) -> None:
 
 
 class Memory:
-    def __init__(self, cfg: MemoryConfig, d: Dist, per_rank_batch: int, say: Callable[[str], None]) -> None:
-        self.cfg, self.d, self.per_rank_batch, self.say = cfg, d, per_rank_batch, say
-        self.meter = SavedTensorMeter(d.device)
+    def __init__(self, cfg: MemoryConfig, dist: Dist, per_rank_batch: int, say: Callable[[str], None]) -> None:
+        self.cfg, self.dist, self.per_rank_batch, self.say = cfg, dist, per_rank_batch, say
+        self.meter = SavedTensorMeter(dist.device)
         self._warmed = False
         self.plan = {
             "checkpoint": MemoryPlan(checkpoint=True),
             "offload": MemoryPlan(offload=True),
             "microbatch": MemoryPlan(micro_batches=cfg.micro_batches),
         }.get(cfg.name, MemoryPlan())
-        cuda = d.device.type == "cuda"
+        cuda = dist.device.type == "cuda"
         self.budget = cfg.budget_gb * GB
         if cfg.name == "auto" and cuda and not self.budget:
-            free, _ = torch.cuda.mem_get_info(d.device)
-            self.budget = free + torch.cuda.memory_reserved(d.device)  # what this process holds is ours too
+            free, _ = torch.cuda.mem_get_info(dist.device)
+            self.budget = free + torch.cuda.memory_reserved(dist.device)  # what this process holds is ours too
         # auto's trials: plan -> (peak bytes, seconds); None once decided (or never deciding)
         self.trials: dict[MemoryPlan, tuple[float, float]] | None = {} if cfg.name == "auto" and self.budget else None
         self.candidates = [MemoryPlan(), MemoryPlan(micro_batches=2), MemoryPlan(checkpoint=True)] + (
             [MemoryPlan(offload=True)] if cuda else []
         )
-        if cfg.name == "auto" and not self.budget and d.is_main:
+        if cfg.name == "auto" and not self.budget and dist.is_main:
             say("memory=auto chose none: on CPU a budget is needed to decide (set memory.budget_gb)")
         self.targets: list[str] = []
 
@@ -176,7 +176,7 @@ class Memory:
             for module in targets.values():
                 wrap_forward(module, _checkpointed(module, lambda: self.plan, self.meter))
             self.targets = list(targets)
-        if self.d.is_main and self.cfg.name != "auto":
+        if self.dist.is_main and self.cfg.name != "auto":
             where = f" of {len(self.targets)} modules ({self._target_text()})" if self.targets else ""
             self.say(f"memory={self.plan.describe()}{where}")
         return model
@@ -189,7 +189,7 @@ class Memory:
     def saved_tensors(self) -> contextlib.AbstractContextManager:
         """Around forward and backward of one micro-batch."""
         offload = (
-            torch.autograd.graph.save_on_cpu(pin_memory=self.d.device.type == "cuda") if self.plan.offload else None
+            torch.autograd.graph.save_on_cpu(pin_memory=self.dist.device.type == "cuda") if self.plan.offload else None
         )
         if self.measuring:
             return self.meter.counting(offload)
@@ -211,23 +211,23 @@ class Memory:
         if not self.measuring:
             yield
             return
-        cuda = self.d.device.type == "cuda"
+        cuda = self.dist.device.type == "cuda"
         if cuda:
-            torch.cuda.synchronize(self.d.device)
-            torch.cuda.reset_peak_memory_stats(self.d.device)
+            torch.cuda.synchronize(self.dist.device)
+            torch.cuda.reset_peak_memory_stats(self.dist.device)
         self.meter.take()
         t0 = time.perf_counter()
         yield
         if cuda:
-            torch.cuda.synchronize(self.d.device)
+            torch.cuda.synchronize(self.dist.device)
         seconds = time.perf_counter() - t0
         # on CPU the budget bounds activation memory: the largest micro-batch's saved tensors
-        peak = torch.cuda.max_memory_allocated(self.d.device) if cuda else self.meter.take()
+        peak = torch.cuda.max_memory_allocated(self.dist.device) if cuda else self.meter.take()
         self._record(float(peak), seconds)
 
     def _record(self, peak: float, seconds: float) -> None:
         assert self.trials is not None
-        peak, seconds = all_reduce_max([peak, seconds], self.d)
+        peak, seconds = all_reduce_max([peak, seconds], self.dist)
         if not self._warmed:  # the first step pays one-time costs (allocator, kernels): none runs again
             self._warmed = True
         else:
@@ -254,27 +254,27 @@ class Memory:
             self.plan = more
             return
         self.plan = min(fits, key=lambda p: fits[p][1])
-        if self.d.is_main:
+        if self.dist.is_main:
             tried = "; ".join(
                 f"{p.describe()} {t[0] / GB:.3g} GB {t[1] * 1000:.0f} ms{'' if t[0] <= self.budget else ' (over)'}"
                 for p, t in self.trials.items()
             )
             self.say(
                 f"memory=auto chose {self.plan.describe()}: fastest within {self.budget / GB:.3g} GB "
-                f"({'peak' if self.d.device.type == 'cuda' else 'activations'}; tried {tried})"
+                f"({'peak' if self.dist.device.type == 'cuda' else 'activations'}; tried {tried})"
             )
         self.trials = None
 
     def retry_after_oom(self, step: int) -> None:
         """After an out-of-memory step: free, double the micro-batches (auto), or raise."""
         gc.collect()
-        if self.d.device.type == "cuda":
+        if self.dist.device.type == "cuda":
             torch.cuda.empty_cache()
-        if self.d.distributed and self.cfg.name == "auto":
+        if self.dist.distributed and self.cfg.name == "auto":
             # the other ranks may be waiting in a gradient all-reduce this rank will not join:
             # redoing the step alone would pair mismatched collectives, so stop instead
             raise UserError(
-                f"out of memory at step {step} on rank {self.d.rank}; with several processes a step cannot be "
+                f"out of memory at step {step} on rank {self.dist.rank}; with several processes a step cannot be "
                 f"redone on one rank alone: set memory=microbatch memory.micro_batches={self.plan.micro_batches * 2} "
                 "or memory.budget_gb lower than the free memory, then run the same command to resume"
             )
@@ -293,7 +293,7 @@ class Memory:
                 f"out of memory at step {step} even with one sample per micro-batch; lower train.batch_size, "
                 "use a smaller model, or more processes"
             )
-        if self.d.is_main:
+        if self.dist.is_main:
             self.say(f"step {step}: out of memory; redoing the step with {doubled.describe()}")
         self.plan = doubled
 

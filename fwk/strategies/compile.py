@@ -69,10 +69,10 @@ class _Dispatch(nn.Module):
 
 class Jit:
     def __init__(
-        self, cfg: JitConfig, d: Dist, max_steps: int, say: Callable[[str], None], deterministic: bool = False
+        self, cfg: JitConfig, dist: Dist, max_steps: int, say: Callable[[str], None], deterministic: bool = False
     ) -> None:
         """``deterministic`` (train.deterministic): auto decides from step times, so it stays eager."""
-        self.cfg, self.d, self.max_steps, self.say = cfg, d, max_steps, say
+        self.cfg, self.dist, self.max_steps, self.say = cfg, dist, max_steps, say
         self.compiled: Callable[..., Any] | None = None
         self.state = "off" if cfg.name == "off" else "eager"  # eager -> trial -> compiled, or off
         if cfg.name == "auto" and deterministic:
@@ -107,14 +107,14 @@ class Jit:
             return model(*args, **kwargs)
         if sig not in self.seen:
             if len(self.seen) > self.cfg.max_recompiles:
-                if not self.warned and self.d.is_main:
+                if not self.warned and self.dist.is_main:
                     self.say(
                         f"jit: more than jit.max_recompiles={self.cfg.max_recompiles} input signatures; "
                         "new ones run eager (raise jit.max_recompiles, or keep shapes fixed)"
                     )
                 self.warned = True
                 return model(*args, **kwargs)
-            if self.seen and self.d.is_main:
+            if self.seen and self.dist.is_main:
                 self.say(f"jit: new input signature {_short(sig)}: compiling it too")
             self.seen.add(sig)
         self.used_compiled = True
@@ -135,7 +135,7 @@ class Jit:
             if self.run >= self.cfg.stable_steps:
                 self._maybe_compile(step)
         elif self.state in ("trial", "compiled") and used and step == self.compiled_at:
-            if self.d.is_main:
+            if self.dist.is_main:
                 self.say(f"step {step}: compiled in {seconds:.1f} s (the first compiled step, compile included)")
         elif self.state == "trial" and used:
             self.compiled_times.append(seconds)
@@ -143,11 +143,11 @@ class Jit:
                 self._judge()
 
     def _maybe_compile(self, step: int) -> None:
-        per_step = all_reduce_max([statistics.median(self.eager_times)], self.d)[0]
+        per_step = all_reduce_max([statistics.median(self.eager_times)], self.dist)[0]
         left = (self.max_steps - step - 1) * per_step
         if left < self.cfg.min_remaining_s:
             self.state = "off"
-            if self.d.is_main:
+            if self.dist.is_main:
                 self.say(
                     f"jit=auto stays eager: {self.max_steps - step - 1} steps left x {per_step * 1000:.0f} ms = "
                     f"{left:.0f} s, less than jit.min_remaining_s={self.cfg.min_remaining_s:g} (compiling costs)"
@@ -161,20 +161,20 @@ class Jit:
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         self.compiled = torch.compile(self.model, mode=self.cfg.mode, backend=self.cfg.backend, dynamic=False)
         self.compiled_at = at_step
-        trial = self.cfg.name == "auto" and self.d.device.type == "cpu"
+        trial = self.cfg.name == "auto" and self.dist.device.type == "cpu"
         self.state = "trial" if trial else "compiled"
-        if self.d.is_main:
+        if self.dist.is_main:
             when = f"from step {at_step}" if at_step >= 0 else "again"  # -1: on resume
             self.say(f"{why}; compiling {when} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
 
     def _judge(self) -> None:
         """CPU auto: keep compiled only if it is faster than eager by ``min_speedup``: a speed-up
         within the noise of a few timed steps is not worth a compiled graph's recompiles."""
-        compiled = all_reduce_max([statistics.median(self.compiled_times)], self.d)[0]
+        compiled = all_reduce_max([statistics.median(self.compiled_times)], self.dist)[0]
         speedup = self.eager_step / compiled
         faster = speedup >= self.cfg.min_speedup
         self.state = "compiled" if faster else "off"
-        if self.d.is_main:
+        if self.dist.is_main:
             verdict = "keeps compiled" if faster else "goes back to eager"
             short = "" if faster or speedup < 1 else f", less than jit.min_speedup={self.cfg.min_speedup:g}"
             self.say(
@@ -189,7 +189,7 @@ class Jit:
             return False
         self.used_compiled, self.step_sigs, self.state = False, [], "off"
         cause = " ".join(str(exc).split())[:300] or type(exc).__name__
-        if self.d.is_main:
+        if self.dist.is_main:
             self.say(f"jit: compiling failed ({type(exc).__name__}: {cause}); running eager from here")
         return True
 
@@ -212,7 +212,7 @@ class Jit:
         decided = state.get("state", "eager")
         if decided == "off":
             self.state = "off"
-            if self.d.is_main:
+            if self.dist.is_main:
                 self.say("jit=auto stays eager, as it decided before the checkpoint")
         elif decided in ("trial", "compiled"):
             self.eager_step = float(state.get("eager_step", 0.0))

@@ -89,14 +89,14 @@ class Replicated(nn.Module):
     """DDP around ``model``, with one comm hook registered for good (DDP allows only one)
     that times the wait and calls whichever compression is current."""
 
-    def __init__(self, model: nn.Module, cfg: ParallelConfig, d: Dist, amp_dtype: torch.dtype | None) -> None:
+    def __init__(self, model: nn.Module, cfg: ParallelConfig, dist: Dist, amp_dtype: torch.dtype | None) -> None:
         super().__init__()
-        self.cfg, self.d, self.amp_dtype = cfg, d, amp_dtype
+        self.cfg, self.dist, self.amp_dtype = cfg, dist, amp_dtype
         self.inner = model
         self.bucket_cap_mb = cfg.bucket_cap_mb
         self.compression = cfg.comm_hook
-        self.clock = _Clock(d.device)
-        self.slow = _slow_seconds(d.rank)
+        self.clock = _Clock(dist.device)
+        self.slow = _slow_seconds(dist.rank)
         self._powersgd: Any = None
         self.ddp = self._build()
 
@@ -106,7 +106,7 @@ class Replicated(nn.Module):
         if old is not None:  # free the old reducer (and its autograd hooks) before the new one
             del old
             gc.collect()
-        ids = [self.d.device.index] if self.d.device.type == "cuda" else None
+        ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
         ddp = DistributedDataParallel(
             self.inner,
             device_ids=ids,
@@ -182,9 +182,9 @@ class CommMonitor:
     """Per window: the share of time waiting on collectives; adapts when it stays high."""
 
     def __init__(
-        self, cfg: ParallelConfig, d: Dist, accum_steps: int, model: nn.Module, say: Callable[[str], None]
+        self, cfg: ParallelConfig, dist: Dist, accum_steps: int, model: nn.Module, say: Callable[[str], None]
     ) -> None:
-        self.cfg, self.d, self.say = cfg.adapt, d, say
+        self.cfg, self.dist, self.say = cfg.adapt, dist, say
         self.replicated = model if isinstance(model, Replicated) else None
         self.accum_steps = accum_steps
         self.high = 0  # consecutive windows above the threshold
@@ -206,7 +206,7 @@ class CommMonitor:
         now = time.perf_counter()
         waited = self.replicated.clock.take() + explicit_collective_seconds() - self._explicit
         share = waited / max(now - self._started, 1e-9)
-        self.share = all_reduce_max([share], self.d)[0]
+        self.share = all_reduce_max([share], self.dist)[0]
         self._started, self._explicit = time.perf_counter(), explicit_collective_seconds()
         return {"comm_wait": self.share}
 

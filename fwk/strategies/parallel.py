@@ -39,17 +39,17 @@ def training_bytes(model: nn.Module, optimizer_floats: float) -> int:
     return int(sum(p.numel() * p.element_size() * (2 + optimizer_floats) for p in params))
 
 
-def decide(cfg: ParallelConfig, d: Dist, model: nn.Module, optimizer_floats: float) -> tuple[str, str]:
+def decide(cfg: ParallelConfig, dist: Dist, model: nn.Module, optimizer_floats: float) -> tuple[str, str]:
     """(strategy, the facts it was chosen from) for ``parallel.name``."""
     if cfg.name != "auto":
         return cfg.name, ""
-    if not d.distributed:
+    if not dist.distributed:
         return "none", "1 process"
-    need, free = training_bytes(model, optimizer_floats), _free_device_bytes(d.device)
+    need, free = training_bytes(model, optimizer_floats), _free_device_bytes(dist.device)
     gib = 1 << 30
     facts = (
-        f"{d.world_size} processes on {cfg.nnodes} node(s); parameters + gradients + optimizer state "
-        f"{need / gib:.2g} GiB vs {free / gib:.3g} GiB free on {d.device.type}"
+        f"{dist.world_size} processes on {cfg.nnodes} node(s); parameters + gradients + optimizer state "
+        f"{need / gib:.2g} GiB vs {free / gib:.3g} GiB free on {dist.device.type}"
     )
     if need <= cfg.auto_memory_share * free:
         return "ddp", f"{facts} (fits in {cfg.auto_memory_share:.0%})"
@@ -70,17 +70,16 @@ def wrap(
     DDP wraps ``compiled``; FSDP shards ``plain`` in place, and the JIT's wrapper then calls
     the sharded model. ``precision`` gives both their AMP dtype, and FSDP its fp32 islands.
     """
-    d = dist
-    strategy, facts = decide(cfg, d, plain, optimizer_floats)
-    if d.is_main and cfg.name == "auto":
+    strategy, facts = decide(cfg, dist, plain, optimizer_floats)
+    if dist.is_main and cfg.name == "auto":
         say(f"parallel=auto chose {strategy}: {facts}")
-    if strategy == "none" or not d.distributed:
+    if strategy == "none" or not dist.distributed:
         return compiled
     if strategy == "ddp":
         from fwk.strategies.ddp import Replicated
 
         amp = precision.sharded_param_dtype()
-        return Replicated(compiled, cfg, d, amp)
+        return Replicated(compiled, cfg, dist, amp)
     from fwk.strategies import fsdp
 
     if precision.format == "fp16":
@@ -91,10 +90,10 @@ def wrap(
             "scaler sees only this rank's gradient shard; use precision=bf16 or fp32, or parallel=ddp"
         )
     shard_size = (cfg.shard_size or cfg.nproc_per_node) if strategy == "hsdp" else None
-    mesh = fsdp.mesh(d.device, d.world_size, shard_size)
+    mesh = fsdp.mesh(dist.device, dist.world_size, shard_size)
     islands = precision.fp32_islands()
     units = fsdp.shard(plain, mesh, precision.sharded_param_dtype(), islands, cfg.reshard_after_forward)
-    if d.is_main:
+    if dist.is_main:
         dtype = precision.sharded_param_dtype()
         shape = " x ".join(f"{n}={s}" for n, s in zip(mesh.mesh_dim_names or (), mesh.shape, strict=True))
         layout = ""

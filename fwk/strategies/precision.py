@@ -92,15 +92,15 @@ def _last_linear(model: nn.Module) -> list[str]:
 
 
 class Precision:
-    def __init__(self, cfg: PrecisionConfig, d: Dist, max_steps: int, say: Callable[[str], None]) -> None:
-        self.cfg, self.d, self.say = cfg, d, say
-        self.device_type = d.device.type
-        features = hardware.probe(d.device)
+    def __init__(self, cfg: PrecisionConfig, dist: Dist, max_steps: int, say: Callable[[str], None]) -> None:
+        self.cfg, self.dist, self.say = cfg, dist, say
+        self.device_type = dist.device.type
+        features = hardware.probe(dist.device)
         if cfg.name == "auto":
-            self.format = choose_format(features, d.device)
+            self.format = choose_format(features, dist.device)
         elif cfg.name == "staged":
             # an explicit staged run wants AMP: fp16 where auto would pick it, else bf16 (range-safe)
-            auto = "fp16" if choose_format(features, d.device) == "fp16" else "bf16"
+            auto = "fp16" if choose_format(features, dist.device) == "fp16" else "bf16"
             self.format = cfg.dtype if cfg.dtype != "auto" else auto
         else:
             self.format = cfg.name
@@ -123,7 +123,7 @@ class Precision:
             if self.format == "fp16"
             else None
         )
-        self._skipped = torch.zeros((), dtype=torch.int64, device=d.device)
+        self._skipped = torch.zeros((), dtype=torch.int64, device=dist.device)
         self._keep, self._final = _Gate(), _Gate()
         self._kept: set[str] = set()
         self._model: nn.Module | None = None
@@ -134,7 +134,7 @@ class Precision:
     # ---- set-up -------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> nn.Module:
         """Install fp32 islands, channels-last and the range probe on the plain model."""
-        check_model(self.cfg, model, self.d.device)
+        check_model(self.cfg, model, self.dist.device)
         self._model = model
         self._keep_fp32(match(model, self.cfg.keep_fp32, "precision.keep_fp32"), self._keep)
         if self.cfg.name == "staged":
@@ -147,7 +147,7 @@ class Precision:
             model = model.to(memory_format=torch.channels_last)
         if not self.probe_done:
             self._probe = RangeProbe(model)
-        if self.d.is_main:
+        if self.dist.is_main:
             self.say(self._describe())
         return model
 
@@ -200,7 +200,7 @@ class Precision:
             self._finish_probe()
         phase = [p for start, p in self.phases if step >= start][-1]
         if phase != self.phase:
-            if self.phase is not None and self.d.is_main:
+            if self.phase is not None and self.dist.is_main:
                 self.say(f"step {step}: precision phase {self.phase} -> {phase} ({self._phase_text(phase)})")
             self.phase = phase
         self._keep.on = self.amp_on
@@ -258,7 +258,7 @@ class Precision:
         seen = self._probe.read()
         self._probe = None
         names = list(seen)
-        values = all_reduce_max([v for n in names for v in seen[n]], self.d)
+        values = all_reduce_max([v for n in names for v in seen[n]], self.dist)
         for i, n in enumerate(names):
             old = self.ranges.get(n, (0.0, 0.0))
             self.ranges[n] = (max(old[0], values[2 * i]), max(old[1], values[2 * i + 1]))
@@ -272,7 +272,7 @@ class Precision:
         hot = [n for n, (a, g) in self.ranges.items() if max(a, g) > limit] if self.format == "fp16" else []
         if hot:
             self._keep_fp32({n: m for n, m in self._model.named_modules() if n in hot}, self._keep)
-        if announce and self.d.is_main and self.ranges:
+        if announce and self.dist.is_main and self.ranges:
             act = max(self.ranges.items(), key=lambda kv: kv[1][0])
             grad = max(self.ranges.items(), key=lambda kv: kv[1][1])
             moved = f"; {len(hot)} module(s) above {limit:.0f} join keep_fp32: {', '.join(hot)}" if hot else ""
