@@ -6,7 +6,9 @@ import typer
 
 
 def doctor(
-    dist: int = typer.Option(0, "--dist", help="Also start N processes and check a barrier and an all-reduce."),
+    dist: int | None = typer.Option(
+        None, "--dist", help="Also start N >= 2 processes and check a barrier and an all-reduce.", show_default=False
+    ),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds each rank gets to answer (with --dist)."),
     stall_rank: int = typer.Option(-1, "--stall-rank", hidden=True, help="Test the check: this rank never answers."),
 ) -> None:
@@ -15,11 +17,11 @@ def doctor(
     from fwk.errors import UserError
     from fwk.launch import doctor as checks
 
+    if dist is not None and dist < 2:
+        raise UserError(f"--dist={dist} is not allowed: expected an integer >= 2 (processes to check)")
     for key, value in checks.report():
         typer.echo(f"{key:<22} {value}")
-    if dist:
-        if dist < 2:
-            raise UserError(f"--dist={dist} is not allowed: expected an integer >= 2 (processes to check)")
+    if dist is not None:
         missing, seconds = checks.collectives(dist, timeout, stall_rank)
         if missing:
             names = ", ".join(str(r) for r in missing)

@@ -81,8 +81,12 @@ def launch(
                 status = run_worker(run.path)
             else:
                 status = run_torchrun(p.argv, run.path / "logs", p.nproc_per_node)
-            # a clean exit without a summary is a run stopped at a step boundary (Ctrl-C, SIGTERM)
-            outcome = "failed" if status != 0 else "complete" if run.summary.is_file() else "interrupted"
+            # a clean exit without a summary is a run stopped at a step boundary (Ctrl-C, SIGTERM);
+            # 128 + N: the launcher or torchrun's agent got signal N, and the run resumes from its checkpoint
+            if status == 0:
+                outcome = "complete" if run.summary.is_file() else "interrupted"
+            else:
+                outcome = "interrupted" if status >= 128 else "failed"
         except KeyboardInterrupt:
             outcome = "interrupted"
             raise

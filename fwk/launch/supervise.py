@@ -14,6 +14,10 @@
   otherwise which rank failed, how, the last line it wrote, and where the logs are.
 - Threads per rank are set here (cores / local processes) so that torchrun does not set
   and announce OMP_NUM_THREADS=1 itself.
+- No worker outlives torchrun's agent: each asks the kernel for SIGKILL when its parent
+  dies (``die_with_agent``). When the agent is killed (the OOM killer, a node problem) the
+  launcher waits for the run's workers to be gone, says so in one line and exits 128 + the
+  signal: the run is interrupted at its last checkpoint, and holds its lock until then.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 LOG_DIR_ENV = "FWK_LOG_DIR"
+LAUNCHER_ENV = "FWK_LAUNCHER_PID"  # the launcher that started torchrun: the workers' grandparent
+PR_SET_PDEATHSIG = 1  # prctl(2) option: a signal for this process when its parent dies
 
 
 def _children(pid: int) -> list[int]:
@@ -51,7 +58,7 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
     """Run torchrun's command line; returns the exit status fwk should exit with."""
     log_dir.mkdir(parents=True, exist_ok=True)
     threads = threads_per_rank(nproc_per_node)
-    env = {**os.environ, LOG_DIR_ENV: str(log_dir), "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, LOG_DIR_ENV: str(log_dir), "OMP_NUM_THREADS": str(threads), LAUNCHER_ENV: str(os.getpid())}
     print(f"{nproc_per_node} processes x {threads} threads (OMP_NUM_THREADS); logs: {log_dir}", flush=True)
     with open(log_dir / "torchrun.log", "a") as torchrun_log:
         start = {p: p.stat().st_size for p in log_dir.glob("rank*.log")}
@@ -87,10 +94,66 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
                 signal.signal(s, handler)
     if stopping:
         return 128 + stopping[0]
+    if status < 0:  # the agent itself was killed by a signal: its workers die with it
+        left = _stop_workers(log_dir.parent)
+        name = signal.Signals(-status).name
+        print(
+            f"fwk: error: torchrun's agent (pid {proc.pid}) was killed by {name} (as the kernel's OOM killer or a "
+            f"node failure does){left}; run {log_dir.parent.name} is interrupted at its last checkpoint: run the "
+            "same command to resume it",
+            file=sys.stderr,
+        )
+        return 128 - status
     if status != 0:
         print(f"fwk: error: {failure_line(log_dir, start)}", file=sys.stderr)
         return 2 if _user_error(log_dir, start) else 1
     return 0
+
+
+def workers_of(run_dir: Path) -> list[int]:
+    """Live worker processes of the run in ``run_dir`` (``python -m fwk.launch.worker <run_dir>``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        ours = b"fwk.launch.worker" in argv and os.fsencode(run_dir) in argv
+        if ours and b"torch.distributed.run" not in argv and state != "Z":  # torchrun's argv names them too
+            found.append(int(entry.name))
+    return found
+
+
+def _stop_workers(run_dir: Path, grace_s: float = 10.0) -> str:
+    """Wait for the run's workers to die with their agent (SIGKILL after ``grace_s``); what happened, for fwk's line."""
+    deadline = time.monotonic() + grace_s
+    while (left := workers_of(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        _kill(pid, signal.SIGKILL)
+    return f"; {len(left)} worker(s) still alive were killed" if left else "; its workers were stopped with it"
+
+
+def die_with_agent() -> None:
+    """In a worker under fwk's torchrun: SIGKILL when the agent (the parent) dies, and exit at
+    once if it died already (the worker's parent is then no longer a child of the launcher)."""
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # no parent-death signal here: the launcher's scan (_stop_workers) still ends the worker
+    try:
+        grandparent = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return
+    if grandparent != int(launcher):  # the agent died before prctl: this worker was reparented
+        os._exit(128 + signal.SIGKILL)
 
 
 def _kill(pid: int, sig: int) -> None:

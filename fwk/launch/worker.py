@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from fwk.config.validate import to_typed
 from fwk.errors import UserError
-from fwk.launch.supervise import redirect_worker_output
+from fwk.launch.supervise import die_with_agent, redirect_worker_output
 from fwk.track.store import RunDir
 
 
@@ -46,6 +46,7 @@ def run_worker(run_dir: Path) -> int:
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m fwk.launch.worker <run_dir>")
+    die_with_agent()  # before anything else: a worker whose torchrun is gone must not train
     try:
         code = run_worker(Path(sys.argv[1]))
     except UserError as exc:

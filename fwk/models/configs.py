@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fwk.errors import UserError
 from fwk.models.registry import MODELS
 from fwk.registry import doc
 
@@ -33,6 +34,21 @@ class GPTConfig:
     n_embd: int = doc(192, "width of the residual stream, in features")
     dropout: float = doc(0.0, "dropout probability on embeddings, attention and residual branches (0 = off)")
     bias: bool = doc(False, "use bias in Linear and LayerNorm layers (False is a little faster and as good)")
+
+    def check(self) -> None:
+        """What the model cannot be built with, as one line before any run dir (the launcher calls it)."""
+        sizes = {"vocab_size": self.vocab_size, "block_size": self.block_size, "n_layer": self.n_layer}
+        for key, value in {**sizes, "n_head": self.n_head, "n_embd": self.n_embd}.items():
+            if value < 1:
+                raise UserError(f"model.{key}={value} is not allowed: expected an integer >= 1")
+        if self.n_embd % self.n_head:
+            near = max(self.n_head, round(self.n_embd / self.n_head) * self.n_head)
+            raise UserError(
+                f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head} (each head gets "
+                f"n_embd / n_head features); use model.n_embd={near}, or a model.n_head that divides {self.n_embd}"
+            )
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"model.dropout={self.dropout} is not allowed: expected a probability in [0, 1)")
 
 
 @MODELS.register_config

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from fwk.track.store import RunDir
+from fwk.track.store import RunDir, flock_holders
 
 STATUSES = ("running", "complete", "failed", "interrupted")
 
@@ -30,29 +30,10 @@ def lock_holder(run: RunDir) -> bool:
     Elsewhere: a shared non-blocking probe.
     """
     lock = run.path / ".lock"
-    try:
-        st = lock.stat()
-    except FileNotFoundError:
+    if not lock.exists():
         return False
-    try:
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return _probe(lock)
-    for line in text.splitlines():
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF" (a blocked waiter has "->" after "1:")
-        if "FLOCK" not in parts:
-            continue
-        dev_ino = next((p for p in parts if p.count(":") == 2), None)
-        if dev_ino is None:
-            continue
-        major, minor, ino = dev_ino.split(":")
-        try:
-            if int(ino) == st.st_ino and os.makedev(int(major, 16), int(minor, 16)) == st.st_dev:
-                return True
-        except ValueError:
-            continue
-    return False
+    holders = flock_holders(lock)
+    return _probe(lock) if holders is None else bool(holders)
 
 
 def _probe(lock: Path) -> bool:

@@ -180,8 +180,46 @@ def open_run(
     return run
 
 
+def flock_holders(path: Path) -> list[int] | None:
+    """The pids that hold a flock on ``path``, from /proc/locks (Linux); None where it cannot be read.
+
+    A line reads "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF" (a blocked waiter has
+    "->" after "1:"); the pid is the process that took the lock.
+    """
+    try:
+        st = path.stat()
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    pids = []
+    for line in text.splitlines():
+        parts = line.split()
+        if "FLOCK" not in parts or "->" in parts:
+            continue
+        dev_ino = next((p for p in parts if p.count(":") == 2), None)
+        if dev_ino is None:
+            continue
+        major, minor, ino = dev_ino.split(":")
+        try:
+            if int(ino) == st.st_ino and os.makedev(int(major, 16), int(minor, 16)) == st.st_dev:
+                pids.append(int(parts[parts.index(dev_ino) - 1]))
+        except ValueError:
+            continue
+    return pids
+
+
+def _process(pid: int) -> str:
+    """``pid`` and its command line, for a one-line message."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"process {pid}"
+    return f"process {pid} ({' '.join(os.fsdecode(a) for a in argv if a)[:120]})"
+
+
 class RunLock:
-    """An exclusive lock on a run dir, so two launches of one run cannot interleave."""
+    """An exclusive lock on a run dir, so two launches of one run cannot interleave. The
+    launcher holds it until no process of the run is left (fwk/launch/supervise.py)."""
 
     def __init__(self, run: RunDir) -> None:
         self.run = run
@@ -193,8 +231,10 @@ class RunLock:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._file.close()
+            holders = flock_holders(self.run.path / ".lock") or []
+            who = _process(holders[0]) if holders else "another process"
             raise UserError(
-                f"run {self.run.id} is already running in another process ({self.run.path}); "
+                f"run {self.run.id} is already running in {who} ({self.run.path}); "
                 "wait for it to finish, or change a setting to start a different run"
             ) from None
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -45,7 +46,11 @@ def test_a_rank_that_does_not_answer_is_named(runs: Path) -> None:
     ]
 
 
-def test_dist_of_one_is_one_line(runs: Path) -> None:
-    out = run_fwk("doctor", "--dist", "1", runs=runs, timeout=120)
+@pytest.mark.parametrize("count", ["1", "0", "-3"])
+def test_dist_below_two_is_one_line(runs: Path, count: str) -> None:
+    out = run_fwk("doctor", "--dist", count, runs=runs, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("fwk: error: --dist=1 is not allowed")
+    assert out.stderr.strip().splitlines() == [
+        f"fwk: error: --dist={count} is not allowed: expected an integer >= 2 (processes to check)"
+    ]
+    assert out.stdout == ""  # refused before the report

@@ -124,6 +124,12 @@ def test_class_count_mismatch_is_one_line(runs: Path, tmp_path: Path) -> None:
         ),
         (["memory=checkpoint", "memory.modules=[layer9]"], "memory.modules: 'layer9' matches no module"),
         (["memory=microbatch", "memory.micro_batches=5"], "memory.micro_batches=5 is not allowed"),
+        (
+            ["recipe=gpt_stdlib", "model.n_embd=130", "model.n_head=4"],
+            "model.n_embd=130 must be divisible by model.n_head=4 (each head gets n_embd / n_head features); "
+            "use model.n_embd=128, or a model.n_head that divides 130",
+        ),
+        (["recipe=gpt_stdlib", "model.n_layer=0"], "model.n_layer=0 is not allowed: expected an integer >= 1"),
     ],
 )
 def test_bad_strategy_settings_fail_before_any_run_dir(runs: Path, overrides: list[str], expected: str) -> None:

@@ -4,6 +4,7 @@ with one line naming the rank; torchrun's own output stays in runs/<id>/logs/.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fwk.launch.supervise import LAUNCHER_ENV, workers_of
 from tests.conftest import require, run_fwk
 
 # Long enough to outlast a signal or a kill sent just after the step-40 checkpoint (120 steps
@@ -112,9 +114,22 @@ def test_preemption_notice_to_every_process_stops_once(tmp_path: Path) -> None:
     assert err == ""
 
 
-def test_killed_worker_is_restarted_and_resumes_bit_exactly(tmp_path: Path) -> None:
-    straight = run_fwk(*ARGS, runs=tmp_path / "straight", timeout=600)
-    assert straight.returncode == 0, straight.stderr
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The final weights of ARGS run without interruption."""
+    runs = tmp_path_factory.mktemp("straight")
+    out = run_fwk(*ARGS, runs=runs, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return _weights(runs)
+
+
+def _assert_bit_identical(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+
+
+def test_killed_worker_is_restarted_and_resumes_bit_exactly(tmp_path: Path, straight: dict) -> None:
     runs = tmp_path / "killed"
     proc = _start(runs, "parallel.max_restarts=1")
     _wait_for(runs, proc, 40)
@@ -122,9 +137,42 @@ def test_killed_worker_is_restarted_and_resumes_bit_exactly(tmp_path: Path) -> N
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out + err
     assert "resumed run" in out  # the restarted group found the latest complete checkpoint
-    expected, got = _weights(tmp_path / "straight"), _weights(runs)
-    for name in expected:
-        assert torch.equal(got[name], expected[name]), name
+    _assert_bit_identical(_weights(runs), straight)
+
+
+def test_killed_agent_leaves_no_worker_and_the_run_resumes_bit_exactly(tmp_path: Path, straight: dict) -> None:
+    """What the kernel's OOM killer does to torchrun: its workers must not train on as orphans."""
+    proc = _start(tmp_path)
+    _wait_for(tmp_path, proc, 40)
+    (run,) = tmp_path.glob("*/")  # run dirs, not the index
+    assert len(workers_of(run)) == 2
+    agent = _torchrun(tmp_path)
+    os.kill(agent, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGKILL, out + err
+    assert workers_of(run) == []  # fwk returns once no process of the run is left
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"fwk: error: torchrun's agent (pid {agent}) was killed by SIGKILL")
+    assert "; its workers were stopped with it;" in line  # by the kernel (PR_SET_PDEATHSIG), not fwk's backstop
+    assert line.endswith(f"run {run.name} is interrupted at its last checkpoint: run the same command to resume it")
+    assert not (run / "summary.json").exists()  # no orphan trained on to the end
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["launches"][-1]["outcome"] == "interrupted"
+    resumed = run_fwk(*ARGS, runs=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed run" in resumed.stdout
+    _assert_bit_identical(_weights(tmp_path), straight)
+
+
+def test_a_worker_whose_agent_is_gone_exits_at_once(tmp_path: Path) -> None:
+    """The race die_with_agent closes: a worker that starts after its agent died trains nothing."""
+    code = "import sys; from fwk.launch.supervise import die_with_agent; die_with_agent(); print('trained')"
+    env = {**os.environ, LAUNCHER_ENV: str(os.getpid() + 1_000_000)}  # not this worker's grandparent
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 128 + signal.SIGKILL and "trained" not in out.stdout
+    env[LAUNCHER_ENV] = str(os.getppid())  # pytest's parent: the grandparent of the child
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "trained"
 
 
 def test_dead_worker_without_restarts_is_one_line(tmp_path: Path) -> None:

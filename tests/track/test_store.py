@@ -1,13 +1,14 @@
 """Run dirs: created once, reopened by the same config, locked while a launch runs."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fwk.errors import UserError
-from fwk.track.store import RunDir, RunLock, open_run
+from fwk.track.store import RunDir, RunLock, flock_holders, open_run
 
 
 def test_open_and_reopen(tmp_path: Path) -> None:
@@ -26,12 +27,14 @@ def test_edited_config_is_not_overwritten(tmp_path: Path) -> None:
     assert run.config.read_text() == "seed: 5\n"
 
 
-def test_lock_refuses_a_second_launch(tmp_path: Path) -> None:
+def test_lock_refuses_a_second_launch_naming_the_holder(tmp_path: Path) -> None:
     run = open_run(tmp_path, "abc123", "seed: 0\n", "git:x", 1)
     with RunLock(run):
-        with pytest.raises(UserError, match="already running"):
+        assert flock_holders(run.path / ".lock") == [os.getpid()]
+        with pytest.raises(UserError, match=rf"already running in process {os.getpid()} \(.*python"):
             with RunLock(RunDir(run.path)):
                 pass
+    assert flock_holders(run.path / ".lock") == []
 
 
 def test_truncate_metrics(tmp_path: Path) -> None:
