@@ -46,7 +46,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Exports:
     The int8 export runs in this process (its torch imports are paid once), the rest
     through the real command, as a new user types it."""
     from fwk.export.pipeline import run_export
-    from fwk.export.settings import ServePlan, load_settings
+    from fwk.export.settings import PrunePlan, load_settings
     from fwk.track.store import RunDir
 
     base = tmp_path_factory.mktemp("serve")
@@ -59,7 +59,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Exports:
     assert out.returncode == 0, out.stdout + out.stderr
     quiet = lambda _: None  # noqa: E731
     cfg = load_settings(QUICK)
-    int8 = run_export(RunDir(run), ServePlan(), "int8", cfg, 100.0, None, False, say=quiet, show=quiet)
+    int8 = run_export(RunDir(run), PrunePlan(), "int8", cfg, 100.0, None, False, say=quiet, show=quiet)
     (fp32,) = [p.name for p in (run / "exports").iterdir() if p.is_dir() and p.name != int8["export_id"]]
     return Exports(runs, run.name, fp32, int8["export_id"], output)
 
