@@ -42,6 +42,7 @@ def profile(
     if warmup < 1:
         raise UserError(f"--warmup={warmup} is not allowed: expected >= 1 (the first step builds the engine)")
 
+    from fwk.config.grammar import typed_keys
     from fwk.config.resolve import resolve
 
     resolved = resolve(words)
@@ -58,7 +59,7 @@ def profile(
     from fwk.profile.report import build, show, write
 
     p = plan_run(resolved)  # the run id `fwk train` would give these overrides (the same checks first)
-    preflight(config)
+    preflight(config, typed_keys(words))
     out = p.run_dir / "profile"
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)

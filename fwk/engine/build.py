@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -43,8 +44,44 @@ def _output_size(model: nn.Module, data: DataBundle) -> int:
     return int(out.shape[-1])
 
 
-def build_model(cfg: Any, data: DataBundle) -> nn.Module:
-    """A registered model or ``_target_`` class; its output size must match the data's classes."""
+def _silent(line: str) -> None:
+    pass
+
+
+def model_arguments(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A ``_target_`` model section without the keys its class does not take, and those keys.
+
+    A recipe sets keys for its own model (``model.num_classes``, ``model.n_layer``); with the
+    user's ``model._target_`` they reach the user's class too. Those it does not take are
+    left out, so a recipe works with any model; a key the user typed is checked in ``preflight``.
+    """
+    import inspect
+
+    from hydra.utils import get_object
+
+    target = section["_target_"]
+    try:
+        signature = inspect.signature(get_object(target))
+    except Exception:  # noqa: BLE001 - not importable or no signature: _instantiate says what is wrong
+        return section, []
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return section, []
+    takes = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    dropped = [k for k in section if not k.startswith("_") and k not in takes]
+    return {k: v for k, v in section.items() if k not in dropped}, dropped
+
+
+def build_model(cfg: Any, data: DataBundle, say: Callable[[str], None] = _silent) -> nn.Module:
+    """A registered model or ``_target_`` class; its output size must match the data's classes.
+    ``say`` gets the line on keys a ``_target_`` class does not take (see ``model_arguments``)."""
+    if isinstance(cfg, dict):
+        cfg, dropped = model_arguments(cfg)
+        if dropped:
+            say(
+                f"model: {cfg['_target_']} takes no {', '.join(dropped)} (the recipe's settings for its own "
+                "model): left out"
+            )
     model = _instantiate(cfg) if isinstance(cfg, dict) else MODELS.get(cfg.name).builder(cfg)
     if not isinstance(model, nn.Module):
         raise UserError(f"model._target_ must build a torch.nn.Module, got {type(model).__name__}")
@@ -57,14 +94,23 @@ def build_model(cfg: Any, data: DataBundle) -> nn.Module:
     return model
 
 
-def preflight(cfg: Any) -> None:
+def preflight(cfg: Any, typed: Collection[str] = ()) -> None:
     """Checks that need the model or the device, run before any run dir exists: the module
-    patterns of precision and memory match, the device runs the asked format and kernels.
+    patterns of precision and memory that the user typed (``typed``: the keys of the
+    command's overrides) match, the device runs the asked format and kernels.
 
     The model is built on the meta device: its structure without allocating its weights.
     """
     from fwk.strategies import activation_memory, kernels, precision
 
+    if isinstance(cfg.model, dict):
+        section, dropped = model_arguments(cfg.model)
+        typed_here = [k for k in dropped if f"model.{k}" in typed]
+        if typed_here:
+            raise UserError(
+                f"model.{typed_here[0]}: {section['_target_']} takes no argument '{typed_here[0]}'; "
+                "give only the arguments of its __init__"
+            )
     cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
     kernels.check_available(cfg.kernels, device)
@@ -74,7 +120,9 @@ def preflight(cfg: Any) -> None:
         return
     with torch.device("meta"):
         model = (
-            _instantiate(cfg.model) if isinstance(cfg.model, dict) else MODELS.get(cfg.model.name).builder(cfg.model)
+            _instantiate(model_arguments(cfg.model)[0])
+            if isinstance(cfg.model, dict)
+            else MODELS.get(cfg.model.name).builder(cfg.model)
         )
-    precision.check_model(p, model, device)
-    activation_memory.check_model(m, model)
+    precision.check_model(p, model, device, typed)
+    activation_memory.check_model(m, model, typed)

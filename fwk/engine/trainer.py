@@ -72,7 +72,7 @@ def train(
     reporter = Reporter(run.metrics, dist, cfg.train.max_steps, tracking)
     strategies = Strategies(cfg, dist, per_rank, reporter.message)
     raw, model = strategies.apply(
-        start(build_model(cfg.model, data)).to(dist.device), state_floats_per_param(cfg.optim)
+        start(build_model(cfg.model, data, reporter.message)).to(dist.device), state_floats_per_param(cfg.optim)
     )
     optimizer = build_optimizer(cfg.optim, raw, fused=strategies.kernels.triton)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)

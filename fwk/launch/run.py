@@ -60,9 +60,10 @@ def preflight(job: Job) -> None:
     """The model and device checks, and the tracking server: before any run dir exists.
     Imports torch (seconds): only for a run that will train."""
     from fwk.components import sinks
+    from fwk.config.grammar import typed_keys
     from fwk.engine.build import preflight as check_model
 
-    check_model(job.resolved.config)
+    check_model(job.resolved.config, typed_keys(job.overrides or []))
     sinks.check_server(job.resolved.config.tracking)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -33,7 +33,7 @@ from fwk.config.schema import MemoryConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
-from fwk.strategies.modules import blocks, match, outermost, wrap_forward
+from fwk.strategies.modules import blocks, fitting, match, outermost, wrap_forward
 
 GB = 1e9
 
@@ -132,16 +132,21 @@ def _checkpointed(module: nn.Module, plan: Callable[[], MemoryPlan], meter: Save
     return wrapper
 
 
-def checkpoint_targets(model: nn.Module, cfg: MemoryConfig) -> dict[str, nn.Module]:
-    """The modules to checkpoint: ``modules`` patterns, else the model's blocks; every k-th."""
-    found = outermost(match(model, cfg.modules, "memory.modules")) if cfg.modules else dict(blocks(model))
+def _silent(line: str) -> None:
+    pass
+
+
+def checkpoint_targets(model: nn.Module, cfg: MemoryConfig, patterns: list[str]) -> dict[str, nn.Module]:
+    """The modules to checkpoint: those ``patterns`` name, else the model's blocks; every k-th."""
+    found = outermost(match(model, patterns, "memory.modules")) if patterns else dict(blocks(model))
     return {n: m for i, (n, m) in enumerate(found.items()) if i % cfg.every == 0}
 
 
-def check_model(cfg: MemoryConfig, model: nn.Module) -> None:
-    """Pre-flight: ``modules`` patterns match (UserError naming the closest names if not)."""
-    if cfg.name in ("checkpoint", "auto"):
-        checkpoint_targets(model, cfg)
+def check_model(cfg: MemoryConfig, model: nn.Module, typed: Collection[str] = ()) -> None:
+    """Pre-flight: ``modules`` patterns the user typed match (UserError naming the closest names
+    if not); a recipe's default patterns apply where they match (``modules.fitting``)."""
+    if cfg.name in ("checkpoint", "auto") and "memory.modules" in typed:
+        checkpoint_targets(model, cfg, cfg.modules)
 
 
 class Memory:
@@ -172,7 +177,8 @@ class Memory:
         """Install the (switchable) checkpoint wrappers on the plain model."""
         self.meter.ignore = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
         if self.cfg.name in ("checkpoint", "auto"):
-            targets = checkpoint_targets(model, self.cfg)
+            say = self.say if self.dist.is_main else _silent
+            targets = checkpoint_targets(model, self.cfg, fitting(model, self.cfg.modules, "memory.modules", say))
             for module in targets.values():
                 wrap_forward(module, _checkpointed(module, lambda: self.plan, self.meter))
             self.targets = list(targets)

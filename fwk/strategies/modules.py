@@ -2,7 +2,8 @@
 
 Used by the precision strategy (``keep_fp32``, ``final_fp32``) and the memory strategy
 (which blocks to checkpoint). Patterns are globs on ``named_modules()`` names
-(``blocks.*.ln_1``) or type names (``LayerNorm``).
+(``blocks.*.ln_1``), type names (``LayerNorm``), or a type's first or last module
+(``last:Linear``).
 """
 
 from __future__ import annotations
@@ -17,24 +18,60 @@ from torch import nn
 from fwk.errors import UserError
 
 
+def _hits(named: list[tuple[str, nn.Module]], pattern: str) -> list[tuple[str, nn.Module]]:
+    """The modules one pattern names: ``last:TYPE`` / ``first:TYPE`` is the last / first
+    module of that type in model order (``last:Linear``: a classifier or LM head, whatever
+    its name); otherwise a glob on the module's name, or its type name."""
+    place, sep, kind = pattern.partition(":")
+    if sep and place in ("first", "last"):
+        of_type = [(n, m) for n, m in named if type(m).__name__ == kind]
+        return of_type[-1:] if place == "last" else of_type[:1]
+    return [(n, m) for n, m in named if fnmatch.fnmatchcase(n, pattern) or type(m).__name__ == pattern]
+
+
+def _named(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if name]
+
+
 def match(model: nn.Module, patterns: list[str], key: str) -> dict[str, nn.Module]:
     """Modules (name -> module, in model order) matched by any pattern.
 
-    A pattern that matches nothing is a UserError naming the closest module names.
+    A pattern that matches nothing is a UserError naming the closest module names: use
+    ``fitting`` first for patterns that are defaults rather than the user's own.
     """
-    named = [(name, m) for name, m in model.named_modules() if name]
+    named = _named(model)
     found: dict[str, nn.Module] = {}
     for pattern in patterns:
-        hits = [(n, m) for n, m in named if fnmatch.fnmatchcase(n, pattern) or type(m).__name__ == pattern]
+        hits = _hits(named, pattern)
         if not hits:
             names = [n for n, _ in named] + sorted({type(m).__name__ for _, m in named})
             close = difflib.get_close_matches(pattern, names, n=4, cutoff=0.3) or names[:4]
             raise UserError(
                 f"{key}: '{pattern}' matches no module of the model; closest: {', '.join(close)} "
-                "(use names from named_modules(), globs such as 'blocks.*.ln_1', or type names such as LayerNorm)"
+                "(use names from named_modules(), globs such as 'blocks.*.ln_1', type names such as LayerNorm, "
+                "or last:TYPE / first:TYPE such as last:Linear)"
             )
         found.update(hits)
     return {n: m for n, m in named if n in found}
+
+
+def fitting(model: nn.Module, patterns: list[str], key: str, say: Callable[[str], None]) -> list[str]:
+    """The patterns that match a module of ``model``; the others are dropped with one line.
+
+    For a recipe's defaults (``keep_fp32: [last:Linear]``): they apply where they match, so a
+    recipe works with the user's own model. A pattern the user typed is checked strictly
+    before the launch (``engine.build.preflight``), so one that is left here was not typed.
+    """
+    named = _named(model)
+    kept = [p for p in patterns if _hits(named, p)]
+    dropped = [p for p in patterns if p not in kept]
+    if dropped:
+        quoted = ", ".join(f"'{p}'" for p in dropped)
+        say(
+            f"{key}: {quoted} (the recipe's default) matches no module of {type(model).__name__}: left out "
+            f"(set {key}=[...] to choose modules of this model)"
+        )
+    return kept
 
 
 def outermost(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:

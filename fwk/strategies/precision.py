@@ -18,7 +18,7 @@ ranges) is part of the checkpoint, and the phase follows from the step, so resum
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -30,7 +30,7 @@ from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies import hardware
-from fwk.strategies.modules import match, outermost, wrap_forward
+from fwk.strategies.modules import fitting, match, outermost, wrap_forward
 from fwk.strategies.ranges import RangeProbe
 
 FP16_MAX = 65504.0
@@ -66,6 +66,10 @@ def _fp32_forward(gate: _Gate, device_type: str) -> Callable[[Callable[..., Any]
     return wrapper
 
 
+def _silent(line: str) -> None:
+    pass
+
+
 def choose_format(features: hardware.Features, device: torch.device) -> str:
     """bf16 where fast, fp16 on older CUDA GPUs, else fp32."""
     if features.bf16_fast:
@@ -75,10 +79,13 @@ def choose_format(features: hardware.Features, device: torch.device) -> str:
     return "fp32"
 
 
-def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device) -> None:
-    """Pre-flight: patterns match modules and the device runs the asked format (UserError if not)."""
-    match(model, cfg.keep_fp32, "precision.keep_fp32")
-    match(model, cfg.final_fp32, "precision.final_fp32")
+def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device, typed: Collection[str] = ()) -> None:
+    """Pre-flight: the module patterns the user typed (``typed``: keys such as
+    ``precision.keep_fp32``) match modules, and the device runs the asked format (UserError
+    if not). A recipe's default patterns apply where they match (``modules.fitting``)."""
+    for key, patterns in (("precision.keep_fp32", cfg.keep_fp32), ("precision.final_fp32", cfg.final_fp32)):
+        if key in typed:
+            match(model, patterns, key)
     wants_fp16 = cfg.name == "fp16" or (cfg.name == "staged" and cfg.dtype == "fp16")
     if wants_fp16 and not hardware.probe(device).fp16_works:
         raise UserError(
@@ -126,6 +133,7 @@ class Precision:
         self._skipped = torch.zeros((), dtype=torch.int64, device=dist.device)
         self._keep, self._final = _Gate(), _Gate()
         self._kept: set[str] = set()
+        self.keep_patterns: list[str] = []  # keep_fp32's patterns that match this model (prepare)
         self._model: nn.Module | None = None
         self._probe: RangeProbe | None = None
         self.ranges: dict[str, tuple[float, float]] = {}
@@ -134,11 +142,13 @@ class Precision:
     # ---- set-up -------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> nn.Module:
         """Install fp32 islands, channels-last and the range probe on the plain model."""
-        check_model(self.cfg, model, self.dist.device)
+        check_model(self.cfg, model, self.dist.device)  # the patterns the user typed were checked before the launch
         self._model = model
-        self._keep_fp32(match(model, self.cfg.keep_fp32, "precision.keep_fp32"), self._keep)
+        say = self.say if self.dist.is_main else _silent
+        self.keep_patterns = fitting(model, self.cfg.keep_fp32, "precision.keep_fp32", say)
+        self._keep_fp32(match(model, self.keep_patterns, "precision.keep_fp32"), self._keep)
         if self.cfg.name == "staged":
-            final = self.cfg.final_fp32 or _last_linear(model)
+            final = fitting(model, self.cfg.final_fp32, "precision.final_fp32", say) or _last_linear(model)
             self._keep_fp32(match(model, final, "precision.final_fp32"), self._final)
         convs = any(isinstance(m, nn.Conv2d) for m in model.modules())
         switch = self.cfg.channels_last.lower()
@@ -159,8 +169,8 @@ class Precision:
 
     def _describe(self) -> str:
         extras = []
-        if self.cfg.keep_fp32 and self.format != "fp32":
-            extras.append(f"keep_fp32 {', '.join(self.cfg.keep_fp32)}")
+        if self.keep_patterns and self.format != "fp32":
+            extras.append(f"keep_fp32 {', '.join(self.keep_patterns)}")
         if self.channels_last:
             extras.append("channels_last")
         slow = (self.format == "bf16" and not self._features.bf16_fast) or (

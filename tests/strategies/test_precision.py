@@ -12,7 +12,8 @@ from fwk.config.schema import PrecisionConfig
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies import hardware
-from fwk.strategies.precision import Precision, choose_format
+from fwk.strategies.modules import match
+from fwk.strategies.precision import Precision, check_model, choose_format
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -120,12 +121,38 @@ def test_keep_fp32_by_type_name(monkeypatch: pytest.MonkeyPatch) -> None:
     assert model[1].seen == [(torch.float32, False)]
 
 
-def test_unmatched_pattern_names_the_closest_modules(monkeypatch: pytest.MonkeyPatch) -> None:
-    p = _precision(monkeypatch, name="bf16", keep_fp32=["Recorderr"])
+def test_a_typed_pattern_that_matches_nothing_names_the_closest_modules() -> None:
+    cfg = PrecisionConfig(name="bf16", keep_fp32=["Recorderr"])
     with pytest.raises(UserError) as err:
-        p.prepare(_net())
+        check_model(cfg, _net(), torch.device("cpu"), typed={"precision.keep_fp32"})
     assert "precision.keep_fp32: 'Recorderr' matches no module" in str(err.value)
     assert "Recorder" in str(err.value)
+    check_model(cfg, _net(), torch.device("cpu"))  # not typed: a recipe's default, checked where it is used
+
+
+def test_a_default_pattern_applies_where_it_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe's keep_fp32 written for its own model, on a user's model: the part that
+    matches is kept, the rest is left out with one line."""
+    p = _precision(monkeypatch, name="bf16", keep_fp32=["head.4", "Recorder"])
+    model = p.prepare(_net())
+    assert p.keep_patterns == ["Recorder"]
+    assert any(
+        line.startswith("precision.keep_fp32: 'head.4' (the recipe's default) matches no module of Sequential")
+        for line in p.said
+    )
+    p.begin(0)
+    with p.autocast():
+        model(torch.randn(2, 8))
+    assert model[1].seen == [(torch.float32, False)]  # Recorder still runs in fp32
+
+
+def test_role_patterns_name_a_module_by_type_and_place() -> None:
+    net = _net()  # 0 Linear, 1 Recorder (1.lin: Linear), 2 ReLU, 3 Linear
+    assert list(match(net, ["last:Linear"], "k")) == ["3"]
+    assert list(match(net, ["first:Linear"], "k")) == ["0"]
+    assert list(match(net, ["last:Recorder", "ReLU"], "k")) == ["1", "2"]
+    with pytest.raises(UserError, match="'last:Conv2d' matches no module"):
+        match(net, ["last:Conv2d"], "k")
 
 
 def test_staged_phases_switch_at_the_configured_steps(monkeypatch: pytest.MonkeyPatch) -> None:
