@@ -132,10 +132,6 @@ def _checkpointed(module: nn.Module, plan: Callable[[], MemoryPlan], meter: Save
     return wrapper
 
 
-def _silent(line: str) -> None:
-    pass
-
-
 def checkpoint_targets(model: nn.Module, cfg: MemoryConfig, patterns: list[str]) -> dict[str, nn.Module]:
     """The modules to checkpoint: those ``patterns`` name, else the model's blocks; every k-th."""
     found = outermost(match(model, patterns, "memory.modules")) if patterns else dict(blocks(model))
@@ -177,8 +173,10 @@ class Memory:
         """Install the (switchable) checkpoint wrappers on the plain model."""
         self.meter.ignore = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
         if self.cfg.name in ("checkpoint", "auto"):
-            say = self.say if self.dist.is_main else _silent
-            targets = checkpoint_targets(model, self.cfg, fitting(model, self.cfg.modules, "memory.modules", say))
+            patterns, left_out = fitting(model, self.cfg.modules, "memory.modules")
+            if left_out and self.dist.is_main:
+                self.say(left_out)
+            targets = checkpoint_targets(model, self.cfg, patterns)
             for module in targets.values():
                 wrap_forward(module, _checkpointed(module, lambda: self.plan, self.meter))
             self.targets = list(targets)

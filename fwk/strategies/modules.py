@@ -55,8 +55,8 @@ def match(model: nn.Module, patterns: list[str], key: str) -> dict[str, nn.Modul
     return {n: m for n, m in named if n in found}
 
 
-def fitting(model: nn.Module, patterns: list[str], key: str, say: Callable[[str], None]) -> list[str]:
-    """The patterns that match a module of ``model``; the others are dropped with one line.
+def fitting(model: nn.Module, patterns: list[str], key: str) -> tuple[list[str], str | None]:
+    """(the patterns that match a module of ``model``, the one line on those left out, if any).
 
     For a recipe's defaults (``keep_fp32: [last:Linear]``): they apply where they match, so a
     recipe works with the user's own model. A pattern the user typed is checked strictly
@@ -65,13 +65,13 @@ def fitting(model: nn.Module, patterns: list[str], key: str, say: Callable[[str]
     named = _named(model)
     kept = [p for p in patterns if _hits(named, p)]
     dropped = [p for p in patterns if p not in kept]
-    if dropped:
-        quoted = ", ".join(f"'{p}'" for p in dropped)
-        say(
-            f"{key}: {quoted} (the recipe's default) matches no module of {type(model).__name__}: left out "
-            f"(set {key}=[...] to choose modules of this model)"
-        )
-    return kept
+    if not dropped:
+        return kept, None
+    quoted = ", ".join(f"'{p}'" for p in dropped)
+    return kept, (
+        f"{key}: {quoted} (the recipe's default) matches no module of {type(model).__name__}: left out "
+        f"(set {key}=[...] to choose modules of this model)"
+    )
 
 
 def outermost(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:

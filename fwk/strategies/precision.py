@@ -66,10 +66,6 @@ def _fp32_forward(gate: _Gate, device_type: str) -> Callable[[Callable[..., Any]
     return wrapper
 
 
-def _silent(line: str) -> None:
-    pass
-
-
 def choose_format(features: hardware.Features, device: torch.device) -> str:
     """bf16 where fast, fp16 on older CUDA GPUs, else fp32."""
     if features.bf16_fast:
@@ -144,12 +140,14 @@ class Precision:
         """Install fp32 islands, channels-last and the range probe on the plain model."""
         check_model(self.cfg, model, self.dist.device)  # the patterns the user typed were checked before the launch
         self._model = model
-        say = self.say if self.dist.is_main else _silent
-        self.keep_patterns = fitting(model, self.cfg.keep_fp32, "precision.keep_fp32", say)
+        self.keep_patterns, left_out = fitting(model, self.cfg.keep_fp32, "precision.keep_fp32")
         self._keep_fp32(match(model, self.keep_patterns, "precision.keep_fp32"), self._keep)
         if self.cfg.name == "staged":
-            final = fitting(model, self.cfg.final_fp32, "precision.final_fp32", say) or _last_linear(model)
-            self._keep_fp32(match(model, final, "precision.final_fp32"), self._final)
+            final, final_left_out = fitting(model, self.cfg.final_fp32, "precision.final_fp32")
+            self._keep_fp32(match(model, final or _last_linear(model), "precision.final_fp32"), self._final)
+            left_out = "; ".join(line for line in (left_out, final_left_out) if line) or None
+        if left_out and self.dist.is_main:
+            self.say(left_out)
         convs = any(isinstance(m, nn.Conv2d) for m in model.modules())
         switch = self.cfg.channels_last.lower()
         self.channels_last = switch == "true" or (switch == "auto" and convs and self.format != "fp32")
