@@ -32,6 +32,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def decision_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own cache of measured decisions (fwk/strategies/decisions.py): nothing
+    is read from or written to the user's ~/.cache, and no test reuses another's timings.
+    The `fwk` commands a test starts share it, as two runs on one machine would."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("FWK_REDECIDE", raising=False)
+    monkeypatch.delenv("FWK_REPLAY_DECISIONS", raising=False)
+    return cache / "fwk" / "decisions"
+
+
 def run_fwk(*args: str, runs: Path, timeout: float = 300, **popen: object) -> subprocess.CompletedProcess:
     env = {**os.environ, "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(

@@ -59,7 +59,8 @@ def profile(
     from fwk.profile.report import build, show, write
 
     p = plan_run(resolved)  # the run id `fwk train` would give these overrides (the same checks first)
-    preflight(config, typed_keys(words))
+    for line in preflight(config, typed_keys(words)):
+        typer.echo(line)
     out = p.run_dir / "profile"
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)

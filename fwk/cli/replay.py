@@ -26,10 +26,19 @@ def replay(
         None, "--root", help="The runs root (default: $FWK_RUNS, else ./runs).", show_default=False
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON to stdout."),
+    redecide: bool = typer.Option(
+        False,
+        "--redecide",
+        help="Measure the auto decisions afresh instead of re-applying the original run's (precision format, "
+        "memory plan, jit's compile steps, loader workers).",
+    ),
 ) -> None:
     """Re-execute a run from its recorded config (same code and data, else refused unless --force)
     and compare its metrics with the original's, step by step.
 
+    The original's measured decisions are re-applied, not made again: the precision format
+    (and its trial steps), the memory plan, jit's compile and verdict steps, the loader's
+    workers; so a replay on a quieter or another machine computes the same thing.
     Identical on CPU; on a GPU set train.deterministic=true in the original run for bit-exact
     replays, else the largest difference is held against --tolerance. The replay is a new
     run dir linked to the original (`fwk runs show` prints the lineage); replaying again
@@ -67,6 +76,7 @@ def replay(
     notes += rp.check_data(meta.get("data"), p.data, force)
     for line in notes:
         print(line, file=sys.stderr)
+    print(_reapply(original, redecide), file=sys.stderr)
     job = Job(resolved, p, lineage={"parent": original.id, "kind": "replay"})
     result = run(
         job,
@@ -75,6 +85,36 @@ def replay(
         done=lambda summary, replay: f"replay {replay.id} of run {original.id} is already complete; comparing it",
     )
     _verdict(original, result.run, tolerance, result.status, as_json)
+
+
+def _reapply(original, redecide: bool) -> str:
+    """Hand the original's decisions to the replay's workers (or ask them to measure afresh)."""
+    import os
+
+    from fwk.config.schema import REDECIDE_ENV, REPLAY_ENV
+    from fwk.track.replay import recorded_decisions
+    from fwk.track.status import read_json
+
+    if redecide:
+        os.environ[REDECIDE_ENV] = "1"
+        return f"deciding afresh (--redecide), not re-applying run {original.id}'s decisions"
+    records = recorded_decisions(original.read_summary(), read_json(original.path / "env.json"))
+    if not records:
+        return f"run {original.id} recorded no measured decisions: the replay decides as a new run would"
+    os.environ[REPLAY_ENV] = json.dumps(records)
+    shown = ", ".join(f"{name} {_choice(name, r)}" for name, r in records.items())
+    return f"re-applying run {original.id}'s decisions: {shown} (--redecide decides afresh)"
+
+
+def _choice(name: str, record: dict) -> str:
+    if name == "precision" and record.get("trial"):
+        trial = record["trial"]
+        return f"{record['choice']} (after its trial steps {trial['start']}-{trial['start'] + len(trial['order']) - 1})"
+    if name == "jit" and record.get("compile_at") is not None:
+        return f"{record['choice']} (compiled from step {record['compile_at']}, settled at step {record['decided_at']})"
+    if name == "loader":
+        return f"{record['choice']} workers"
+    return str(record["choice"])
 
 
 def _verdict(original, run, tolerance: float, status: int, as_json: bool) -> None:

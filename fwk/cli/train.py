@@ -17,6 +17,12 @@ def train(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the run id and what would be launched, then exit (no model checks)."
     ),
+    redecide: bool = typer.Option(
+        False,
+        "--redecide",
+        help="Measure the auto decisions (precision, memory, jit, loader) afresh instead of reusing those cached "
+        "for this model on this machine, and cache the new ones.",
+    ),
     multirun: bool = typer.Option(
         False,
         "--multirun",
@@ -28,8 +34,15 @@ def train(
     """Train a model. Runs the default recipe (digits_cnn) when given no overrides.
 
     The same command on the same code is the same run: it resumes from its latest
-    checkpoint, or shows the summary of a run that already finished.
+    checkpoint, or shows the summary of a run that already finished. Its auto decisions
+    are measured the first time a model trains on a machine, and reused after that.
     """
+    if redecide:
+        import os
+
+        from fwk.config.schema import REDECIDE_ENV
+
+        os.environ[REDECIDE_ENV] = "1"  # the workers inherit it
     if multirun:
         _sweep(list(overrides or []), cfg, dry_run)
         return

@@ -97,8 +97,11 @@ def pipeline(data: DataBundle) -> dict[str, Any]:
     return out
 
 
-def record_launch(run: RunDir, dist: Dist, data: DataBundle, seed: int, step: int) -> None:
-    """Append this launch (from ``step``: 0, or where it resumed) to ``env.json`` (rank 0)."""
+def record_launch(
+    run: RunDir, dist: Dist, data: DataBundle, seed: int, step: int, decisions: dict[str, Any] | None = None
+) -> None:
+    """Append this launch (from ``step``: 0, or where it resumed) to ``env.json`` (rank 0),
+    with the measured decisions made so far (``record_decisions`` adds later ones)."""
     if not dist.is_main:
         return
     env = read_json(run.path / ENV_FILE) or {"launches": []}
@@ -110,6 +113,18 @@ def record_launch(run: RunDir, dist: Dist, data: DataBundle, seed: int, step: in
             "machine": machine(dist),
             "versions": versions(),
             "data": pipeline(data),
+            "pid": os.getpid(),  # this launch's entry is the one its decisions update
+            "decisions": decisions or {},
         }
     )
+    write_atomic(run.path / ENV_FILE, json.dumps(env, indent=2, default=str) + "\n")
+
+
+def record_decisions(run: RunDir, decisions: dict[str, Any]) -> None:
+    """The decisions of this launch so far, into its ``env.json`` entry (rank 0 calls it).
+    Before ``record_launch`` made the entry there is nothing to update: it takes them then."""
+    env = read_json(run.path / ENV_FILE)
+    if not env or not env.get("launches") or env["launches"][-1].get("pid") != os.getpid():
+        return
+    env["launches"][-1]["decisions"] = decisions
     write_atomic(run.path / ENV_FILE, json.dumps(env, indent=2, default=str) + "\n")

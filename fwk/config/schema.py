@@ -96,7 +96,9 @@ class CheckpointConfig:
 class PrecisionConfig:
     """Numeric precision: autocast format, fp32 islands, loss scaling, staged phases."""
 
-    name: str = doc("auto", "auto (from the hardware), fp32, bf16, fp16 (with loss scaling) or staged")
+    name: str = doc(
+        "auto", "auto (measured: the hardware's fast format if it beats fp32), fp32, bf16, fp16 (loss scaling), staged"
+    )
     keep_fp32: list[str] = doc(
         [], "modules that always run in fp32 under autocast: globs on named_modules() names, or type names"
     )
@@ -114,6 +116,10 @@ class PrecisionConfig:
     fp16_headroom: float = doc(
         16.0, "auto: under fp16, modules whose largest |value| exceeds 65504 / this join keep_fp32"
     )
+    trial_steps: int = doc(
+        3, "auto: timed steps of fp32 and of the hardware's fast format, interleaved, after the range probe"
+    )
+    min_speedup: float = doc(1.05, "auto: the fast format is kept only when this much faster than fp32 per step")
 
 
 @dataclass
@@ -191,6 +197,22 @@ class JitConfig:
     )
 
 
+# how `fwk train --redecide` and `fwk replay` reach the workers (fwk/strategies/decisions.py)
+REDECIDE_ENV = "FWK_REDECIDE"  # 1: measure afresh, whatever the cache holds (and refresh it)
+REPLAY_ENV = "FWK_REPLAY_DECISIONS"  # JSON: the replayed run's decisions, re-applied as they were
+
+
+@dataclass
+class AutoConfig:
+    """The measured decisions (precision, memory, jit and loader auto): cached per machine."""
+
+    cache: bool = doc(
+        True,
+        "reuse the decisions measured before for this model on this machine ($XDG_CACHE_HOME/fwk/decisions/), "
+        "and keep new ones there; false: measure in every run, keep nothing",
+    )
+
+
 @dataclass
 class KernelsConfig:
     """fwk's Triton kernels: LayerNorm/RMSNorm, chunked linear cross-entropy, fused Lion."""
@@ -258,6 +280,7 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"doc": "memory strategies"})
     jit: JitConfig = field(default_factory=JitConfig, metadata={"doc": "compilation (torch.compile)"})
     kernels: KernelsConfig = field(default_factory=KernelsConfig, metadata={"doc": "Triton kernels"})
+    auto: AutoConfig = field(default_factory=AutoConfig, metadata={"doc": "the cache of measured decisions"})
     diagnostics: DiagnosticsConfig = field(
         default_factory=DiagnosticsConfig, metadata={"doc": "NaN and loss-spike handling, gradient statistics"}
     )

@@ -227,6 +227,8 @@ def _precision_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield pr.growth_interval >= 1, "precision.growth_interval", pr.growth_interval, "an integer >= 1"
     yield pr.probe_steps >= 0, "precision.probe_steps", pr.probe_steps, "an integer >= 0 (0 = no range probe)"
     yield pr.fp16_headroom >= 1, "precision.fp16_headroom", pr.fp16_headroom, "a number >= 1"
+    yield pr.trial_steps >= 1, "precision.trial_steps", pr.trial_steps, "an integer >= 1"
+    yield pr.min_speedup >= 1, "precision.min_speedup", pr.min_speedup, "a number >= 1"
 
 
 def _memory_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:

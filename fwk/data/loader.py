@@ -123,10 +123,27 @@ def describe(p: LoaderPlan) -> str:
     return ", ".join(parts)
 
 
-def for_run(cfg: LoaderConfig, data: DataBundle, batch_size: int, cuda: bool, say: Callable[[str], None]) -> LoaderPlan:
-    """This rank's plan; with loader=auto, one line says what was chosen and why."""
+def measures(cfg: LoaderConfig, data: DataBundle) -> bool:
+    """Whether loader=auto times loaders to choose its workers (then its choice is cached)."""
+    return cfg.name == "auto" and cfg.num_workers < 0 and not data.in_memory
+
+
+def for_run(
+    cfg: LoaderConfig,
+    data: DataBundle,
+    batch_size: int,
+    cuda: bool,
+    say: Callable[[str], None],
+    recalled: LoaderPlan | None = None,
+    source: str = "",
+) -> LoaderPlan:
+    """This rank's plan; with loader=auto, one line says what was chosen and why.
+    ``recalled``: a plan measured before (``source``: cached, replayed), used untimed."""
+    if recalled is not None:
+        say(f"loader=auto: {describe(recalled)} ({source}: as measured before for this data on this machine)")
+        return recalled
     measure = None
-    if cfg.name == "auto" and cfg.num_workers < 0 and not data.in_memory:
+    if measures(cfg, data):
         measure = lambda workers: measure_rate(data.train, batch_size, workers, MEASURE_S / 3, data.collate)  # noqa: E731
     chosen, why = decide(cfg, Host.here(cuda), data.in_memory, measure)
     if cfg.name == "auto":

@@ -64,3 +64,12 @@ def replicas_in_sync(model: nn.Module, dist: Dist) -> bool:
     digests: list[str] = [""] * dist.world_size
     tdist.all_gather_object(digests, digest.hexdigest())
     return len(set(digests)) == 1
+
+
+def broadcast_object(value: object, dist: Dist) -> object:
+    """Rank 0's ``value`` on every rank (a picklable object: a decision read from a cache)."""
+    if not dist.distributed:
+        return value
+    box = [value]
+    tdist.broadcast_object_list(box, src=0, device=dist.device if dist.device.type == "cuda" else None)
+    return box[0]

@@ -94,14 +94,15 @@ def build_model(cfg: Any, data: DataBundle, say: Callable[[str], None] = _silent
     return model
 
 
-def preflight(cfg: Any, typed: Collection[str] = ()) -> None:
+def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     """Checks that need the model or the device, run before any run dir exists: the module
     patterns of precision and memory that the user typed (``typed``: the keys of the
-    command's overrides) match, the device runs the asked format and kernels.
+    command's overrides) match, the device runs the asked format and kernels. Returns the
+    lines to say before the run starts: an asked format that is slow on this device.
 
     The model is built on the meta device: its structure without allocating its weights.
     """
-    from fwk.strategies import activation_memory, kernels, precision
+    from fwk.strategies import activation_memory, hardware, kernels, precision
 
     if isinstance(cfg.model, dict):
         section, dropped = model_arguments(cfg.model)
@@ -116,8 +117,11 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> None:
     kernels.check_available(cfg.kernels, device)
     p, m = cfg.precision, cfg.memory
     wants_fp16 = p.name == "fp16" or (p.name == "staged" and p.dtype == "fp16")
+    asked = p.name if p.name in ("bf16", "fp16") else p.dtype if p.name == "staged" and p.dtype != "auto" else None
+    slow = precision.slow_here(asked, hardware.probe(device), device) if asked else None
+    notes = [f"precision={p.name} is slow here: {slow}"] if slow else []
     if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16):
-        return
+        return notes
     with torch.device("meta"):
         model = (
             _instantiate(model_arguments(cfg.model)[0])
@@ -126,3 +130,4 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> None:
         )
     precision.check_model(p, model, device, typed)
     activation_memory.check_model(m, model, typed)
+    return notes

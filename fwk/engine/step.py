@@ -56,6 +56,9 @@ class TrainStep:
         """Run the step; returns the detached mean loss. An OOM, or a failed compilation, redoes
         it with the same data."""
         self.precision.begin(step)
+        self.memory.begin(step, turn=self.precision.decided)
+        # one decision at a time: precision, then memory, then jit; none counts another's trial steps
+        settled = self.precision.decided and not self.memory.measuring
         while True:
             t0 = time.perf_counter()
             try:
@@ -70,10 +73,11 @@ class TrainStep:
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 continue
-            if self.jit.timing and self.dist.device.type == "cuda":
-                torch.cuda.synchronize(self.dist.device)  # only while the JIT is deciding
-            settled = self.precision.probe_done and not self.memory.measuring
-            self.jit.step_done(step, time.perf_counter() - t0, settled)
+            if (self.jit.timing or self.precision.timing) and self.dist.device.type == "cuda":
+                torch.cuda.synchronize(self.dist.device)  # only while a decision is timing steps
+            seconds = time.perf_counter() - t0
+            self.precision.step_done(step, seconds)
+            self.jit.step_done(step, seconds, settled)
             return loss
 
     def _run(self, step: int, batches: list[Batch]) -> torch.Tensor:

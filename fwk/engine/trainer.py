@@ -9,6 +9,7 @@ communication monitor adapts between steps.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import torch
 from fwk.components.checkpoint import Checkpointer, RewindPoint, set_rng_state
 from fwk.components.diagnostics import Diagnostics
 from fwk.components.metrics import Reporter, Window
-from fwk.components.reproduce import make_deterministic, record_launch
+from fwk.components.reproduce import make_deterministic, record_decisions, record_launch
 from fwk.components.sinks import Tracking
 from fwk.config.schema import Config
 from fwk.data import loader as loading
@@ -31,6 +32,7 @@ from fwk.engine.evaluate import evaluate
 from fwk.engine.state import Resumable, StopSignal, seed_everything
 from fwk.engine.step import TrainStep, label
 from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
+from fwk.strategies.decisions import Decisions
 from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.parallelize import Strategies
 from fwk.track.store import RunDir
@@ -44,6 +46,22 @@ def _as_built(model: torch.nn.Module) -> torch.nn.Module:
 
 def _unobserved(step: int) -> None:
     pass
+
+
+def loader_plan(
+    cfg: Config, data: Any, per_rank: int, dist: Any, decisions: Decisions, say: Callable[[str], None]
+) -> loading.LoaderPlan:
+    """loader=auto's plan: recalled (replay, cache) where it would be measured, else decided;
+    a measured plan is kept (rank 0's: the ranks of a node share its cores)."""
+    measured = loading.measures(cfg.loader, data)
+    record, source = decisions.recall("loader") if measured else (None, "")
+    recalled = loading.LoaderPlan(**record["plan"]) if record is not None else None
+    plan = loading.for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", say, recalled, source)
+    if measured:
+        decisions.keep(
+            "loader", record or {"choice": plan.num_workers, "plan": dataclasses.asdict(plan)}, source or "measured"
+        )
+    return plan
 
 
 def train(
@@ -70,7 +88,9 @@ def train(
     data = build_data(cfg.data, seed=cfg.seed)
     per_rank = cfg.train.batch_size // dist.world_size
     reporter = Reporter(run.metrics, dist, cfg.train.max_steps, tracking)
-    strategies = Strategies(cfg, dist, per_rank, reporter.message)
+    decisions = Decisions(cfg, dist)
+    decisions.on_change = lambda records: record_decisions(run, records)
+    strategies = Strategies(cfg, dist, per_rank, reporter.message, decisions)
     raw, model = strategies.apply(
         start(build_model(cfg.model, data, reporter.message)).to(dist.device), state_floats_per_param(cfg.optim)
     )
@@ -81,7 +101,7 @@ def train(
     )
     hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
     train_step = TrainStep(model, optimizer, *hooks, cfg.train, dist, diagnostics)
-    plan = loading.for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", reporter.message)
+    plan = loader_plan(cfg, data, per_rank, dist, decisions, reporter.message)
     loader = loading.TrainLoader(data.train, per_rank, dist.rank, dist.world_size, cfg.seed, plan, data.collate)
     val = OnDevice(
         loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
@@ -106,7 +126,7 @@ def train(
     def save() -> None:
         ckpt.save(step, resumable.state_dict(step))
 
-    record_launch(run, dist, data, cfg.seed, step)
+    record_launch(run, dist, data, cfg.seed, step, decisions.records())
     reporter.start(step)
     if found is not None:
         reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")

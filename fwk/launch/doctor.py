@@ -63,7 +63,9 @@ def report() -> list[tuple[str, str]]:
     else:
         rows.append(("cuda", "no CUDA device"))
     rows.append(("gloo", "yes" if dist.is_available() and dist.is_gloo_available() else "no"))
-    rows.append(("precision=auto picks", choose_format(features, device)))
+    prior = choose_format(features, device)
+    tried = f"{prior} if it beats fp32 in the run's trial steps" if prior != "fp32" else "fp32 (no fast bf16 units)"
+    rows.append(("precision=auto picks", tried))
     rows.append(("kernels=auto picks", "triton" if use_triton(KernelsConfig(), device) else "plain PyTorch"))
     return rows
 

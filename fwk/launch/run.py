@@ -56,15 +56,17 @@ def plan_run(resolved: Resolved, salt: str = "", checks: bool = True) -> LaunchP
     return plan(resolved, salt)
 
 
-def preflight(job: Job) -> None:
+def preflight(job: Job) -> list[str]:
     """The model and device checks, and the tracking server: before any run dir exists.
-    Imports torch (seconds): only for a run that will train."""
+    Imports torch (seconds): only for a run that will train. Returns the lines to say
+    first (an asked format that is slow on this device)."""
     from fwk.components import sinks
     from fwk.config.grammar import typed_keys
     from fwk.engine.build import preflight as check_model
 
-    check_model(job.resolved.config, typed_keys(job.overrides or []))
+    notes = check_model(job.resolved.config, typed_keys(job.overrides or []))
     sinks.check_server(job.resolved.config.tracking)
+    return notes
 
 
 def run(
@@ -85,8 +87,8 @@ def run(
         return Result("already complete", 0, run_dir, summary)
     if starting:
         say(starting)
-    if not checked:
-        preflight(job)
+    for line in preflight(job) if not checked else []:
+        say(line)
     config = job.resolved.config
     status, run_dir = launch(job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides)
     summary = run_dir.read_summary()

@@ -8,9 +8,11 @@
   backward (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
 - ``microbatch``: each rank's batch is split into ``micro_batches`` pieces whose
   gradients are accumulated (see ``step.py``); DDP syncs only on the last.
-- ``auto``: on CUDA (or on CPU when ``budget_gb`` is set) the first steps are run under
-  each candidate plan, measured, and the fastest plan that fits the budget is kept; an
-  out-of-memory step is redone with twice the micro-batches.
+- ``auto``: on CUDA (or on CPU when ``budget_gb`` is set), once precision has decided, the
+  next steps are run under each candidate plan, measured, and the fastest plan that fits
+  the budget is kept; an out-of-memory step is redone with twice the micro-batches. The
+  choice is cached per machine and model (``decisions.py``): a later run uses it from step
+  0 without trials, and a replay re-runs the original's trial plans step by step.
 
 A strategy is a ``MemoryPlan``. The checkpoint wrappers are installed once and switched on
 and off by the plan, so ``auto`` can move between plans without rebuilding the model.
@@ -33,6 +35,7 @@ from fwk.config.schema import MemoryConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
+from fwk.strategies.decisions import Decisions
 from fwk.strategies.modules import blocks, fitting, match, outermost, wrap_forward
 
 GB = 1e9
@@ -146,8 +149,21 @@ def check_model(cfg: MemoryConfig, model: nn.Module, typed: Collection[str] = ()
 
 
 class Memory:
-    def __init__(self, cfg: MemoryConfig, dist: Dist, per_rank_batch: int, say: Callable[[str], None]) -> None:
-        self.cfg, self.dist, self.per_rank_batch, self.say = cfg, dist, per_rank_batch, say
+    def __init__(
+        self,
+        cfg: MemoryConfig,
+        dist: Dist,
+        per_rank_batch: int,
+        say: Callable[[str], None],
+        decisions: Decisions | None = None,
+    ) -> None:
+        self.cfg, self.dist, self.per_rank_batch, self.say, self.decisions = cfg, dist, per_rank_batch, say, decisions
+        self.step = 0
+        self._turn = False  # auto measures only once the decisions before it are made
+        self._recalled = False
+        self.timeline: list[tuple[int, MemoryPlan]] = []  # (step, plan) of each measured step
+        self._replay: dict[int, MemoryPlan] = {}  # fwk replay: the original's trial plans by step
+        self._final: MemoryPlan | None = None
         self.meter = SavedTensorMeter(dist.device)
         self._warmed = False
         self.plan = {
@@ -190,6 +206,36 @@ class Memory:
         return ", ".join(shown)
 
     # ---- per step -----------------------------------------------------------------
+    def begin(self, step: int, turn: bool = True) -> None:
+        """Before each step; ``turn``: the decisions before memory's are made (precision's),
+        so auto may recall its decision, or time this step."""
+        self.step, self._turn = step, turn
+        if turn and self.trials is not None and not self._recalled:
+            self._recalled = True
+            self._recall()
+        if self._replay and self._final is not None:
+            self.plan = self._replay.get(step, self._final) if step <= max(self._replay) else self._final
+
+    def _recall(self) -> None:
+        record, source = self.decisions.recall("memory") if self.decisions is not None else (None, "")
+        if record is None:
+            return
+        self.trials, self._final = None, MemoryPlan(**record["plan"])
+        if source == "replayed":
+            self._replay = {int(step): MemoryPlan(**plan) for step, plan in record.get("timeline", [])}
+        self.plan = self._final if not self._replay else self._replay.get(self.step, self._final)
+        timeline = record.get("timeline", []) if source == "replayed" else []
+        self.decisions.keep("memory", {**record, "timeline": timeline}, source)  # type: ignore[union-attr]
+        if self.dist.is_main:
+            how = (
+                "re-applied from the replayed run, with its trial plans"
+                if source == "replayed"
+                else (
+                    "as measured before for this model on this machine; auto.cache=false or --redecide measures again"
+                )
+            )
+            self.say(f"memory=auto chose {self._final.describe()} ({how})")
+
     def saved_tensors(self) -> contextlib.AbstractContextManager:
         """Around forward and backward of one micro-batch."""
         offload = (
@@ -211,8 +257,8 @@ class Memory:
 
     @contextlib.contextmanager
     def measure(self) -> Iterator[None]:
-        """Around one whole step: while auto decides, time it and record its peak memory."""
-        if not self.measuring:
+        """Around one whole step: while auto decides (its turn), time it and record its peak memory."""
+        if not self.measuring or not self._turn:
             yield
             return
         cuda = self.dist.device.type == "cuda"
@@ -232,6 +278,7 @@ class Memory:
     def _record(self, peak: float, seconds: float) -> None:
         assert self.trials is not None
         peak, seconds = all_reduce_max([peak, seconds], self.dist)
+        self.timeline.append((self.step, self.plan))
         if not self._warmed:  # the first step pays one-time costs (allocator, kernels): none runs again
             self._warmed = True
         else:
@@ -267,7 +314,18 @@ class Memory:
                 f"memory=auto chose {self.plan.describe()}: fastest within {self.budget / GB:.3g} GB "
                 f"({'peak' if self.dist.device.type == 'cuda' else 'activations'}; tried {tried})"
             )
+        if self.decisions is not None:
+            self.decisions.keep("memory", self._decision_record(), "measured")
         self.trials = None
+
+    def _decision_record(self, trials: dict[MemoryPlan, tuple[float, float]] | None = None) -> dict[str, Any]:
+        return {
+            "choice": self.plan.describe(),
+            "plan": asdict(self.plan),
+            "budget_gb": self.budget / GB,
+            "trials": [[p.describe(), peak, s] for p, (peak, s) in (trials or self.trials or {}).items()],
+            "timeline": [[step, asdict(plan)] for step, plan in self.timeline],
+        }
 
     def retry_after_oom(self, step: int) -> None:
         """After an out-of-memory step: free, double the micro-batches (auto), or raise."""
@@ -309,5 +367,7 @@ class Memory:
         return {"plan": asdict(self.plan), "deciding": self.trials is not None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not state["deciding"]:
-            self.plan, self.trials = MemoryPlan(**state["plan"]), None
+        if not state["deciding"]:  # decided before the checkpoint: that decision holds
+            self.plan, self.trials, self._replay = MemoryPlan(**state["plan"]), None, {}
+            if self.decisions is not None and self.cfg.name == "auto":
+                self.decisions.keep("memory", self._decision_record({}), "checkpoint")

@@ -7,7 +7,10 @@
   signature, and the steps left would take longer than ``min_remaining_s`` eagerly, the
   model is compiled and the compile time logged. On CPU the next ``trial_steps`` compiled
   steps are timed against the eager ones; compiled is kept, and said, only when it is
-  ``min_speedup`` times faster.
+  ``min_speedup`` times faster. Steps in which another strategy still decides (precision,
+  memory) do not count as stable. The measured step times are cached per machine and
+  model (``decisions.py``): a later run decides from them without a trial, and a replay
+  compiles and goes back to eager at the steps the original did.
 
 A signature the compiled model has not seen is compiled anew up to ``max_recompiles``
 times, then runs eager (one warning line). A compile error, raised in forward or in the
@@ -29,6 +32,7 @@ from torch import nn
 from fwk.config.schema import JitConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
+from fwk.strategies.decisions import Decisions
 
 Signature = tuple
 
@@ -69,10 +73,20 @@ class _Dispatch(nn.Module):
 
 class Jit:
     def __init__(
-        self, cfg: JitConfig, dist: Dist, max_steps: int, say: Callable[[str], None], deterministic: bool = False
+        self,
+        cfg: JitConfig,
+        dist: Dist,
+        max_steps: int,
+        say: Callable[[str], None],
+        deterministic: bool = False,
+        decisions: Decisions | None = None,
     ) -> None:
         """``deterministic`` (train.deterministic): auto decides from step times, so it stays eager."""
-        self.cfg, self.dist, self.max_steps, self.say = cfg, dist, max_steps, say
+        self.cfg, self.dist, self.max_steps, self.say, self.decisions = cfg, dist, max_steps, say, decisions
+        self.record: dict[str, Any] | None = None  # auto's decision, once made or recalled
+        self.script: dict[str, Any] | None = None  # fwk replay: the original's compile and verdict steps
+        self.cached: dict[str, Any] | None = None  # step times measured before for this model here
+        self._recalled = False
         self.compiled: Callable[..., Any] | None = None
         self.state = "off" if cfg.name == "off" else "eager"  # eager -> trial -> compiled, or off
         if cfg.name == "auto" and deterministic:
@@ -128,10 +142,16 @@ class Jit:
         """
         sigs, self.step_sigs = tuple(self.step_sigs), []
         used, self.used_compiled = self.used_compiled, False
-        if self.state == "eager" and self.cfg.name == "auto":
+        if self.script is not None:
+            self._follow(step)
+        elif self.state == "eager" and self.cfg.name == "auto":
             self.run = self.run + 1 if sigs == self.last and settled else int(settled)
             self.last = sigs
             self.eager_times = (self.eager_times + [seconds])[-self.cfg.stable_steps :]
+            if settled and not self._recalled:
+                self._recalled = True
+                if self._recall(step):
+                    return
             if self.run >= self.cfg.stable_steps:
                 self._maybe_compile(step)
         elif self.state in ("trial", "compiled") and used and step == self.compiled_at:
@@ -140,11 +160,64 @@ class Jit:
         elif self.state == "trial" and used:
             self.compiled_times.append(seconds)
             if len(self.compiled_times) >= self.cfg.trial_steps:
+                self._step = step
                 self._judge()
 
+    # ---- auto's decision: recalled, re-applied, or measured ---------------------------
+    def _recall(self, step: int) -> bool:
+        """At the first settled step: a replayed decision is followed from here; a cached one
+        gives the step times to decide from without timing (True: nothing more to do now)."""
+        record, source = self.decisions.recall("jit") if self.decisions is not None else (None, "")
+        if record is None:
+            return False
+        if source == "replayed":
+            self.script = record
+            if self.dist.is_main:
+                after = record["decided_at"] + 1
+                if record.get("compile_at") is None:
+                    steps = f"eager from step {after}"
+                else:
+                    kept = "kept compiled" if record["choice"] == "compiled" else "eager again"
+                    steps = f"compiled from step {record['compile_at']}, {kept} from step {after}"
+                self.say(f"jit=auto re-applies the replayed run's decision: {steps} (--redecide decides afresh)")
+            self._follow(step)
+            return True
+        self.cached = record
+        return False
+
+    def _follow(self, step: int) -> None:
+        """A replay: compile where the original compiled, settle where it settled; no timing."""
+        assert self.script is not None
+        compile_at, decided_at = self.script.get("compile_at"), self.script["decided_at"]
+        if compile_at is not None and step + 1 == compile_at and self.compiled is None:
+            self._compile(compile_at, why="jit=auto, as the replayed run")
+            self.state = "trial"
+        if step == decided_at:
+            self.state = "compiled" if self.script["choice"] == "compiled" else "off"
+            self.record = self.script
+            if self.decisions is not None:
+                self.decisions.keep("jit", self.script, "replayed")
+
+    def _keep(self, step: int, choice: str, compiled_ms: float | None, source: str = "measured") -> None:
+        eager_ms = getattr(self, "eager_step", 0.0) * 1000
+        self.record = {
+            "choice": choice,
+            "eager_ms": eager_ms,
+            "compiled_ms": compiled_ms,
+            "compile_at": self.compiled_at,
+            "decided_at": step,
+        }
+        if self.decisions is not None:
+            self.decisions.keep("jit", self.record, source)
+
     def _maybe_compile(self, step: int) -> None:
-        per_step = all_reduce_max([statistics.median(self.eager_times)], self.dist)[0]
+        cached = self.cached
+        if cached is not None and cached.get("eager_ms"):
+            per_step = cached["eager_ms"] / 1000  # the cached figure, not this run's timing
+        else:
+            per_step = all_reduce_max([statistics.median(self.eager_times)], self.dist)[0]
         left = (self.max_steps - step - 1) * per_step
+        self.eager_step = per_step
         if left < self.cfg.min_remaining_s:
             self.state = "off"
             if self.dist.is_main:
@@ -152,9 +225,28 @@ class Jit:
                     f"jit=auto stays eager: {self.max_steps - step - 1} steps left x {per_step * 1000:.0f} ms = "
                     f"{left:.0f} s, less than jit.min_remaining_s={self.cfg.min_remaining_s:g} (compiling costs)"
                 )
+            self._keep(step, "eager", None, "cached" if cached is not None else "measured")
             return
-        self.eager_step = per_step
-        self._compile(step + 1, why=f"jit=auto: {self.cfg.stable_steps} steps with one signature")
+        why = f"jit=auto: {self.cfg.stable_steps} steps with one signature"
+        if cached is not None and cached.get("compiled_ms"):
+            speedup = cached["eager_ms"] / cached["compiled_ms"]
+            cpu = self.dist.device.type == "cpu"
+            if cpu and speedup < self.cfg.min_speedup:
+                self.state = "off"
+                if self.dist.is_main:
+                    self.say(
+                        f"jit=auto stays eager, as measured before for this model on this machine ({speedup:.2f}x "
+                        f"compiled, less than jit.min_speedup={self.cfg.min_speedup:g}; --redecide measures again)"
+                    )
+                self._keep(step, "eager", cached["compiled_ms"], "cached")
+                return
+            self._compile(step + 1, why=f"{why}; compiled was {speedup:.2f}x eager here before (cached), no trial")
+            self.state = "compiled"
+            self._keep(step, "compiled", cached["compiled_ms"], "cached")
+            return
+        self._compile(step + 1, why=why)
+        if self.state == "compiled":  # no trial (CUDA): compiled is the decision
+            self._keep(step, "compiled", None)
 
     def _compile(self, at_step: int, why: str) -> None:
         # the CPU build's C++ toolchain probe warns about a missing CUDA runtime: not ours to show
@@ -174,6 +266,7 @@ class Jit:
         speedup = self.eager_step / compiled
         faster = speedup >= self.cfg.min_speedup
         self.state = "compiled" if faster else "off"
+        self._keep(self._step, "compiled" if faster else "eager", compiled * 1000)
         if self.dist.is_main:
             verdict = "keeps compiled" if faster else "goes back to eager"
             short = "" if faster or speedup < 1 else f", less than jit.min_speedup={self.cfg.min_speedup:g}"
@@ -196,7 +289,7 @@ class Jit:
     @property
     def timing(self) -> bool:
         """Whether step times feed a decision now (then a CUDA step is synchronized to be timed)."""
-        return self.state in ("eager", "trial") and self.cfg.name == "auto"
+        return self.state in ("eager", "trial") and self.cfg.name == "auto" and self.script is None
 
     def summary(self) -> dict[str, Any]:
         return {"jit": self.state if self.cfg.name != "off" else "off"}
@@ -204,12 +297,16 @@ class Jit:
     def state_dict(self) -> dict[str, Any]:
         """auto's decision so far, so that a resumed run keeps it rather than deciding anew
         from its own step times (compiled and eager steps differ in the last bits)."""
-        return {"state": self.state, "eager_step": getattr(self, "eager_step", 0.0)}
+        return {"state": self.state, "eager_step": getattr(self, "eager_step", 0.0), "decision": self.record}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.cfg.name != "auto" or self.state == "off":  # nothing to decide, or decided here (deterministic)
             return
         decided = state.get("state", "eager")
+        if state.get("decision") is not None:
+            self.record = state["decision"]
+            if self.decisions is not None:
+                self.decisions.keep("jit", self.record, "checkpoint")
         if decided == "off":
             self.state = "off"
             if self.dist.is_main:

@@ -17,6 +17,11 @@ nowhere else:
 
 ``Strategies`` builds each from its own config section, applies them (``apply``), and
 hands the loop what it iterates over: their checkpoint state, metrics and summary.
+
+The measured ones decide one at a time, in ``decisions.ORDER``: precision (its range probe
+and trial steps), then memory=auto, then jit=auto; each decides on the result of those
+before it, and none counts another's trial steps (``TrainStep`` tells each when it is its
+turn). What they decide is recalled from, and kept in, ``Decisions``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from fwk.strategies import parallel
 from fwk.strategies.activation_memory import Memory
 from fwk.strategies.compile import Jit
 from fwk.strategies.ddp import CommMonitor
+from fwk.strategies.decisions import Decisions
 from fwk.strategies.kernels import Kernels
 from fwk.strategies.precision import Precision
 
@@ -41,12 +47,21 @@ ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` ru
 class Strategies:
     """The strategy objects of one run; ``apply`` once, then the loop asks them per step."""
 
-    def __init__(self, cfg: Config, dist: Dist, per_rank_batch: int, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        dist: Dist,
+        per_rank_batch: int,
+        say: Callable[[str], None],
+        decisions: Decisions | None = None,
+    ) -> None:
         self.cfg, self.dist, self.say = cfg, dist, say
+        self.decisions = decisions if decisions is not None else Decisions(cfg, dist)
+        d, steps, deterministic = self.decisions, cfg.train.max_steps, cfg.train.deterministic
         self.kernels = Kernels(cfg.kernels, dist.device, say)
-        self.precision = Precision(cfg.precision, dist, cfg.train.max_steps, say)
-        self.memory = Memory(cfg.memory, dist, per_rank_batch, say)
-        self.jit = Jit(cfg.jit, dist, cfg.train.max_steps, say, cfg.train.deterministic)
+        self.precision = Precision(cfg.precision, dist, steps, say, d, deterministic)
+        self.memory = Memory(cfg.memory, dist, per_rank_batch, say, d)
+        self.jit = Jit(cfg.jit, dist, steps, say, deterministic, d)
         self.comm: CommMonitor | None = None  # watches the wrapped model: made by apply()
 
     def apply(self, model: nn.Module, optimizer_floats: float) -> tuple[nn.Module, nn.Module]:
@@ -76,4 +91,6 @@ class Strategies:
         return {**self.precision.metrics(), **self.comm.window(step)}
 
     def summary(self) -> dict[str, Any]:
-        return {k: v for part in self.parts().values() for k, v in part.summary().items()}
+        """The strategies' summary entries, and the measured decisions (``fwk replay`` re-applies them)."""
+        out = {k: v for part in self.parts().values() for k, v in part.summary().items()}
+        return {**out, "decisions": self.decisions.records()}

@@ -161,3 +161,14 @@ def check_data(recorded: dict[str, Any] | None, current: dict[str, str], force: 
     if not force:
         raise UserError(f"{message}; restore that data, or pass --force to replay on this data")
     return [f"replaying on other data (--force): {message}"]
+
+
+def recorded_decisions(summary: dict[str, Any] | None, env: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """A run's measured decisions, to re-apply: summary.json's when it finished, else those
+    its launches recorded in env.json (a later launch's over an earlier one's)."""
+    if summary and isinstance(summary.get("decisions"), dict):
+        return summary["decisions"]
+    out: dict[str, dict[str, Any]] = {}
+    for launch in (env or {}).get("launches", []):
+        out.update(launch.get("decisions") or {})
+    return out

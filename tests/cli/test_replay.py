@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from tests.cli.test_fast_paths import probe
 from tests.conftest import run_fwk
@@ -77,3 +80,29 @@ def test_replay_refuses_other_code_or_data_in_one_line(runs: Path) -> None:
     assert _dirs(runs) == [orig]  # nothing was created
     out = run_fwk("replay", "zzz", runs=runs)
     assert out.returncode == 2 and f"closest ids: {orig}" in out.stderr
+
+
+def test_a_replay_re_applies_the_measured_decisions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The original timed bf16 against fp32 on a CPU with bf16 units; the replay, on one
+    without (and so with nothing to time), runs the same trial steps in the same formats
+    and matches exactly. --redecide decides afresh."""
+    runs = tmp_path / "runs"
+    steps = ["train.max_steps=30", "train.log_every=5", "train.eval_every=15"]
+    monkeypatch.setenv("FWK_CPU_BF16", "1")
+    out = run_fwk("train", *steps, runs=runs)
+    assert out.returncode == 0 and "timing bf16 against fp32 on steps 10-17" in out.stdout, out.stdout + out.stderr
+    [orig] = _dirs(runs)
+    choice = json.loads((runs / orig / "summary.json").read_text())["decisions"]["precision"]["choice"]
+
+    monkeypatch.setenv("FWK_CPU_BF16", "0")
+    out = run_fwk("replay", orig, runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"re-applying run {orig}'s decisions: precision {choice} (after its trial steps 10-17)" in out.stderr
+    assert f"precision=auto re-applies {choice}, as the replayed run decided, with its trial steps 10-17" in out.stdout
+    assert "identical: 16 values in 8 rows are equal" in out.stdout, out.stdout
+
+    [replay] = [d for d in _dirs(runs) if d != orig]
+    shutil.rmtree(runs / replay)  # so that it trains again, deciding afresh on this CPU: fp32, untimed
+    out = run_fwk("replay", orig, "--redecide", runs=runs)
+    assert f"deciding afresh (--redecide), not re-applying run {orig}'s decisions" in out.stderr
+    assert "precision=auto chose fp32: CPU" in out.stdout and f"replay {replay} of run {orig}:" in out.stdout

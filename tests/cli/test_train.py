@@ -1,9 +1,11 @@
 """End to end through the real `fwk train` command."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import both_cpus, run_fwk
 
@@ -14,8 +16,13 @@ FAST = ["train.max_steps=150", "train.eval_every=75", "train.log_every=25"]
 def test_digits_trains_and_second_run_does_not_retrain(runs: Path, cpu_bf16: bool) -> None:
     out = run_fwk("train", *FAST, runs=runs)
     assert out.returncode == 0, out.stderr
-    # the default recipe as on either CPU: bf16 autocast with channels-last, or fp32
-    assert f"precision=auto chose {'bf16' if cpu_bf16 else 'fp32'}" in out.stdout
+    # the default recipe as on either CPU: with bf16 units, bf16 timed against fp32 (and
+    # channels-last, which follows the units), the faster kept; without, fp32 untimed
+    if cpu_bf16:
+        assert "timing bf16 against fp32 on steps 10-17 (3 steps each, interleaved)" in out.stdout
+        assert re.search(r"precision=auto chose (bf16|fp32): .*ms/step, 3 steps each\)", out.stdout), out.stdout
+    else:
+        assert "precision=auto chose fp32: CPU" in out.stdout
     assert ("channels_last" in out.stdout) is cpu_bf16
     run_dirs = list(runs.glob("*/"))  # run dirs, not the index
     assert len(run_dirs) == 1
@@ -169,3 +176,53 @@ def test_gpt_with_jit_auto_switches_to_compiled(runs: Path) -> None:
     (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert summary["jit"] in ("compiled", "off") and summary["final_step"] == 12
+
+
+MEASURED = ["train.max_steps=40", "train.eval_every=0", "train.log_every=10"]
+
+
+def test_the_same_command_reuses_its_measured_decisions_and_computes_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run of a model on a machine times bf16 against fp32 and caches what it
+    found; the same command after that (here in other runs roots) reuses it untimed, and
+    so computes the same weights every time; --redecide measures again."""
+    from fwk.components.checkpoint import model_weights
+
+    monkeypatch.setenv("FWK_CPU_BF16", "1")  # a CPU with bf16 units: auto has a format to time
+    first = run_fwk("train", *MEASURED, runs=tmp_path / "first")
+    assert first.returncode == 0, first.stderr
+    assert "timing bf16 against fp32 on steps 10-17" in first.stdout
+    (run,) = (tmp_path / "first").glob("*/")
+    launch = json.loads((run / "env.json").read_text())["launches"][0]
+    assert launch["decisions"]["precision"]["source"] == "measured"  # env.json has it as soon as it is made
+    measured = launch["decisions"]["precision"]
+
+    weights = []
+    for name in ("second", "third"):
+        out = run_fwk("train", *MEASURED, runs=tmp_path / name)
+        assert out.returncode == 0, out.stderr
+        assert f"precision=auto chose {measured['choice']} as measured before for this model on this machine" in (
+            out.stdout
+        )
+        assert "timing bf16" not in out.stdout
+        (run,) = (tmp_path / name).glob("*/")
+        summary = json.loads((run / "summary.json").read_text())
+        decision = summary["decisions"]["precision"]
+        assert (decision["source"], decision["trial"], decision["ms"]) == ("cached", None, measured["ms"])
+        assert summary["decisions"]["jit"]["source"] == "cached"
+        weights.append(model_weights(run / "checkpoints" / "step-00000040"))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+    again = run_fwk("train", "--redecide", *MEASURED, runs=tmp_path / "redecided")
+    assert again.returncode == 0, again.stderr
+    assert "timing bf16 against fp32 on steps 10-17" in again.stdout
+
+
+def test_an_explicit_slow_format_says_so_first(runs: Path) -> None:
+    out = run_fwk("train", "precision=fp16", "train.max_steps=2", "train.eval_every=0", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == (
+        "precision=fp16 is slow here: a CPU emulates fp16 (tens of times slower than fp32); "
+        "precision=auto measures what is fastest"
+    )

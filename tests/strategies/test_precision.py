@@ -220,9 +220,10 @@ def test_auto_under_fp16_moves_hot_modules_to_fp32(monkeypatch: pytest.MonkeyPat
     model = p.prepare(_net())
     with torch.no_grad():
         model[3].weight.mul_(1e5)  # its outputs reach ~1e5: past fp16's 65504
-    for step in range(3):
+    for step in range(4):
         p.begin(step)
-        assert p.amp_on == (step >= 2)  # probe steps run in fp32, so the ranges are true
+        # probe steps run in fp32, so the ranges are true; then the trial: fp32 and fp16 warm-ups
+        assert (p.format, p.amp_on) == [("fp16", False), ("fp16", False), ("fp32", False), ("fp16", True)][step]
         with p.autocast():
             out = model(torch.randn(4, 8))
         p.backward(out.float().mean() * 1e-6)  # small gradients: only the activation is hot

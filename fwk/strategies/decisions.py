@@ -1,0 +1,169 @@
+"""Measured decisions, made once per machine and model, then reused.
+
+precision=auto's format, memory=auto's plan, jit=auto's verdict and loader=auto's workers
+come from timings, and timings depend on how busy the machine is while they are taken:
+measured afresh in every run, the same command would compute different things on a busy
+and on a quiet machine. As cuDNN's benchmark mode and Triton's autotuner do, fwk keeps
+what it measured in a per-user cache, ``$XDG_CACHE_HOME/fwk/decisions/`` (default
+``~/.cache``). A record's key is this machine (device, CPU, threads, torch version, world
+size), the decision's name, the config sections the decision depends on, and the
+decisions made before it (precision, then memory, then jit: ``ORDER``). A later run of
+the same model here reuses the record without trial steps, so the same command on the
+same machine computes the same thing.
+
+Where a decision comes from, first found first:
+
+1. the checkpoint: a resumed run keeps what it decided (each strategy's own state);
+2. ``fwk replay``: the original run's records (``REPLAY_ENV``, JSON), trial steps
+   included, so that the replay computes what the original computed;
+3. this cache, unless ``auto.cache=false`` or ``--redecide`` (``REDECIDE_ENV=1``);
+4. a measurement, whose record goes to the cache (unless ``auto.cache=false``).
+
+Rank 0 reads and writes the cache; every rank gets rank 0's answer, so all agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fwk.config.schema import REDECIDE_ENV, REPLAY_ENV
+from fwk.distributed.collectives import broadcast_object
+from fwk.distributed.group import Dist
+from fwk.errors import UserError
+from fwk.strategies import hardware
+from fwk.track.store import write_atomic
+
+ORDER = ("precision", "memory", "jit")  # each decides on the result of those before it
+_SHAPE = ("model", "data", "train.batch_size", "train.accum_steps", "kernels", "parallel.name")
+# the config a decision's measurement depends on (dotted paths into the resolved config)
+CONFIG_KEYS = {
+    "precision": (*_SHAPE, "precision", "memory"),
+    "memory": (*_SHAPE, "precision", "memory"),
+    "jit": (*_SHAPE, "precision", "memory", "jit"),
+    "loader": ("data", "train.batch_size", "loader"),
+}
+Record = dict[str, Any]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fwk" / "decisions"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def machine(dist: Dist) -> dict[str, Any]:
+    """What a timing depends on besides the config: the hardware and the software."""
+    return {
+        "device": hardware.probe(dist.device).text,
+        "cpu": _cpu_model(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "world_size": dist.world_size,
+    }
+
+
+def _pick(config: dict[str, Any], dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _replayed() -> dict[str, Record]:
+    text = os.environ.get(REPLAY_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        records = json.loads(text)
+    except ValueError:
+        raise UserError(f"{REPLAY_ENV} is not valid JSON; unset it (fwk replay sets it)") from None
+    return records if isinstance(records, dict) else {}
+
+
+class Decisions:
+    """The run's decisions: recalled (replay, cache) or kept once measured; ``records()``
+    goes to summary.json, and ``on_change`` (the trainer's: env.json) hears of each one."""
+
+    def __init__(self, cfg: Any, dist: Dist, cache: Path | None = None) -> None:
+        self.dist = dist
+        self.config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+        self.read_cache = bool(cfg.auto.cache) and os.environ.get(REDECIDE_ENV, "") != "1"
+        self.write_cache = bool(cfg.auto.cache)
+        self.cache = cache or cache_dir()
+        self.replayed = _replayed() if dist.is_main else {}
+        self.made: dict[str, Record] = {}
+        self.sources: dict[str, str] = {}
+        self.on_change: Callable[[dict[str, Record]], None] = lambda records: None
+        self._machine: dict[str, Any] | None = None
+
+    def key(self, name: str) -> str:
+        if self._machine is None:
+            self._machine = machine(self.dist)
+        earlier = ORDER[: ORDER.index(name)] if name in ORDER else ()
+        before = {n: self.made[n].get("choice") for n in earlier if n in self.made}
+        parts = {
+            "machine": self._machine,
+            "decision": name,
+            "config": {k: _pick(self.config, k) for k in CONFIG_KEYS[name]},
+            "before": before,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+    def path(self, name: str) -> Path:
+        return self.cache / f"{name}-{self.key(name)}.json"
+
+    def recall(self, name: str) -> tuple[Record | None, str]:
+        """(record, "replayed" | "cached"), or (None, "") when it is to be measured. A collective."""
+        found: tuple[Record | None, str] = (None, "")
+        if self.dist.is_main:
+            if name in self.replayed:
+                found = (self.replayed[name], "replayed")
+            elif self.read_cache:
+                found = (self._read(name), "cached")
+                found = found if found[0] is not None else (None, "")
+        record, source = broadcast_object(found, self.dist)  # type: ignore[misc]
+        return record, source  # the strategy keeps what it makes of it (``keep``)
+
+    def _read(self, name: str) -> Record | None:
+        try:
+            data = json.loads(self.path(name).read_text())
+        except (OSError, ValueError):
+            return None  # absent, or unreadable: measured again and written over
+        record = data.get("record") if isinstance(data, dict) else None
+        return record if isinstance(record, dict) and "choice" in record else None
+
+    def keep(self, name: str, record: Record, source: str = "measured") -> None:
+        """A decision made in this run: in its records; a measured one also in the cache."""
+        if source == "measured" and self.write_cache and self.dist.is_main:
+            try:
+                path = self.path(name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                entry = {"decision": name, "machine": self._machine, "record": record}
+                write_atomic(path, json.dumps(entry, indent=2, default=str) + "\n")
+            except OSError:
+                pass  # a read-only home: the decision holds for this run, and is measured next time
+        self._note(name, record, source)
+
+    def _note(self, name: str, record: Record, source: str) -> None:
+        self.made[name], self.sources[name] = record, source
+        if self.dist.is_main:
+            self.on_change(self.records())
+
+    def records(self) -> dict[str, Record]:
+        """name -> record, with where each came from (``source``)."""
+        return {n: {**r, "source": self.sources[n]} for n, r in self.made.items()}

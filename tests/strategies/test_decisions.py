@@ -1,0 +1,295 @@
+"""Measured decisions: precision=auto from fed step times (both ways), one decision at a
+time, the per-machine cache, resume and replay re-applying what was decided."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fwk.config.schema import REDECIDE_ENV, REPLAY_ENV, Config, JitConfig, PrecisionConfig
+from fwk.distributed.group import Dist
+from fwk.strategies import hardware
+from fwk.strategies.compile import Jit
+from fwk.strategies.decisions import Decisions
+from fwk.strategies.precision import Precision, trial_order
+
+SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+BF16_CPU = hardware.Features(bf16_fast=True, fp16_works=True, text="test CPU with bf16 units")
+PLAIN_CPU = hardware.Features(bf16_fast=False, fp16_works=True, text="test CPU without bf16 units")
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def _config(**precision) -> Config:
+    cfg = Config()
+    cfg.precision = PrecisionConfig(name="auto", probe_steps=2, trial_steps=3, **precision)
+    return cfg
+
+
+def _precision(monkeypatch, cfg: Config, features=BF16_CPU, max_steps: int = 100, decisions=None) -> Precision:
+    monkeypatch.setattr(hardware, "probe", lambda device: features)
+    said: list[str] = []
+    d = decisions if decisions is not None else Decisions(cfg, SOLO)
+    p = Precision(cfg.precision, SOLO, max_steps, said.append, d)
+    p.said = said  # type: ignore[attr-defined]
+    p.prepare(_net())
+    return p
+
+
+def _train(p: Precision, steps: range, ms: dict[str, float]) -> list[str]:
+    """Run the loop's calls for ``steps`` with fed step times per format; the formats used."""
+    used = []
+    for step in steps:
+        p.begin(step)
+        used.append(p.format)
+        p.step_done(step, ms[p.format] / 1000)
+    return used
+
+
+def test_the_trial_interleaves_both_formats_after_the_range_probe() -> None:
+    assert trial_order("bf16", 3) == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"]
+
+
+@pytest.mark.parametrize(
+    ("ms", "choice", "line"),
+    [
+        (
+            {"bf16": 60.0, "fp32": 90.0},
+            "bf16",
+            "chose bf16: bf16 1.50x faster than fp32 (60 vs 90 ms/step, 3 steps each)",
+        ),
+        (
+            {"bf16": 188.0, "fp32": 88.0},
+            "fp32",
+            "chose fp32: bf16 2.14x slower than fp32 (188 vs 88 ms/step, 3 steps each)",
+        ),
+        (
+            {"bf16": 98.0, "fp32": 100.0},
+            "fp32",
+            "chose fp32: bf16 1.02x faster than fp32 (98 vs 100 ms/step, 3 steps each), less than "
+            "precision.min_speedup=1.05",
+        ),
+    ],
+    ids=["bf16-faster", "bf16-slower", "bf16-within-noise"],
+)
+def test_auto_keeps_the_fast_format_only_when_it_measures_faster(
+    monkeypatch: pytest.MonkeyPatch, ms: dict[str, float], choice: str, line: str, decision_cache: Path
+) -> None:
+    p = _precision(monkeypatch, _config())
+    assert "timing bf16 against fp32 on steps 2-9 (3 steps each, interleaved)" in p.said[0]
+    used = _train(p, range(12), ms)
+    # the probe runs in the prior; then the trial's warm-ups and pairs; then the choice
+    assert used == ["bf16", "bf16", *trial_order("bf16", 3), choice, choice]
+    assert p.said[-1] == f"precision=auto {line}"
+    assert p.summary()["precision"] == choice and p.decided
+    (cached,) = decision_cache.glob("precision-*.json")
+    record = json.loads(cached.read_text())["record"]
+    assert record["choice"] == choice and record["ms"] == ms and record["trial"]["start"] == 2
+
+
+def test_trial_steps_do_not_count_as_decided(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _precision(monkeypatch, _config())
+    decided = []
+    for step in range(11):
+        p.begin(step)
+        decided.append(p.decided)
+        p.step_done(step, 0.01)
+    assert decided == [False] * 10 + [True]  # probe (2) and trial (8) steps: memory and jit wait
+
+
+def test_a_cpu_without_bf16_units_is_not_timed(monkeypatch: pytest.MonkeyPatch, decision_cache: Path) -> None:
+    p = _precision(monkeypatch, _config(), features=PLAIN_CPU)
+    assert (
+        p.said[0] == "precision=auto chose fp32: test CPU without bf16 units, no fast bf16 units "
+        "(an emulated format is not tried)"
+    )
+    assert _train(p, range(12), {"fp32": 10.0}) == ["fp32"] * 12
+    assert not decision_cache.exists()  # nothing was measured: nothing cached
+
+
+def test_too_short_a_run_keeps_the_prior_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _precision(monkeypatch, _config(), max_steps=10)
+    assert p.said[0].endswith("10 steps are too few to time bf16 against fp32")
+    assert _train(p, range(10), {"bf16": 1.0}) == ["bf16"] * 10
+
+
+def test_the_next_run_reuses_the_cached_decision_without_trial_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _precision(monkeypatch, _config())
+    _train(first, range(12), {"bf16": 188.0, "fp32": 88.0})
+    again = _precision(monkeypatch, _config())
+    assert again.said[0].startswith(
+        "precision=auto chose fp32 as measured before for this model on this machine: bf16 2.14x slower than fp32"
+    )
+    assert _train(again, range(12), {"fp32": 1.0}) == ["fp32"] * 12  # no trial steps
+    assert again.decisions.records()["precision"]["source"] == "cached"
+    assert again.decisions.records()["precision"]["trial"] is None  # this run had none: a replay runs none
+
+    monkeypatch.setenv(REDECIDE_ENV, "1")  # --redecide: measured again, and the cache refreshed
+    fresh = _precision(monkeypatch, _config())
+    assert _train(fresh, range(12), {"bf16": 60.0, "fp32": 90.0})[-1] == "bf16"
+    monkeypatch.delenv(REDECIDE_ENV)
+    assert _precision(monkeypatch, _config()).said[0].startswith("precision=auto chose bf16 as measured before")
+
+
+def test_auto_cache_false_reads_and_writes_nothing(monkeypatch: pytest.MonkeyPatch, decision_cache: Path) -> None:
+    _train(_precision(monkeypatch, _config()), range(12), {"bf16": 60.0, "fp32": 90.0})
+    cfg = _config()
+    cfg.auto.cache = False
+    p = _precision(monkeypatch, cfg)
+    assert "timing bf16 against fp32" in p.said[0]  # measured although a record exists
+    _train(p, range(12), {"bf16": 188.0, "fp32": 88.0})
+    (cached,) = decision_cache.glob("precision-*.json")
+    assert json.loads(cached.read_text())["record"]["choice"] == "bf16"  # the first run's, untouched
+
+
+def test_the_key_is_the_machine_and_the_config_it_depends_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "probe", lambda device: BF16_CPU)
+    base = Decisions(_config(), SOLO).key("precision")
+    assert Decisions(_config(), SOLO).key("precision") == base
+    other_batch = _config()
+    other_batch.train.batch_size = 32
+    assert Decisions(other_batch, SOLO).key("precision") != base
+    longer = _config()
+    longer.train.max_steps = 5000  # how long a run is does not change its step time
+    assert Decisions(longer, SOLO).key("precision") == base
+    monkeypatch.setattr("torch.__version__", "0.0.0")
+    assert Decisions(_config(), SOLO).key("precision") != base
+    monkeypatch.undo()
+    monkeypatch.setattr(hardware, "probe", lambda device: PLAIN_CPU)
+    assert Decisions(_config(), SOLO).key("precision") != base
+    # a later decision's key holds the choices made before it
+    d = Decisions(_config(), SOLO)
+    before = d.key("jit")
+    d.keep("precision", {"choice": "bf16"}, "hardware")
+    assert d.key("jit") != before
+
+
+def test_an_unreadable_cache_entry_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    _train(_precision(monkeypatch, _config()), range(12), {"bf16": 60.0, "fp32": 90.0})
+    d = Decisions(_config(), SOLO)
+    d.path("precision").write_text("{not json")
+    p = _precision(monkeypatch, _config(), decisions=d)
+    assert "timing bf16 against fp32" in p.said[0]
+
+
+def test_a_checkpoint_taken_mid_trial_resumes_the_same_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    ms = {"bf16": 60.0, "fp32": 90.0}
+    uncached = _config()
+    uncached.auto.cache = False
+    straight = _precision(monkeypatch, uncached)
+    expected = _train(straight, range(14), ms)
+    first = _precision(monkeypatch, _config())
+    head = _train(first, range(6), ms)
+    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+    _train(first, range(6, 14), ms)  # the first launch went on, decided and cached (then died)
+    resumed = _precision(monkeypatch, _config())  # finds the cache at construction ...
+    resumed.load_state_dict(state)  # ... but the checkpoint's trial wins
+    assert head + _train(resumed, range(6, 14), ms) == expected
+    assert resumed.said[-1] == straight.said[-1]
+
+
+def test_a_decided_checkpoint_keeps_its_choice_on_other_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _precision(monkeypatch, _config())
+    _train(first, range(12), {"bf16": 60.0, "fp32": 90.0})
+    cfg = _config()
+    cfg.auto.cache = False
+    moved = _precision(monkeypatch, cfg, features=PLAIN_CPU)
+    moved.load_state_dict(first.state_dict())
+    assert moved.said[-1] == "precision=auto keeps bf16, as it decided before the checkpoint"
+    assert _train(moved, range(12, 14), {"bf16": 1.0}) == ["bf16", "bf16"]
+
+
+def test_a_replay_reruns_the_trial_steps_as_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = _precision(monkeypatch, _config())
+    expected = _train(original, range(14), {"bf16": 188.0, "fp32": 88.0})
+    monkeypatch.setenv(REPLAY_ENV, json.dumps(original.decisions.records()))
+    replay = _precision(monkeypatch, _config(), features=PLAIN_CPU)  # another machine: no bf16 units
+    assert replay.said[0].startswith(
+        "precision=auto re-applies fp32, as the replayed run decided, with its trial steps 2-9"
+    )
+    assert _train(replay, range(14), {"bf16": 1.0, "fp32": 1.0}) == expected  # no timing: the same formats
+
+
+def _jit(decisions: Decisions, max_steps: int = 100) -> tuple[Jit, nn.Module, list[str]]:
+    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=1)
+    said: list[str] = []
+    jit = Jit(cfg, SOLO, max_steps, said.append, decisions=decisions)
+    return jit, jit.wrap(_net()), said
+
+
+def _jit_steps(jit: Jit, model: nn.Module, times: list[float]) -> list[str]:
+    states = []
+    for step, seconds in enumerate(times):
+        model(torch.randn(4, 8))
+        jit.step_done(step, seconds)
+        states.append(jit.state)
+    return states
+
+
+def test_jit_reuses_cached_step_times_without_a_trial() -> None:
+    cfg = _config()
+    jit, model, _ = _jit(Decisions(cfg, SOLO))
+    assert _jit_steps(jit, model, [0.01, 0.01, 3.0, 0.02]) == ["eager", "trial", "trial", "off"]  # 0.5x: eager
+    again, model, said = _jit(Decisions(cfg, SOLO))
+    assert _jit_steps(again, model, [0.01, 0.01, 0.01]) == ["eager", "off", "off"]  # decided at once, no compile
+    assert again.compiled is None
+    assert said == [
+        "jit=auto stays eager, as measured before for this model on this machine (0.50x compiled, less than "
+        "jit.min_speedup=1.05; --redecide measures again)"
+    ]
+
+
+def test_jit_replay_compiles_and_settles_where_the_original_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _config()
+    original, model, _ = _jit(Decisions(cfg, SOLO))
+    expected = _jit_steps(original, model, [0.01, 0.01, 3.0, 0.005, 0.005])
+    assert expected == ["eager", "trial", "trial", "compiled", "compiled"]
+    records = Decisions(cfg, SOLO)
+    records.keep("jit", original.record, "measured")
+    monkeypatch.setenv(REPLAY_ENV, json.dumps(records.records()))
+    replay, model, said = _jit(Decisions(cfg, SOLO))
+    # timings that would decide otherwise change nothing: the replay follows the record
+    assert _jit_steps(replay, model, [0.01, 0.01, 0.01, 9.0, 9.0]) == expected
+    assert (
+        said[0] == "jit=auto re-applies the replayed run's decision: compiled from step 2, kept compiled from step 4 "
+        "(--redecide decides afresh)"
+    )
+
+
+def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real loop's step on a tiny GPT: memory=auto's trials start only once precision's
+    trial is over, and jit=auto counts stable steps only once memory has chosen."""
+    from fwk.config.schema import KernelsConfig, MemoryConfig, TrainConfig
+    from fwk.engine.step import TrainStep
+    from fwk.models.gpt import GPT
+    from fwk.strategies.activation_memory import Memory
+    from fwk.strategies.kernels import Kernels
+
+    monkeypatch.setattr(hardware, "probe", lambda device: BF16_CPU)
+    cfg = _config()
+    cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
+    cfg.jit = JitConfig(name="auto", stable_steps=2, min_remaining_s=1e9)  # decides, stays eager
+    d = Decisions(cfg, SOLO)
+    precision = Precision(cfg.precision, SOLO, 40, [].append, d)
+    memory = Memory(cfg.memory, SOLO, 8, [].append, d)
+    jit = Jit(cfg.jit, SOLO, 40, [].append, decisions=d)
+    torch.manual_seed(0)
+    raw = memory.apply(precision.prepare(GPT(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16)))
+    model = jit.wrap(raw)
+    opt = torch.optim.SGD(raw.parameters(), lr=0.1)
+    kernels = Kernels(KernelsConfig(name="torch"), SOLO.device, [].append)
+    step_fn = TrainStep(model, opt, precision, memory, jit, kernels, TrainConfig(), SOLO)
+    g = torch.Generator().manual_seed(0)
+    for step in range(20):
+        step_fn(step, [(torch.randint(0, 32, (8, 16), generator=g), torch.randint(0, 32, (8, 16), generator=g))])
+    assert precision.trial_end == 10  # probe steps 0-1, trial steps 2-9
+    assert [s for s, _ in memory.timeline] == [10, 11, 12, 13]  # a warm-up, then its 3 candidate plans
+    assert jit.record is not None and jit.record["decided_at"] == 15  # 2 stable steps after memory chose
+    assert list(d.records()) == ["precision", "memory", "jit"]
