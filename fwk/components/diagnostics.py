@@ -145,7 +145,7 @@ class Diagnostics:
         return False
 
     def _grads_finite(self) -> bool:
-        if self.precision.scaler is not None:  # fp16: the scaler finds and skips inf/NaN gradients
+        if self.precision.scaling:  # fp16: the scaler finds and skips inf/NaN gradients
             return True
         grads = [_local(p.grad) for p in self.raw.parameters() if p.grad is not None]
         # one norm per gradient (a norm is finite iff every element is), checked together; not
@@ -162,7 +162,8 @@ class Diagnostics:
     def _stats(self, step: int) -> None:
         if not self.cfg.grad_stats or (step + 1) % self.log_every:
             return
-        scale = float(self.precision.scaler.get_scale()) if self.precision.scaler is not None else 1.0
+        scaler = self.precision.scaler
+        scale = float(scaler.get_scale()) if scaler is not None and self.precision.scaling else 1.0
         row = {}
         for name, module in _groups(self.raw):
             grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]

@@ -139,6 +139,7 @@ def profile_config(cfg: Config, warmup: int, steps: int) -> tuple[Config, list[s
         checkpoint=replace(cfg.checkpoint, every=0, keep=1, rewind_at=0.0),
         parallel=parallel,
         precision=precision,
+        auto=replace(cfg.auto, cache=False),  # steps timed under the profiler must not decide later runs
     )
     return short, notes
 

@@ -11,8 +11,9 @@
 - ``auto``: on CUDA (or on CPU when ``budget_gb`` is set), once precision has decided, the
   next steps are run under each candidate plan, measured, and the fastest plan that fits
   the budget is kept; an out-of-memory step is redone with twice the micro-batches. The
-  choice is cached per machine and model (``decisions.py``): a later run uses it from step
-  0 without trials, and a replay re-runs the original's trial plans step by step.
+  choice is cached per machine and model (``decisions.py``): a later run switches to it
+  when its turn comes, without trials, and a replay re-runs the original's trial plans
+  step by step.
 
 A strategy is a ``MemoryPlan``. The checkpoint wrappers are installed once and switched on
 and off by the plan, so ``auto`` can move between plans without rebuilding the model.

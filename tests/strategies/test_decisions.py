@@ -293,3 +293,46 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     assert [s for s, _ in memory.timeline] == [10, 11, 12, 13]  # a warm-up, then its 3 candidate plans
     assert jit.record is not None and jit.record["decided_at"] == 15  # 2 stable steps after memory chose
     assert list(d.records()) == ["precision", "memory", "jit"]
+
+
+def _memory(cfg: Config, d: Decisions):
+    from fwk.strategies.activation_memory import Memory
+
+    said: list[str] = []
+    memory = Memory(cfg.memory, SOLO, 8, said.append, d)
+    return memory, said
+
+
+def _memory_steps(memory, steps: range) -> list[str]:
+    plans = []
+    for step in steps:
+        memory.begin(step, turn=step >= 2)  # precision decides over steps 0-1
+        plans.append(memory.plan.describe())  # the plan this step runs under
+        with memory.measure():
+            pass
+    return plans
+
+
+def test_memory_reuses_its_cached_plan_and_a_replay_its_trial_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fwk.config.schema import MemoryConfig
+
+    cfg = _config()
+    cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
+    first, _ = _memory(cfg, Decisions(cfg, SOLO))
+    plans = _memory_steps(first, range(8))
+    assert [s for s, _ in first.timeline] == [2, 3, 4, 5]  # its turn: a warm-up, then 3 candidate plans
+    chosen = plans[-1]
+
+    again, said = _memory(cfg, Decisions(cfg, SOLO))
+    assert _memory_steps(again, range(8))[2:] == [chosen] * 6 and again.timeline == []  # no trials
+    assert said == [
+        f"memory=auto chose {chosen} (as measured before for this model on this machine; auto.cache=false or "
+        "--redecide measures again)"
+    ]
+
+    records = Decisions(cfg, SOLO)
+    records.keep("memory", first._decision_record({}), "measured")
+    monkeypatch.setenv(REPLAY_ENV, json.dumps(records.records()))
+    replay, said = _memory(cfg, Decisions(cfg, SOLO))
+    assert _memory_steps(replay, range(8)) == plans  # the original's plan at every step
+    assert said[0].startswith(f"memory=auto chose {chosen} (re-applied from the replayed run")
