@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from fwk.config.schema import PrecisionConfig
 from fwk.distributed.collectives import all_reduce_max
@@ -176,6 +177,7 @@ class Precision:
         self._kept: set[str] = set()
         self.keep_patterns: list[str] = []  # keep_fp32's patterns that match this model (prepare)
         self._model: nn.Module | None = None
+        self._convs = False  # prepare() looks
         self._probe: RangeProbe | None = None
         self.ranges: dict[str, tuple[float, float]] = {}
         self.probe_done = cfg.name != "auto" or cfg.probe_steps == 0
@@ -314,9 +316,8 @@ class Precision:
             left_out = "; ".join(line for line in (left_out, final_left_out) if line) or None
         if left_out and self.dist.is_main:
             self.say(left_out)
-        convs = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        switch = self.cfg.channels_last.lower()
-        self.channels_last = switch == "true" or (switch == "auto" and convs and self.amp_possible)
+        self._convs = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        self.channels_last = self._layout_at(0)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if not self.probe_done:
@@ -333,10 +334,38 @@ class Precision:
 
     @property
     def amp_possible(self) -> bool:
-        """Whether autocast may run in this run: an AMP format asked for, or one auto may
-        choose (channels-last follows it, not auto's choice, so that a run resumed or rerun
-        with the cached choice keeps the layout it started with)."""
+        """Whether autocast may run in this run: an AMP format asked for, or one auto may choose."""
         return self.fast is not None if self.cfg.name == "auto" else self.format != "fp32"
+
+    def _layout_at(self, step: int) -> bool:
+        """Whether ``step`` runs channels-last: ``channels_last=auto`` on conv nets under AMP.
+        Under auto that is a function of the step, as the format is: channels-last through
+        the trial (the AMP candidate's layout), then as the choice asks; so a cached,
+        resumed or replayed run has each step in the layout the first run gave it."""
+        switch = self.cfg.channels_last.lower()
+        if switch != "auto" or not self._convs:
+            return switch == "true"
+        if self.cfg.name != "auto":
+            return self.format != "fp32"
+        if self.trial is not None and step < self.trial_end:
+            return True  # a trial implies an AMP candidate
+        chosen = self.record["choice"] if self.record is not None else self.fast or "fp32"
+        return chosen != "fp32"
+
+    def _relayout(self, step: int) -> None:
+        """auto: the layout of ``step``, when it differs from the last step's (at most at the
+        trial's end, and on resume): the weights are converted in place (the optimizer keeps
+        the same parameters), but not sharded ones, which FSDP keeps contiguous anyway."""
+        if self._model is None:
+            return
+        want = self._layout_at(step)
+        if want == self.channels_last:
+            return
+        self.channels_last = want
+        if not any(isinstance(p, DTensor) for p in self._model.parameters()):
+            self._model.to(memory_format=torch.channels_last if want else torch.contiguous_format)
+        if self.dist.is_main:
+            self.say(f"step {step}: precision=auto runs {'channels-last' if want else 'contiguous'} from here")
 
     def _describe(self) -> str:
         extras = []
@@ -378,6 +407,7 @@ class Precision:
         switches staged phases."""
         if self.cfg.name == "auto":
             self.format = self._format_at(step)
+            self._relayout(step)
         if self._probe is not None and step >= self.cfg.probe_steps:
             self._finish_probe()
         phase = [p for start, p in self.phases if step >= start][-1]

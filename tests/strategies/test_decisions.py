@@ -336,3 +336,30 @@ def test_memory_reuses_its_cached_plan_and_a_replay_its_trial_plans(monkeypatch:
     replay, said = _memory(cfg, Decisions(cfg, SOLO))
     assert _memory_steps(replay, range(8)) == plans  # the original's plan at every step
     assert said[0].startswith(f"memory=auto chose {chosen} (re-applied from the replayed run")
+
+
+@pytest.mark.parametrize(
+    ("ms", "layout_after"), [({"bf16": 60.0, "fp32": 90.0}, True), ({"bf16": 90.0, "fp32": 60.0}, False)]
+)
+def test_channels_last_follows_the_step_as_the_format_does(
+    monkeypatch: pytest.MonkeyPatch, ms: dict[str, float], layout_after: bool
+) -> None:
+    """A conv net runs channels-last through the trial (the AMP candidate's layout), then as
+    the choice asks; a cached run has the choice's layout from its first step."""
+    monkeypatch.setattr(hardware, "probe", lambda device: BF16_CPU)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    p = Precision(_config().precision, SOLO, 100, [].append, Decisions(_config(), SOLO))
+    model = p.prepare(net)
+    weight = model[0].weight
+    layouts = []
+    for step in range(12):
+        p.begin(step)
+        layouts.append(p.channels_last)
+        p.step_done(step, ms[p.format] / 1000)
+    assert layouts == [True] * 10 + [layout_after] * 2
+    assert model[0].weight is weight  # converted in place: the optimizer keeps its parameters
+    assert weight.is_contiguous(memory_format=torch.channels_last if layout_after else torch.contiguous_format)
+    again = Precision(_config().precision, SOLO, 100, [].append, Decisions(_config(), SOLO))
+    again.prepare(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)))
+    assert again.channels_last is layout_after
