@@ -24,11 +24,17 @@ def recipe_names() -> list[str]:
     return sorted(p.stem for p in (resources_root() / "recipes").glob("*.yaml"))
 
 
+TARGET_KEYS = ("train.stop_at",)  # values such as val_acc>=0.985, which Hydra's grammar reads only quoted
+
+
 def to_hydra(override: str) -> str:
-    """Rewrite `recipe=X` (and `+recipe=X`) to the Hydra group name."""
+    """Rewrite `recipe=X` (and `+recipe=X`) to the Hydra group name, and quote a target
+    (`train.stop_at=val_acc>=0.985`: Hydra's grammar has no unquoted `>` or `<`)."""
     head, sep, value = override.partition("=")
     if sep and head.lstrip("+~") == USER_GROUP:
         return head.replace(USER_GROUP, HYDRA_GROUP) + sep + value
+    if sep and head.lstrip("+") in TARGET_KEYS and value[:1] not in ("'", '"') and ("<" in value or ">" in value):
+        return f"{head}='{value}'"
     return override
 
 
@@ -44,7 +50,7 @@ def check_grammar(overrides: list[str]) -> None:
     parser = OverridesParser.create()
     for override in overrides:
         try:
-            parser.parse_override(override)
+            parser.parse_override(to_hydra(override))
         except HydraException as exc:  # the parser raises it bare, not as OverrideParseException
             reason = one_line(exc)
             raise UserError(

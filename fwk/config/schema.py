@@ -41,6 +41,14 @@ class TrainConfig:
     grad_clip: float = doc(0.0, "clip the global gradient norm to this value; 0 = off")
     accum_steps: int = doc(1, "loader batches whose gradients are summed into one optimizer step (1 = none)")
     device: str = doc("auto", "'auto' (cuda if available, else cpu), 'cpu' or 'cuda'")
+    stop_at: str = doc(
+        "",
+        "end the run at the first evaluation that reaches this target (val_acc>=0.985, val_loss<=1.7); "
+        "summary.json records the step and the time it took; empty = train all max_steps",
+    )
+    early_stop_patience: int = doc(
+        0, "end the run after this many evaluations in a row without a new best checkpoint.best; 0 = off"
+    )
     deterministic: bool = doc(
         False,
         "deterministic kernels (torch.use_deterministic_algorithms, cuDNN/cuBLAS settings) and no decisions "
@@ -89,6 +97,15 @@ class CheckpointConfig:
     )
     rewind_at: float = doc(
         0.02, "save the model's weights once at this share of train.max_steps (lottery-ticket rewinding); 0 = off"
+    )
+    best: str = doc(
+        "", "keep the best checkpoint by this evaluation metric in checkpoints-best/ (val_acc, val_loss); empty = off"
+    )
+    min_improvement: float = doc(
+        0.0, "best: a new best is saved when it beats the saved one by at least this much"
+    )
+    patience: int = doc(
+        0, "best: also save a smaller improvement after this many evaluations without a saved one; 0 = never"
     )
 
 

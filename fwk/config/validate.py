@@ -29,6 +29,7 @@ from fwk.config.schema import (
     TRACKINGS,
     Config,
 )
+from fwk.config.target import EVAL_METRICS, parse_target
 from fwk.errors import UserError
 
 
@@ -89,6 +90,16 @@ def to_typed(raw: dict[str, Any] | DictConfig) -> Config:
     return cfg
 
 
+def _target_problem(text: str) -> str | None:
+    if not text:
+        return None
+    try:
+        parse_target(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     """(holds, key, value, what is allowed) for every cross-field and range check."""
     world = c.world_size
@@ -107,6 +118,19 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield 0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)"
     yield t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)"
     yield t.device in ("auto", "cpu", "cuda"), "train.device", t.device, "one of auto, cpu, cuda"
+    problem = _target_problem(t.stop_at)
+    yield problem is None, "train.stop_at", t.stop_at, problem or ""
+    yield t.early_stop_patience >= 0, "train.early_stop_patience", t.early_stop_patience, "an integer >= 0"
+    yield (
+        not t.early_stop_patience or bool(c.checkpoint.best),
+        "train.early_stop_patience",
+        t.early_stop_patience,
+        "0 unless checkpoint.best names the metric to watch (checkpoint.best=val_acc)",
+    )
+    ck = c.checkpoint
+    yield not ck.best or ck.best in EVAL_METRICS, "checkpoint.best", ck.best, f"one of {', '.join(EVAL_METRICS)}"
+    yield ck.min_improvement >= 0, "checkpoint.min_improvement", ck.min_improvement, "a number >= 0"
+    yield ck.patience >= 0, "checkpoint.patience", ck.patience, "an integer >= 0 (0 = never)"
     block, seq = getattr(c.model, "block_size", None), getattr(c.data, "seq_len", None)
     yield block is None or seq is None or seq <= block, "data.seq_len", seq, f"at most model.block_size={block}"
     lr = getattr(c.optim, "lr", None) if not isinstance(c.optim, dict) else c.optim.get("lr")

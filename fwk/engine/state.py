@@ -22,6 +22,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class Clock:
+    """Seconds spent training, over every launch of a run, and when the run reached its
+    ``train.stop_at`` target (both kept in the checkpoint): the time to target counts the
+    launches before a resume too, and a run stopped at its target does not train on."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.reached: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "reached": self.reached}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seconds, self.reached = float(state["seconds"]), state.get("reached")
+
+
 class StopSignal:
     """SIGTERM/SIGINT/SIGUSR1 ask the loop to save a checkpoint and stop at the next step boundary.
 

@@ -17,19 +17,21 @@ from typing import Any
 
 import torch
 
+from fwk.components.best import BestKeeper
 from fwk.components.checkpoint import Checkpointer, RewindPoint, set_rng_state
 from fwk.components.diagnostics import Diagnostics
 from fwk.components.metrics import Reporter, Window
 from fwk.components.reproduce import make_deterministic, record_decisions, record_launch
 from fwk.components.sinks import Tracking
 from fwk.config.schema import Config
+from fwk.config.target import parse_target
 from fwk.data import loader as loading
 from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.distributed.collectives import replicas_in_sync
 from fwk.distributed.group import init
 from fwk.engine.build import build_data, build_model
 from fwk.engine.evaluate import evaluate
-from fwk.engine.state import Resumable, StopSignal, seed_everything
+from fwk.engine.state import Clock, Resumable, StopSignal, seed_everything
 from fwk.engine.step import TrainStep, label
 from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
 from fwk.strategies.decisions import Decisions
@@ -108,8 +110,12 @@ def train(
     )
     ckpt = Checkpointer(run.checkpoints, dist, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, is_sharded(raw))
     rewind = RewindPoint(run.path / "rewind", dist, cfg.checkpoint.rewind_at, cfg.train.max_steps)
+    best = BestKeeper(cfg.checkpoint, run.path, dist, is_sharded(raw))
+    target = parse_target(cfg.train.stop_at) if cfg.train.stop_at else None
+    clock = Clock()  # training time over every launch: the time to target
 
     parts = dict(scheduler=scheduler, loader=loader, **strategies.parts(), diagnostics=diagnostics)
+    parts.update(best=best, clock=clock)
     resumable = Resumable(raw, optimizer, **parts)
 
     step = 0
@@ -136,7 +142,7 @@ def train(
     batches = DevicePrefetcher(iter(loader), dist.device, data.finish)
     model.train()
     try:
-        while step < cfg.train.max_steps:
+        while step < cfg.train.max_steps and clock.reached is None:
             t0 = time.perf_counter()
             samples_per_step = cfg.train.batch_size * strategies.comm.accum_steps
             with label("fwk.data"):  # the data wait, for fwk profile's step split
@@ -150,6 +156,7 @@ def train(
             window.add(loss, t1 - t0)
             train_samples, data_wait = train_samples + samples_per_step, data_wait + t1 - t0
             train_time += time.perf_counter() - t0
+            clock.seconds += time.perf_counter() - t0
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 row = window.close(samples_per_step, dist)
                 lr = scheduler.get_last_lr()[0]
@@ -169,11 +176,27 @@ def train(
                     reporter.message(f"stopped at step {step}; checkpoint saved. Run the same command to resume.")
                     return None
             evaluating = cfg.train.eval_every and step % cfg.train.eval_every == 0
+            ending = False
             if evaluating or step == cfg.train.max_steps:
                 final_eval = evaluate(raw, val, strategies.precision, data.task, dist, cfg.train.eval_batches)
                 reporter.log(step, final_eval, kind="eval")
-            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.train.max_steps:
+                said = best.after_eval(step, final_eval, lambda at=step: resumable.state_dict(at))
+                if said:
+                    reporter.message(said)
+                if target is not None and target.reached(final_eval):
+                    clock.reached = {"step": step, "train_time_s": clock.seconds}
+                    reporter.message(f"step {step}: {target} reached in {clock.seconds:.1f} s of training; stopping")
+                    ending = True
+                elif best.exhausted(cfg.train.early_stop_patience):
+                    reporter.message(
+                        f"step {step}: no better {best.metric} in {cfg.train.early_stop_patience} evaluations; "
+                        "stopping (train.early_stop_patience)"
+                    )
+                    ending = True
+            if ending or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.train.max_steps:
                 save()
+            if ending:
+                break
         if not final_eval:  # resumed from the final checkpoint: the loop had nothing left to do
             final_eval = evaluate(raw, val, strategies.precision, data.task, dist, cfg.train.eval_batches)
     finally:
@@ -191,5 +214,11 @@ def train(
         "world_size": dist.world_size,
         **strategies.summary(),
         **diagnostics.summary(),
+        **(
+            {"target": {"stop_at": str(target), "reached": clock.reached is not None, **(clock.reached or {})}}
+            if target
+            else {}
+        ),
+        **({"best": {"metric": best.metric, "value": best.saved}} if best.active else {}),
         "replicas_in_sync": replicas_in_sync(raw, dist),
     }

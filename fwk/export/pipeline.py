@@ -330,9 +330,16 @@ def run_export(
     qat_steps: int | str = 0,
 ) -> dict[str, Any]:
     """Export ``run`` (or show its existing export); raise VerificationFailed when a stage lost too much."""
+    from fwk.components.best import BEST_DIR, read_best
     from fwk.export.source import check_exportable, load
 
     checkpoint = check_exportable(run)
+    if checkpoint.parent.name == BEST_DIR:
+        best = read_best(run.path) or {}
+        say(
+            f"exporting run {run.id}'s best checkpoint: {best.get('metric')} {best.get('value', 0):.4g} "
+            f"at {checkpoint.name}"
+        )
     eid = export_id(run, checkpoint, plan, quantize, cfg, max_drop, qat_steps)
     final_dir = run.path / "exports" / eid
     if (final_dir / rep.REPORT).is_file():

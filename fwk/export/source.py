@@ -57,7 +57,8 @@ def checkpoints(run: RunDir) -> list[Path]:
 
 
 def check_exportable(run: RunDir) -> Path:
-    """The newest complete checkpoint of a finished run; one line saying what is missing otherwise."""
+    """The checkpoint of a finished run to export: its best (``checkpoint.best``) when it
+    kept one, else its newest complete one; one line saying what is missing otherwise."""
     found = checkpoints(run)
     if not is_complete(run):
         where = f"newest checkpoint: {found[-1].name}" if found else "no checkpoint yet"
@@ -70,7 +71,10 @@ def check_exportable(run: RunDir) -> Path:
             f"run {run.id} has no complete checkpoint in {run.checkpoints} (moved or deleted?); "
             f"retrain it: move {run.path} away and run {train_command(run)}"
         )
-    return found[-1]
+    from fwk.components.best import read_best
+
+    best = read_best(run.path)
+    return best["path"] if best is not None else found[-1]
 
 
 def _check_checksums(path: Path) -> None:
@@ -90,7 +94,7 @@ def _check_checksums(path: Path) -> None:
 
 
 def load(run: RunDir) -> Source:
-    """Rebuild the run's model from its config and load the newest complete checkpoint."""
+    """Rebuild the run's model from its config and load the checkpoint ``check_exportable`` picks."""
     import torch
     from omegaconf import OmegaConf
 

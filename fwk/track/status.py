@@ -132,6 +132,9 @@ def row_from_dir(run: RunDir) -> dict[str, Any]:
     if summary:
         metrics.update(summary.get("eval") or {})
         step = summary.get("final_step", step)
+        target = summary.get("target") or {}
+        if target.get("reached"):  # train.stop_at: the training seconds it took, shown by `fwk runs`
+            metrics["to_target_s"] = round(float(target["train_time_s"]), 2)
     tags = config.get("tags", [])  # the `tags` field may not be in the schema yet: older configs lack it
     try:
         mtime = run.path.stat().st_mtime

@@ -226,3 +226,22 @@ def test_an_explicit_slow_format_says_so_first(runs: Path) -> None:
         "precision=fp16 is slow here: a CPU emulates fp16 (tens of times slower than fp32); "
         "precision=auto measures what is fastest"
     )
+
+
+def test_stop_at_ends_at_the_first_evaluation_that_reaches_it_and_keeps_the_best(runs: Path) -> None:
+    args = ["train.stop_at=val_acc>=0.95", "train.eval_every=10", "train.log_every=10", "checkpoint.best=val_acc"]
+    out = run_fwk("train", *args, runs=runs)
+    assert out.returncode == 0, out.stderr
+    (run,) = runs.glob("*/")
+    evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    first = next(r for r in evals if r["val_acc"] >= 0.95)
+    assert evals[-1] == first  # no evaluation after the target
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_step"] == first["step"] < 300
+    assert summary["target"]["stop_at"] == "val_acc>=0.95" and summary["target"]["step"] == first["step"]
+    assert f"step {first['step']}: val_acc>=0.95 reached in" in out.stdout
+    top = max(evals, key=lambda r: r["val_acc"])  # the first of the best: a tie is no improvement
+    best = json.loads((run / "checkpoints-best" / "best.json").read_text())
+    assert (best["step"], best["value"]) == (top["step"], top["val_acc"])
+    listed = {r["id"]: r for r in json.loads(run_fwk("runs", "--json", runs=runs).stdout)}
+    assert listed[run.name]["metrics"]["to_target_s"] == round(summary["target"]["train_time_s"], 2)

@@ -62,3 +62,19 @@ def test_load_rebuilds_the_trained_model(digits_run: Path) -> None:
     assert source.config.recipe == "digits_cnn" and len(source.data.val) == 300
     summary = json.loads((digits_run / "summary.json").read_text())
     assert summary["final_step"] == source.step
+
+
+def test_the_best_checkpoint_is_exported_when_the_run_kept_one(digits_run: Path, tmp_path: Path) -> None:
+    from fwk.components.best import BEST_DIR
+    from fwk.export.source import check_exportable
+    from fwk.track.store import RunDir
+
+    run = copy_run(digits_run, tmp_path / "runs")
+    newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+    assert check_exportable(RunDir(run)) == newest  # no best kept: the newest
+    best = run / BEST_DIR / "step-00000050"
+    shutil.copytree(newest, best)  # a stand-in for the best of an earlier evaluation
+    (run / BEST_DIR / "best.json").write_text(
+        json.dumps({"metric": "val_acc", "value": 0.99, "step": 50, "checkpoint": best.name})
+    )
+    assert check_exportable(RunDir(run)) == best

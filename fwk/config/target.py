@@ -1,0 +1,43 @@
+"""A metric target, ``val_acc>=0.985`` or ``val_loss<=1.7``: what ``train.stop_at`` ends a
+run at, and what ``checkpoint.best`` ranks by (torch-free: validating a config parses it)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+EVAL_METRICS = {"val_loss": "min", "val_ppl": "min", "val_acc": "max"}  # what fwk's evaluation reports
+_TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    op: str  # ">=" or "<="
+    value: float
+
+    def reached(self, row: dict[str, Any]) -> bool:
+        got = row.get(self.metric)
+        if not isinstance(got, int | float) or not math.isfinite(got):
+            return False
+        return got >= self.value if self.op == ">=" else got <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_target(text: str) -> Target:
+    """``METRIC>=VALUE`` or ``METRIC<=VALUE`` on one of the evaluation's metrics. The
+    ValueError's text says what is allowed (it follows "expected" in validation's line)."""
+    found = _TARGET.match(text)
+    if not found:
+        raise ValueError("METRIC>=VALUE or METRIC<=VALUE, e.g. val_acc>=0.985 or val_loss<=1.7")
+    metric, op, value = found.group(1), found.group(2), float(found.group(3))
+    if metric not in EVAL_METRICS:
+        raise ValueError(f"a metric of fwk's evaluation ({', '.join(EVAL_METRICS)}), not {metric}")
+    better = ">=" if EVAL_METRICS[metric] == "max" else "<="
+    if op != better:
+        raise ValueError(f"{metric}{better}{value:g}: {metric} improves {'upwards' if better == '>=' else 'downwards'}")
+    return Target(metric, op, value)

@@ -1,0 +1,50 @@
+"""The best checkpoint by a metric: saved on a large enough gain or after patience; early stop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from fwk.components.best import BEST_DIR, BestKeeper, read_best
+from fwk.config.schema import CheckpointConfig
+from fwk.distributed.group import Dist
+
+SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def _rank(keeper: BestKeeper, values: list[float], metric: str) -> list[int]:
+    """Feed one evaluation per value (steps 10, 20, ...); the steps at which it saved."""
+    saved = []
+    for i, value in enumerate(values):
+        step = 10 * (i + 1)
+        if keeper.after_eval(step, {metric: value}, lambda: {"step": step}):
+            saved.append(step)
+    return saved
+
+
+def test_a_better_value_is_saved_and_named_in_best_json(tmp_path: Path) -> None:
+    keeper = BestKeeper(CheckpointConfig(best="val_acc"), tmp_path, SOLO, sharded=False)
+    assert _rank(keeper, [0.90, 0.95, 0.93, 0.97], "val_acc") == [10, 20, 40]
+    best = read_best(tmp_path)
+    assert best is not None and (best["metric"], best["value"], best["step"]) == ("val_acc", 0.97, 40)
+    assert [p.name for p in (tmp_path / BEST_DIR).glob("step-*")] == ["step-00000040"]  # only the best is kept
+    assert torch.load(best["path"] / "state.pt", weights_only=True)["step"] == 40
+
+
+def test_loss_is_ranked_downwards_with_a_minimum_gain_and_patience(tmp_path: Path) -> None:
+    cfg = CheckpointConfig(best="val_loss", min_improvement=0.1, patience=2)
+    keeper = BestKeeper(cfg, tmp_path, SOLO, sharded=False)
+    # 1.0 saved; 0.95 and 0.92 gain < 0.1: the second of them is saved by patience; 0.5 at once
+    assert _rank(keeper, [1.0, 0.95, 0.92, 0.5, 0.6], "val_loss") == [10, 30, 40]
+    assert json.loads((tmp_path / BEST_DIR / "best.json").read_text())["value"] == 0.5
+
+
+def test_early_stop_counts_evaluations_without_a_new_best(tmp_path: Path) -> None:
+    keeper = BestKeeper(CheckpointConfig(best="val_acc"), tmp_path, SOLO, sharded=False)
+    _rank(keeper, [0.9, 0.95, 0.94, 0.95], "val_acc")
+    assert keeper.exhausted(2) and not keeper.exhausted(3) and not keeper.exhausted(0)
+    resumed = BestKeeper(CheckpointConfig(best="val_acc"), tmp_path, SOLO, sharded=False)
+    resumed.load_state_dict(json.loads(json.dumps(keeper.state_dict())))
+    assert resumed.exhausted(2) and _rank(resumed, [0.94], "val_acc") == []  # ranks as before the checkpoint
