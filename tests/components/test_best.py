@@ -19,7 +19,7 @@ def _rank(keeper: BestKeeper, values: list[float], metric: str) -> list[int]:
     saved = []
     for i, value in enumerate(values):
         step = 10 * (i + 1)
-        if keeper.after_eval(step, {metric: value}, lambda: {"step": step}):
+        if keeper.after_eval(step, {metric: value}, lambda at=step: {"step": at}):
             saved.append(step)
     return saved
 
