@@ -22,7 +22,7 @@ KERNELS = ("auto", "triton", "torch")
 LOADERS = ("auto", "manual")
 ON_NAN = ("rollback", "skip", "stop")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-DECAYS = ("cosine", "linear", "constant")
+DECAYS = ("cosine", "linear", "constant", "wsd")
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 TRACKINGS = ("tensorboard", "mlflow")
@@ -58,11 +58,12 @@ class TrainConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Learning-rate schedule: linear warmup, then decay to min_lr_ratio * lr."""
+    """Learning-rate schedule (config group ``schedule``): linear warmup, then decay to min_lr_ratio * lr."""
 
     warmup_steps: int = doc(0, "steps of linear warmup from 0 to optim.lr")
-    decay: str = doc("cosine", "decay after warmup: cosine, linear or constant")
+    decay: str = doc("cosine", "decay after warmup: cosine, linear, constant, or wsd (stable, then a linear cooldown)")
     min_lr_ratio: float = doc(0.0, "final lr as a fraction of optim.lr")
+    cooldown_frac: float = doc(0.4, "wsd: the share of train.max_steps at the end over which the lr cools down")
 
 
 @dataclass
@@ -101,9 +102,7 @@ class CheckpointConfig:
     best: str = doc(
         "", "keep the best checkpoint by this evaluation metric in checkpoints-best/ (val_acc, val_loss); empty = off"
     )
-    min_improvement: float = doc(
-        0.0, "best: a new best is saved when it beats the saved one by at least this much"
-    )
+    min_improvement: float = doc(0.0, "best: a new best is saved when it beats the saved one by at least this much")
     patience: int = doc(
         0, "best: also save a smaller improvement after this many evaluations without a saved one; 0 = never"
     )
@@ -267,6 +266,56 @@ class TrackingConfig:
     experiment: str = doc("", "MLflow experiment the run is logged under; empty = the recipe's name")
 
 
+METHODS = ("ema", "label_smoothing", "seq_warmup", "progressive_resize")
+
+
+@dataclass
+class EmaConfig:
+    """An exponential moving average of the weights, used by evaluation, best checkpoints and export."""
+
+    half_life: float = doc(100.0, "steps over which an earlier weight's share in the average halves")
+
+
+@dataclass
+class LabelSmoothingConfig:
+    """Cross-entropy against smoothed targets (classification)."""
+
+    smoothing: float = doc(0.1, "share of the target's mass spread over the other classes, in (0, 1)")
+
+
+@dataclass
+class SeqWarmupConfig:
+    """The GPT's sequence length ramps from start_len to data.seq_len (a function of the step)."""
+
+    start_len: int = doc(16, "sequence length of the first step")
+    duration: float = doc(0.3, "share of train.max_steps over which the length ramps up to the full length")
+    multiple: int = doc(8, "lengths are rounded down to a multiple of this (fewer distinct shapes to compile)")
+
+
+@dataclass
+class ProgressiveResizeConfig:
+    """Images trained small first, then larger, then at full size (Composer's progressive resizing)."""
+
+    initial_scale: float = doc(0.5, "side of the first steps' images, as a share of the full size")
+    delay_fraction: float = doc(0.4, "share of train.max_steps at initial_scale before the ramp starts")
+    finetune_fraction: float = doc(0.2, "share of train.max_steps at the end at the full size")
+    size_increment: int = doc(4, "sides are rounded down to a multiple of this")
+
+
+@dataclass
+class MethodConfig:
+    """Each method's settings (``methods=[...]`` says which run; fwk/methods/)."""
+
+    ema: EmaConfig = field(default_factory=EmaConfig, metadata={"doc": "methods=[ema]"})
+    label_smoothing: LabelSmoothingConfig = field(
+        default_factory=LabelSmoothingConfig, metadata={"doc": "methods=[label_smoothing]"}
+    )
+    seq_warmup: SeqWarmupConfig = field(default_factory=SeqWarmupConfig, metadata={"doc": "methods=[seq_warmup]"})
+    progressive_resize: ProgressiveResizeConfig = field(
+        default_factory=ProgressiveResizeConfig, metadata={"doc": "methods=[progressive_resize]"}
+    )
+
+
 @dataclass
 class PathsConfig:
     """Where runs live. Not part of the run id: moving runs does not change it."""
@@ -298,6 +347,10 @@ class Config:
     jit: JitConfig = field(default_factory=JitConfig, metadata={"doc": "compilation (torch.compile)"})
     kernels: KernelsConfig = field(default_factory=KernelsConfig, metadata={"doc": "Triton kernels"})
     auto: AutoConfig = field(default_factory=AutoConfig, metadata={"doc": "the cache of measured decisions"})
+    methods: list[str] = doc(
+        [], "speed-up methods the loop applies, in this order: " + ", ".join(METHODS) + " (settings: method.NAME.*)"
+    )
+    method: MethodConfig = field(default_factory=MethodConfig, metadata={"doc": "each method's settings"})
     diagnostics: DiagnosticsConfig = field(
         default_factory=DiagnosticsConfig, metadata={"doc": "NaN and loss-spike handling, gradient statistics"}
     )

@@ -22,6 +22,7 @@ from fwk.config.schema import (
     KERNELS,
     LOADERS,
     MEMORIES,
+    METHODS,
     ON_NAN,
     PARALLELS,
     PRECISIONS,
@@ -127,6 +128,39 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         t.early_stop_patience,
         "0 unless checkpoint.best names the metric to watch (checkpoint.best=val_acc)",
     )
+    optim_name = c.optim.get("name") if isinstance(c.optim, dict) else getattr(c.optim, "name", None)
+    yield (
+        optim_name != "muon" or p.name not in ("fsdp", "hsdp"),
+        "parallel.name",
+        p.name,
+        "ddp, none or auto with optim=muon (its Newton-Schulz step needs whole matrices; FSDP holds shards)",
+    )
+    for name in c.methods:
+        yield name in METHODS, "methods", list(c.methods), f"a list of {', '.join(METHODS)}"
+    yield len(set(c.methods)) == len(c.methods), "methods", list(c.methods), "each method once"
+    me = c.method
+    yield me.ema.half_life > 0, "method.ema.half_life", me.ema.half_life, "a number of steps > 0"
+    ls = me.label_smoothing.smoothing
+    yield 0 < ls < 1, "method.label_smoothing.smoothing", ls, "a number in (0, 1)"
+    sw = me.seq_warmup
+    yield sw.start_len >= 1, "method.seq_warmup.start_len", sw.start_len, "an integer >= 1"
+    yield 0 < sw.duration <= 1, "method.seq_warmup.duration", sw.duration, "a share of train.max_steps in (0, 1]"
+    yield sw.multiple >= 1, "method.seq_warmup.multiple", sw.multiple, "an integer >= 1"
+    pr = me.progressive_resize
+    yield 0 < pr.initial_scale <= 1, "method.progressive_resize.initial_scale", pr.initial_scale, "a number in (0, 1]"
+    yield (
+        0 <= pr.delay_fraction and 0 <= pr.finetune_fraction and pr.delay_fraction + pr.finetune_fraction <= 1,
+        "method.progressive_resize.delay_fraction",
+        pr.delay_fraction,
+        "a share in [0, 1] with delay_fraction + finetune_fraction <= 1",
+    )
+    yield pr.size_increment >= 1, "method.progressive_resize.size_increment", pr.size_increment, "an integer >= 1"
+    yield (
+        "ema" not in c.methods or p.name not in ("fsdp", "hsdp"),
+        "methods",
+        list(c.methods),
+        "no ema with parallel=fsdp/hsdp (the average would hold the whole model on every rank); use parallel=ddp",
+    )
     ck = c.checkpoint
     yield not ck.best or ck.best in EVAL_METRICS, "checkpoint.best", ck.best, f"one of {', '.join(EVAL_METRICS)}"
     yield ck.min_improvement >= 0, "checkpoint.min_improvement", ck.min_improvement, "a number >= 0"
@@ -139,6 +173,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "an integer >= 0"
     yield s.decay in DECAYS, "schedule.decay", s.decay, f"one of {', '.join(DECAYS)}"
     yield 0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]"
+    yield 0 < s.cooldown_frac <= 1, "schedule.cooldown_frac", s.cooldown_frac, "a share of train.max_steps in (0, 1]"
     yield from _loader_rules(c)
     yield c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every, "an integer >= 0 (0 = only at the end)"
     yield c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an integer >= 1"

@@ -120,7 +120,8 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     asked = p.name if p.name in ("bf16", "fp16") else p.dtype if p.name == "staged" and p.dtype != "auto" else None
     slow = precision.slow_here(asked, hardware.probe(device), device) if asked else None
     notes = [f"precision={p.name} is slow here: {slow}"] if slow else []
-    if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16):
+    muon = getattr(cfg.optim, "name", None) == "muon"
+    if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16 or muon):
         return notes
     with torch.device("meta"):
         model = (
@@ -130,4 +131,8 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
         )
     precision.check_model(p, model, device, typed)
     activation_memory.check_model(m, model, typed)
+    if muon:
+        from fwk.optim.muon import check_model as check_muon
+
+        check_muon(model)
     return notes

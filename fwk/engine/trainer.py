@@ -33,6 +33,8 @@ from fwk.engine.build import build_data, build_model
 from fwk.engine.evaluate import evaluate
 from fwk.engine.state import Clock, Resumable, StopSignal, seed_everything
 from fwk.engine.step import TrainStep, label
+from fwk.errors import UserError
+from fwk.methods import Methods
 from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.fsdp import is_sharded
@@ -93,16 +95,24 @@ def train(
     decisions = Decisions(cfg, dist)
     decisions.on_change = lambda records: record_decisions(run, records)
     strategies = Strategies(cfg, dist, per_rank, reporter.message, decisions)
-    raw, model = strategies.apply(
-        start(build_model(cfg.model, data, reporter.message)).to(dist.device), state_floats_per_param(cfg.optim)
-    )
+    methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
+    plain = start(build_model(cfg.model, data, reporter.message)).to(dist.device)
+    methods.prepare(plain, data.task, reporter.message if dist.is_main else lambda line: None)
+    raw, model = strategies.apply(plain, state_floats_per_param(cfg.optim))
+    if cfg.optim.name == "muon" and is_sharded(raw):  # parallel=auto sharded a model too big to replicate
+        raise UserError(
+            "optim=muon with a sharded model (parallel=auto chose FSDP): Muon's Newton-Schulz step needs whole "
+            "matrices; use optim=adamw, or parallel=ddp if the model fits each device"
+        )
     optimizer = build_optimizer(cfg.optim, raw, fused=strategies.kernels.triton)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     diagnostics = Diagnostics(
         cfg.diagnostics, dist, raw, optimizer, scheduler, strategies.precision, cfg.train.log_every, reporter.message
     )
     hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
-    train_step = TrainStep(model, optimizer, *hooks, cfg.train, dist, diagnostics)
+    smoothing = methods.label_smoothing(cfg.train.label_smoothing)
+    train_cfg = dataclasses.replace(cfg.train, label_smoothing=smoothing)
+    train_step = TrainStep(model, optimizer, *hooks, train_cfg, dist, diagnostics)
     plan = loader_plan(cfg, data, per_rank, dist, decisions, reporter.message)
     loader = loading.TrainLoader(data.train, per_rank, dist.rank, dist.world_size, cfg.seed, plan, data.collate)
     val = OnDevice(
@@ -115,7 +125,7 @@ def train(
     clock = Clock()  # training time over every launch: the time to target
 
     parts = dict(scheduler=scheduler, loader=loader, **strategies.parts(), diagnostics=diagnostics)
-    parts.update(best=best, clock=clock)
+    parts.update(best=best, clock=clock, methods=methods)
     resumable = Resumable(raw, optimizer, **parts)
 
     step = 0
@@ -132,6 +142,9 @@ def train(
     def save() -> None:
         ckpt.save(step, resumable.state_dict(step))
 
+    def validate() -> dict[str, float]:  # the model a method evaluates (ema: the average), else the trained one
+        return evaluate(methods.eval_model(raw), val, strategies.precision, data.task, dist, cfg.train.eval_batches)
+
     record_launch(run, dist, data, cfg.seed, step, decisions.records())
     reporter.start(step)
     if found is not None:
@@ -146,9 +159,10 @@ def train(
             t0 = time.perf_counter()
             samples_per_step = cfg.train.batch_size * strategies.comm.accum_steps
             with label("fwk.data"):  # the data wait, for fwk profile's step split
-                step_batches = [next(batches) for _ in range(strategies.comm.accum_steps)]
+                step_batches = [methods.batch(step, *next(batches)) for _ in range(strategies.comm.accum_steps)]
             t1 = time.perf_counter()
             loss = train_step(step, step_batches)
+            methods.after_step(step, raw)
             scheduler.step()
             step += 1
             rewind.after(step, raw)
@@ -178,7 +192,7 @@ def train(
             evaluating = cfg.train.eval_every and step % cfg.train.eval_every == 0
             ending = False
             if evaluating or step == cfg.train.max_steps:
-                final_eval = evaluate(raw, val, strategies.precision, data.task, dist, cfg.train.eval_batches)
+                final_eval = validate()
                 reporter.log(step, final_eval, kind="eval")
                 said = best.after_eval(step, final_eval, lambda at=step: resumable.state_dict(at))
                 if said:
@@ -198,7 +212,7 @@ def train(
             if ending:
                 break
         if not final_eval:  # resumed from the final checkpoint: the loop had nothing left to do
-            final_eval = evaluate(raw, val, strategies.precision, data.task, dist, cfg.train.eval_batches)
+            final_eval = validate()
     finally:
         stop.restore()
         reporter.close()

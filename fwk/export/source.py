@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fwk.errors import UserError
 from fwk.track.lookup import is_complete
@@ -77,6 +77,22 @@ def check_exportable(run: RunDir) -> Path:
     return best["path"] if best is not None else found[-1]
 
 
+def exported_weights(checkpoint: Path) -> dict[str, Any]:
+    """The weights to export: the moving average's when the run trained with methods=[ema]
+    (evaluation used them too), else the model's."""
+    import torch
+
+    from fwk.components.checkpoint import model_weights
+    from fwk.methods.ema import averaged_weights
+
+    state = checkpoint / "state.pt"
+    if state.is_file():
+        averaged = averaged_weights(torch.load(state, map_location="cpu", weights_only=True))
+        if averaged is not None:
+            return averaged
+    return model_weights(checkpoint)
+
+
 def _check_checksums(path: Path) -> None:
     """The model's files in the checkpoint match the sha256 its manifest recorded."""
     from fwk.components.checkpoint import sha256_file
@@ -98,7 +114,6 @@ def load(run: RunDir) -> Source:
     import torch
     from omegaconf import OmegaConf
 
-    from fwk.components.checkpoint import model_weights
     from fwk.config.validate import to_typed
     from fwk.engine.build import build_data, build_model
 
@@ -109,7 +124,7 @@ def load(run: RunDir) -> Source:
     model = build_model(cfg.model, data)
     _check_checksums(checkpoint)
     try:
-        weights = model_weights(checkpoint)
+        weights = exported_weights(checkpoint)
         model.load_state_dict(weights)
     except RuntimeError as exc:  # shapes or keys differ: the config and the weights disagree
         first = str(exc).strip().splitlines()[0]

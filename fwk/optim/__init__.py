@@ -96,6 +96,50 @@ def lion(cfg: LionConfig, model: nn.Module, fused: bool) -> torch.optim.Optimize
     return Lion(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
+@dataclass
+class MuonConfig:
+    name: str = doc("muon", "registry name")
+    lr: float = doc(2e-3, "peak lr of both parts (Muon's is scaled per matrix to AdamW's update size)")
+    momentum: float = doc(0.95, "Muon: momentum of the orthogonalized update")
+    nesterov: bool = doc(True, "Muon: Nesterov momentum")
+    ns_steps: int = doc(5, "Muon: Newton-Schulz iterations per step")
+    weight_decay: float = doc(0.0, "decoupled weight decay of Muon's matrices and of AdamW's weights with dim >= 2")
+    adamw_lr: float = doc(0.0, "AdamW's peak lr for the embeddings, head, norms, biases and convs; 0 = lr")
+    beta1: float = doc(0.9, "AdamW beta1")
+    beta2: float = doc(0.95, "AdamW beta2")
+    eps: float = doc(1e-8, "AdamW epsilon")
+
+
+@OPTIMIZERS.register(MuonConfig)
+def muon(cfg: MuonConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+    import torch
+
+    from fwk.optim.muon import MuonAdamW, check_model, split
+
+    matrices, rest, _ = split(model)
+    decay = [p for p in rest if p.dim() >= 2]
+    no_decay = [p for p in rest if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    adamw = torch.optim.AdamW(
+        [g for g in groups if g["params"]] or [{"params": []}],
+        lr=cfg.adamw_lr or cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=fused and _on_cuda(model) or None,
+    )
+    check_model(model)
+    muon_part = torch.optim.Muon(
+        matrices,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        ns_steps=cfg.ns_steps,
+        adjust_lr_fn="match_rms_adamw",
+    )
+    return MuonAdamW(muon_part, adamw)
+
+
 def build_optimizer(cfg, model: nn.Module, fused: bool = False) -> torch.optim.Optimizer:
     """The registered optimizer; ``fused``: its fused step (fwk's Triton Lion, PyTorch's on CUDA)."""
     return OPTIMIZERS.get(cfg.name).builder(cfg, model, fused=fused)
@@ -103,13 +147,15 @@ def build_optimizer(cfg, model: nn.Module, fused: bool = False) -> torch.optim.O
 
 def state_floats_per_param(cfg) -> float:
     """Optimizer state elements per parameter element, measured: one step of the configured
-    optimizer on a small layer (AdamW 2, SGD with momentum 1, Lion 1)."""
+    optimizer on a small hidden layer (AdamW 2, SGD with momentum 1, Lion 1, Muon 1)."""
     import torch
     from torch import nn
 
-    layer = nn.Linear(8, 8, bias=False)
-    optimizer = build_optimizer(cfg, layer)
-    layer.weight.grad = torch.ones_like(layer.weight)
+    net = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False))  # a hidden layer and a head
+    layer = net[0]
+    optimizer = build_optimizer(cfg, net)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
     optimizer.step()
     state = optimizer.state[layer.weight]
     held = sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor) and v.numel() > 1)
@@ -122,6 +168,10 @@ def lr_factor(step: int, cfg: ScheduleConfig, max_steps: int) -> float:
         return (step + 1) / cfg.warmup_steps
     if cfg.decay == "constant":
         return 1.0
+    if cfg.decay == "wsd":  # stable at the peak, then linear to min_lr_ratio over the last cooldown_frac
+        cooldown = max(1, round(cfg.cooldown_frac * max_steps))
+        left = min(1.0, (max_steps - step) / cooldown)
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * max(0.0, left)
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps))
     shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.decay == "cosine" else 1.0 - progress
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape

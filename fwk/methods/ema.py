@@ -1,0 +1,51 @@
+"""``ema``: an exponential moving average of the weights, buffers included
+(``torch.optim.swa_utils.AveragedModel`` with an EMA multi-average function).
+
+The average is a copy of the plain model made before any strategy wraps it (a copy of a
+wrapped model would call the original's forwards). Evaluation, best checkpoints and
+``fwk export`` use it; training goes on with the raw weights. ``half_life`` is in steps:
+the decay per step is ``0.5 ** (1 / half_life)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from fwk.methods.base import Method
+
+
+class Ema(Method):
+    name = "ema"
+
+    def prepare(self, model: nn.Module) -> None:
+        self.decay = 0.5 ** (1.0 / self.cfg.half_life)
+        self.average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True)
+
+    def after_step(self, step: int, model: nn.Module) -> None:
+        self.average.update_parameters(model)
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        return self.average.module
+
+    def describe(self) -> str:
+        return (
+            f"ema: weights averaged every step (half-life {self.cfg.half_life:g} steps, decay {self.decay:.5f}); "
+            "evaluation, best checkpoints and fwk export use the average"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.average.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.average.load_state_dict(state)
+
+
+def averaged_weights(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The averaged model's weights in a checkpoint's state (for fwk export), or None."""
+    ema = (state.get("methods") or {}).get("ema")
+    if not ema:
+        return None
+    return {k.removeprefix("module."): v for k, v in ema.items() if k.startswith("module.")}

@@ -1,0 +1,84 @@
+"""Muon for the hidden weight matrices, AdamW for the rest, as one optimizer object.
+
+``torch.optim.Muon`` orthogonalizes each matrix's momentum (Newton-Schulz) before the
+update: the optimizer of modded-nanogpt's speedrun records (Keller Jordan et al.). It is
+defined for matrices only, and works best on the hidden ones; the embeddings, the output
+head (the last Linear, or a weight tied to an embedding), norms, biases, and convolution
+kernels (4-D: torch's Muon takes no other shape) go to AdamW, with its own lr. Muon's lr
+is scaled per matrix to match AdamW's update size (``adjust_lr_fn="match_rms_adamw"``),
+so one lr setting works for both (Moonshot's rule).
+
+Both optimizers' states are in one state dict, and the learning-rate scheduler scales
+every parameter group of both, so resume stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[str]]:
+    """(Muon's parameters, AdamW's, Muon's parameter names): hidden 2-D weights for Muon."""
+    named = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    head = {id(linears[-1].weight)} if linears else set()
+    muon, adamw, names = [], [], []
+    for p in {id(p): p for p in model.parameters() if p.requires_grad}.values():
+        if p.dim() == 2 and id(p) not in embeddings and id(p) not in head:
+            muon.append(p)
+            names.append(named[id(p)])
+        else:
+            adamw.append(p)
+    return muon, adamw, names
+
+
+def check_model(model: nn.Module) -> None:
+    """Pre-flight: the model has a hidden matrix for Muon (UserError if not)."""
+    if not split(model)[0]:
+        from fwk.errors import UserError
+
+        raise UserError(
+            f"optim=muon: {type(model).__name__} has no hidden weight matrices for Muon (it orthogonalizes 2-D "
+            "weights; embeddings, the head and convolutions stay with AdamW); use optim=adamw"
+        )
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """``torch.optim.Muon`` and ``torch.optim.AdamW`` behind one optimizer: its
+    ``param_groups`` are theirs (Muon's first), so schedulers and clipping see every one."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
+        self.muon, self.adamw = muon, adamw
+        params = [p for g in (*muon.param_groups, *adamw.param_groups) for p in g["params"]]
+        super().__init__(params, {})
+        self.param_groups = [*muon.param_groups, *adamw.param_groups]  # the same dicts: lr changes reach both
+
+    @property  # type: ignore[override]
+    def state(self) -> dict:  # per-parameter state, read by fwk's memory estimate
+        return {**self.muon.state, **self.adamw.state}
+
+    @state.setter
+    def state(self, value: Any) -> None:  # Optimizer.__init__ sets an empty one
+        pass
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = self.muon.step(closure)
+        self.adamw.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])
+        self.param_groups = [*self.muon.param_groups, *self.adamw.param_groups]
