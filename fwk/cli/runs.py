@@ -334,20 +334,25 @@ def plot(
     ),
     root: Path | None = _ROOT,
     as_json: bool = typer.Option(False, "--json", help="Print the path, runs and metrics as JSON instead of the path."),
+    x: str = typer.Option(
+        "step", "--x", help="The x axis: step, time (training seconds) or samples (seen); target crossings dashed."
+    ),
 ) -> None:
     """Plot train loss and each eval metric over steps for one or more runs, into a PNG; print its path."""
     from fwk.track.lookup import find_run
     from fwk.track.plot import draw, load, metric_names, no_data, with_data
 
+    if x not in ("step", "time", "samples"):
+        raise UserError(f"--x {x} is not an axis: expected step, time or samples")
     if out is not None and out.suffix.lower() != ".png":
         raise UserError(f"--out {out} is not a .png path: the plot is a PNG; give a name ending in .png")
     named = [find_run(_root(root), i) for i in run_ids]
     found = list({run.id: run for run in named}.values())  # a run named twice (two prefixes): plotted once
-    curves = with_data(load(found))
+    curves = with_data(load(found, x))
     empty = [r for r in found if r.id not in {c.run.id for c in curves}]
     if empty:  # a run just started, beside others: plot those
         print(f"fwk: warning: {no_data(empty)}; plotting the other {len(curves)}", file=sys.stderr)
-    path = draw(curves, out or _root(root) / "plots" / _plot_name([c.run.id for c in curves])).resolve()
+    path = draw(curves, out or _root(root) / "plots" / _plot_name([c.run.id for c in curves]), x).resolve()
     if as_json:
         echo_json(
             {

@@ -53,6 +53,9 @@ class Window:
         return row
 
 
+QUIET = ("train_s",)  # in metrics.jsonl and the sinks, not in the console line (fwk runs plot --x time reads it)
+
+
 def _fmt(key: str, value: Any) -> str:
     if key == "lr":
         return f"lr {value:.2e}"
@@ -101,7 +104,7 @@ class Reporter:
             f.write(json.dumps({"step": step, "kind": kind, **row}) + "\n")
         if self.tracking is not None:
             self.tracking.log(step, row, kind)
-        text = "  ".join(_fmt(k, v) for k, v in row.items())
+        text = "  ".join(_fmt(k, v) for k, v in row.items() if k not in QUIET)
         if self._bar is not None:
             if kind == "train":  # the bar shows the two numbers that fit a narrow terminal
                 info = f"loss {row['loss']:.4f}  {row['samples_per_s']:,.0f} samples/s"

@@ -59,7 +59,7 @@ def check_grammar(overrides: list[str]) -> None:
 
 
 def typed_keys(overrides: list[str]) -> set[str]:
-    """The config keys an override list sets by name (``precision.keep_fp32=[fc]`` ->
-    ``precision.keep_fp32``; ``+a.b=1``, ``~a.b`` too): what the user chose, as against what
-    the recipe and the groups' defaults gave."""
-    return {head.lstrip("+~") for head, _, _ in (o.partition("=") for o in overrides) if "." in head}
+    """The config keys and groups an override list sets by name (``precision.keep_fp32=[fc]``
+    -> ``precision.keep_fp32``, ``optim=muon`` -> ``optim``; ``+a.b=1``, ``~a.b`` too): what
+    the user chose, as against what the recipe and the groups' defaults gave."""
+    return {head.lstrip("+~") for head, _, _ in (o.partition("=") for o in overrides)}

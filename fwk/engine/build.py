@@ -120,7 +120,7 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     asked = p.name if p.name in ("bf16", "fp16") else p.dtype if p.name == "staged" and p.dtype != "auto" else None
     slow = precision.slow_here(asked, hardware.probe(device), device) if asked else None
     notes = [f"precision={p.name} is slow here: {slow}"] if slow else []
-    muon = getattr(cfg.optim, "name", None) == "muon"
+    muon = getattr(cfg.optim, "name", None) == "muon" and "optim" in typed  # a recipe's muon falls back (trainer)
     if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16 or muon):
         return notes
     with torch.device("meta"):

@@ -36,6 +36,7 @@ from fwk.engine.step import TrainStep, label
 from fwk.errors import UserError
 from fwk.methods import Methods
 from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
+from fwk.optim.muon import MuonAdamW
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.parallelize import Strategies
@@ -105,6 +106,10 @@ def train(
             "matrices; use optim=adamw, or parallel=ddp if the model fits each device"
         )
     optimizer = build_optimizer(cfg.optim, raw, fused=strategies.kernels.triton)
+    if cfg.optim.name == "muon" and not isinstance(optimizer, MuonAdamW) and dist.is_main:
+        reporter.message(
+            f"optim=muon: {type(raw).__name__} has no hidden weight matrices for Muon; AdamW trains all of it"
+        )
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     diagnostics = Diagnostics(
         cfg.diagnostics, dist, raw, optimizer, scheduler, strategies.precision, cfg.train.log_every, reporter.message
@@ -182,6 +187,7 @@ def train(
                         **row,
                         **strategies.metrics(step),
                         **diagnostics.metrics(),
+                        "train_s": round(clock.seconds, 3),  # training seconds so far: fwk runs plot --x time
                     },
                 )
                 strategies.comm.adapt(step)
@@ -193,7 +199,7 @@ def train(
             ending = False
             if evaluating or step == cfg.train.max_steps:
                 final_eval = validate()
-                reporter.log(step, final_eval, kind="eval")
+                reporter.log(step, {**final_eval, "train_s": round(clock.seconds, 3)}, kind="eval")
                 said = best.after_eval(step, final_eval, lambda at=step: resumable.state_dict(at))
                 if said:
                     reporter.message(said)

@@ -1,4 +1,6 @@
-"""Loss and eval metrics over steps, several runs overlaid, as one PNG (`fwk runs plot`).
+"""Loss and eval metrics over steps, training time or samples seen, several runs overlaid,
+as one PNG (`fwk runs plot --x step|time|samples`), each run's ``train.stop_at`` crossing
+marked: a fast recipe and a plain one compare where it matters, at the same wall time.
 
 Reads metrics.jsonl only; no torch. matplotlib is imported inside ``draw`` (it takes a
 fraction of a second), and drawn through a bare Figure, which renders with Agg: no
@@ -15,8 +17,9 @@ from pathlib import Path
 from fwk.errors import UserError
 from fwk.track.store import RunDir
 
-# metric name -> (steps, values), steps ascending
-Series = dict[str, tuple[list[int], list[float]]]
+# metric name -> (x values, values), x ascending
+Series = dict[str, tuple[list[float], list[float]]]
+AXES = {"step": "step", "time": "training time (s)", "samples": "samples seen"}
 
 TRAIN_LOSS = "loss"  # the train rows' key; the eval metrics are named by their own keys (val_loss, val_acc, ...)
 
@@ -28,13 +31,28 @@ def _number(value: object) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def series(run: RunDir) -> Series:
-    """The train loss and every eval metric of ``run``, by step, non-finite values left out.
+def _samples_per_step(run: RunDir) -> int:
+    from fwk.track.status import read_config
+
+    train = read_config(run).get("train") or {}
+    return int(train.get("batch_size", 1)) * int(train.get("accum_steps", 1))
+
+
+def _x(row: dict, x: str, per_step: int) -> float | None:
+    if x == "time":  # cumulative training seconds, logged with every row (train_s)
+        return _number(row.get("train_s"))
+    return float(row["step"] * (per_step if x == "samples" else 1))
+
+
+def series(run: RunDir, x: str = "step") -> Series:
+    """The train loss and every eval metric of ``run``, by ``x`` (step, time or samples),
+    non-finite values left out.
 
     A step logged twice (a resumed run that was killed between its checkpoint and its next
     log) keeps its last value; a half-written last line (a run still running) is skipped.
     """
-    points: dict[str, dict[int, float]] = {}
+    points: dict[str, dict[float, float]] = {}
+    per_step = _samples_per_step(run) if x == "samples" else 1
     try:
         lines = run.metrics.read_text(errors="replace").splitlines()
     except OSError:
@@ -49,13 +67,16 @@ def series(run: RunDir) -> Series:
         if row.get("kind") == "train":
             wanted = {TRAIN_LOSS: row.get(TRAIN_LOSS)}
         elif row.get("kind") == "eval":
-            wanted = {k: v for k, v in row.items() if k not in ("step", "kind")}
+            wanted = {k: v for k, v in row.items() if k not in ("step", "kind", "train_s")}
         else:
+            continue
+        at = _x(row, x, per_step)
+        if at is None:  # --x time on rows logged before fwk recorded train_s
             continue
         for name, value in wanted.items():
             number = _number(value)
             if number is not None:
-                points.setdefault(name, {})[row["step"]] = number
+                points.setdefault(name, {})[at] = number
     return {name: (sorted(by_step), [by_step[s] for s in sorted(by_step)]) for name, by_step in points.items()}
 
 
@@ -90,13 +111,26 @@ class Curves:
     run: RunDir
     label: str
     series: Series
+    target: float | None = None  # where the run reached its train.stop_at, on the x axis
 
 
-def load(runs: list[RunDir]) -> list[Curves]:
+def crossing(run: RunDir, x: str) -> float | None:
+    """Where ``run`` reached its ``train.stop_at`` target, on axis ``x`` (None: it did not)."""
+    from fwk.track.status import read_json
+
+    target = (read_json(run.summary) or {}).get("target") or {}
+    if not target.get("reached"):
+        return None
+    if x == "time":
+        return float(target["train_time_s"])
+    return float(target["step"] * (_samples_per_step(run) if x == "samples" else 1))
+
+
+def load(runs: list[RunDir], x: str = "step") -> list[Curves]:
     from fwk.track.status import read_config
 
     keys = differing([read_config(run) for run in runs]) if len(runs) > 1 else []
-    return [Curves(run, label(run, keys), series(run)) for run in runs]
+    return [Curves(run, label(run, keys), series(run, x), crossing(run, x)) for run in runs]
 
 
 def metric_names(curves: list[Curves]) -> list[str]:
@@ -130,8 +164,9 @@ def _log_scale(values: list[float]) -> bool:
     return bool(values) and min(values) > 0 and max(values) / min(values) > 100
 
 
-def draw(curves: list[Curves], out: Path) -> Path:
-    """Write the PNG of ``curves`` (each with some series) to ``out``; one colour per run."""
+def draw(curves: list[Curves], out: Path, x: str = "step") -> Path:
+    """Write the PNG of ``curves`` (each with some series) to ``out``; one colour per run, a
+    dashed line where a run reached its target."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -153,8 +188,10 @@ def draw(curves: list[Curves], out: Path) -> Path:
             # eval points are few (every eval_every steps): markers show where they were taken
             marker = "o" if name != TRAIN_LOSS or len(steps) == 1 else None
             ax.plot(steps, values, color=palette(i % palette.N), marker=marker, markersize=3, linewidth=1.2)
+            if c.target is not None:
+                ax.axvline(c.target, color=palette(i % palette.N), linestyle="--", linewidth=0.8)
         ax.set_title("train loss" if name == TRAIN_LOSS else name)
-        ax.set_xlabel("step")
+        ax.set_xlabel(AXES[x])
         ax.grid(alpha=0.3)
         if ("loss" in name or "ppl" in name) and _log_scale(everything):
             ax.set_yscale("log")

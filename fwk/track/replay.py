@@ -21,7 +21,7 @@ from fwk.track.run_id import _CODE_DIRS
 from fwk.track.store import RunDir
 
 # Row keys that measure time, not what was computed: they differ between any two runs.
-TIMING_KEYS = frozenset({"samples_per_s", "data_wait", "comm_wait"})
+TIMING_KEYS = frozenset({"samples_per_s", "data_wait", "comm_wait", "train_s"})
 
 
 def salt(original: RunDir) -> str:

@@ -150,7 +150,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "decode": ("decode_rows", "rows", 30),
     "datawait": ("datawait", "rows", 120),
     "tta": ("tta", "rows", 485),
-    "precision": ("precision", "rows", 50),
+    "precision": ("precision", "rows", 60),
     "channels_last": ("channels_last", "rows", 30),
     "memory": ("memory", "rows", 80),
     "jit": ("jit", "rows", 30),

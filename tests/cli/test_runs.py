@@ -159,6 +159,9 @@ def test_plot_bad_arguments_are_one_line(curves: Path) -> None:
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "matches 2 runs" in out.stderr
     out = run_fwk("runs", "plot", "c0ffee0001", "--out", "plot.pdf", runs=curves)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give a name ending in .png" in out.stderr
+    out = run_fwk("runs", "plot", "c0ffee0001", "--x", "epochs", runs=curves)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "fwk: error: --x epochs is not an axis: expected step, time or samples"
     assert not (curves / "plots").exists()
 
 

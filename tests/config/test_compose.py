@@ -92,7 +92,10 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 @pytest.mark.parametrize(
     "overrides,expected",
     [
-        (["recipe=nope"], "unknown recipe 'nope'; choose one of: digits_cnn, gpt_stdlib, resnet50_imagenet"),
+        (
+            ["recipe=nope"],
+            "unknown recipe 'nope'; choose one of: digits_cnn, gpt_stdlib, gpt_stdlib_fast, resnet50_imagenet",
+        ),
         (["model=nope"], "unknown model 'nope'"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: expected a number > 0"),
         (

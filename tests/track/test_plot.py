@@ -88,3 +88,30 @@ def test_plot_runs_leaves_out_runs_without_rows_and_refuses_when_none_has_any(tm
     with pytest.raises(UserError, match="run e0 has no metrics yet"):
         plot_runs([empty], tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+def test_curves_by_training_time_or_samples_with_the_target_crossing(tmp_path: Path) -> None:
+    import yaml
+
+    from fwk.track.plot import crossing
+
+    run = make_run(tmp_path, "a1", losses=())
+    rows = [
+        {"step": 10, "kind": "train", "loss": 2.0, "train_s": 1.5},
+        {"step": 20, "kind": "train", "loss": 1.0, "train_s": 3.0},
+        {"step": 20, "kind": "eval", "val_acc": 0.9, "train_s": 3.0},
+    ]
+    run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = yaml.safe_load(run.config.read_text())
+    config["train"].update(batch_size=32, accum_steps=2)
+    run.config.write_text(yaml.safe_dump(config))
+    run.write_summary({"final_step": 20, "eval": {}, "target": {"reached": True, "step": 20, "train_time_s": 3.1}})
+    assert series(run, "time") == {"loss": ([1.5, 3.0], [2.0, 1.0]), "val_acc": ([3.0], [0.9])}
+    assert series(run, "samples")["loss"] == ([640.0, 1280.0], [2.0, 1.0])  # step x batch x accumulation
+    assert [crossing(run, x) for x in ("step", "time", "samples")] == [20.0, 3.1, 1280.0]
+    out = plot_runs([run], tmp_path / "t.png")
+    assert out.is_file()
+    from fwk.track.plot import draw
+
+    drawn = draw(load([run], "time"), tmp_path / "time.png", "time")
+    assert imread(drawn).shape[2] in (3, 4)
