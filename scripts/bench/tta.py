@@ -8,7 +8,9 @@ digits_cnn to val_acc >= 0.985; gpt_stdlib to a val loss in nats/byte. fwk is th
 own ``train.stop_at``; the plain loop is fp32 eager PyTorch. Where the recipe has a fast
 variant (``recipes/gpt_stdlib_fast.yaml``: the same model, data, evaluation and target,
 faster training settings), it is a third side. Ratio: fwk seconds / plain seconds (< 1 is
-fwk faster); target for a fast recipe: <= 0.6x.
+fwk faster); target for a fast recipe: <= 0.6x. Seed 0's curves of every side, over
+training seconds with the target crossings dashed, go to ``bench/results/tta-<name>.png``
+(the plain loop writes its rows as a run dir that ``fwk runs plot`` reads).
 
 gpt_stdlib to the issue's 1.7 nats/byte (the whole val set, evaluated every 50 steps)
 takes ~450 steps, ~1 min a run on 2 CPU cores: three interleaved reps of each side (not
@@ -18,6 +20,7 @@ row says so.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,20 +45,23 @@ def met(row: dict, metric: str, target: float) -> bool:
     return value is not None and (value >= target if metric == "val_acc" else value <= target)
 
 
-def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> int:
-    """Steps fwk took to reach the target, stopped by its own ``train.stop_at`` (raises if it never did)."""
+def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> tuple[int, Path]:
+    """Steps fwk took to reach the target, stopped by its own ``train.stop_at`` (raises if it
+    never did), and its run dir."""
     stop_at = f"{metric}{'>=' if metric == 'val_acc' else '<='}{target}"
     cfg = to_typed(compose([*overrides, f"train.stop_at={stop_at}"]))
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     run = open_run(root, f"tta-{time.monotonic_ns()}", text, "bench", 1)  # a fresh run dir: never a resume
     summary = train(cfg, run) or {}
+    run.write_summary(summary)  # as the worker does: the plot reads the target's crossing from it
     if not summary.get("target", {}).get("reached"):
         raise RuntimeError(f"fwk never reached {stop_at} in {cfg.train.max_steps} steps")
-    return int(summary["target"]["step"])
+    return int(summary["target"]["step"]), run.path
 
 
-def plain_run(overrides: list[str], metric: str, target: float) -> int:
-    """The plain loop, fp32 eager, evaluating the same way; steps it took."""
+def plain_run(overrides: list[str], metric: str, target: float, record: Path | None = None) -> int:
+    """The plain loop, fp32 eager, evaluating the same way; steps it took. ``record``: a run
+    dir to write its rows to (loss, eval metrics, training seconds), for the time plot."""
     cfg = to_typed(compose([*overrides, "precision=fp32", "jit=off"]))
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data, seed=cfg.seed)
@@ -64,22 +70,57 @@ def plain_run(overrides: list[str], metric: str, target: float) -> int:
     sched = build_schedule(cfg.schedule, opt, cfg.train.max_steps)
     loader = torch.utils.data.DataLoader(data.train, batch_size=cfg.train.batch_size, shuffle=True, drop_last=True)
     val = torch.utils.data.DataLoader(data.val, batch_size=cfg.train.batch_size)
-    step = 0
+    step, trained, rows, window = 0, 0.0, [], []
     while step < cfg.train.max_steps:
         for x, y in loader:
+            t0 = time.perf_counter()
             logits = model(x)
-            F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).backward()
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+            loss.backward()
             if cfg.train.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
             step += 1
-            if step % cfg.train.eval_every == 0 and met(evaluate(model, val, cfg.train.eval_batches), metric, target):
-                return step
+            trained += time.perf_counter() - t0
+            if record is not None:  # the window's mean loss, as fwk logs it
+                window.append(loss.detach())
+                if step % cfg.train.log_every == 0:
+                    mean = torch.stack(window).mean().item()
+                    rows.append({"step": step, "kind": "train", "loss": mean, "train_s": trained})
+                    window = []
+            if step % cfg.train.eval_every == 0:
+                row = evaluate(model, val, cfg.train.eval_batches)
+                rows.append({"step": step, "kind": "eval", **row, "train_s": trained})
+                if met(row, metric, target):
+                    _record(record, cfg, rows, step, trained)
+                    return step
             if step == cfg.train.max_steps:
                 break
     raise RuntimeError(f"the plain loop never reached {metric} {target} in {cfg.train.max_steps} steps")
+
+
+def _record(path: Path | None, cfg, rows: list[dict], step: int, trained: float) -> None:
+    """The plain loop's rows as a run dir that ``fwk runs plot`` reads."""
+    if path is None:
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    train = {"batch_size": cfg.train.batch_size, "accum_steps": 1}
+    (path / "config.yaml").write_text(OmegaConf.to_yaml({"recipe": "plain loop", "train": train}))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps({"target": {"reached": True, "step": step, "train_time_s": trained}}))
+
+
+def plot(name: str, runs: list[tuple[str, Path]]) -> Path:
+    """Seed 0's curves of every side over training seconds, the target crossings dashed,
+    beside the harness's results (``bench/results/tta-<name>.png``)."""
+    from fwk.track.plot import Curves, crossing, draw, series
+    from fwk.track.store import RunDir
+
+    out = Path(__file__).resolve().parents[2] / "bench" / "results" / f"tta-{name}.png"
+    curves = [Curves(RunDir(p), label, series(RunDir(p), "time"), crossing(RunDir(p), "time")) for label, p in runs]
+    return draw(curves, out, "time")
 
 
 @torch.no_grad()
@@ -104,16 +145,27 @@ CASES = {  # name -> (overrides, metric, target, reps, note, fast recipe), at fu
         (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.95, 3, "--quick: a looser target", None),
     ),
     "gpt_stdlib": (
-        (["recipe=gpt_stdlib", "train.eval_every=50"], "val_loss", 1.7, 3,
-         "the issue's target, on the recipe's whole val set; 3 reps, not 5: a run is ~1 min on 2 cores",
-         "gpt_stdlib_fast"),
-        (["recipe=gpt_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8"], "val_loss",
-         3.5, 3, "--quick: a loose target", "gpt_stdlib_fast"),
+        (
+            ["recipe=gpt_stdlib", "train.eval_every=50"],
+            "val_loss",
+            1.7,
+            3,
+            "the issue's target, on the recipe's whole val set; 3 reps, not 5: a run is ~1 min on 2 cores",
+            "gpt_stdlib_fast",
+        ),
+        (
+            ["recipe=gpt_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8"],
+            "val_loss",
+            3.5,
+            3,
+            "--quick: a loose target",
+            "gpt_stdlib_fast",
+        ),
     ),
 }
 
 
-def _timed(fn: Callable[[], int]) -> tuple[float, int]:
+def _timed(fn: Callable[[], tuple[int, Path]]) -> tuple[float, tuple[int, Path]]:
     t0 = time.perf_counter()
     steps = fn()
     return time.perf_counter() - t0, steps
@@ -126,6 +178,7 @@ def one(name: str, quick: bool) -> list:
     faster = [f"recipe={fast}", *overrides[1:]] if fast else None
     sides = {"fwk": overrides, "plain": overrides, **({"fast": faster} if faster else {})}
     seconds: dict[str, list[float]] = {s: [] for s in sides}
+    curves: dict[str, Path] = {}  # seed 0's run dir of each side, for the plot
     steps: dict[str, list[int]] = {s: [] for s in sides}
     # Rep i of each side trains with seed i: the sides shuffle the data differently (fwk's
     # seeded sampler, the plain loop's DataLoader), so one seed could favour either; the
@@ -136,12 +189,19 @@ def one(name: str, quick: bool) -> list:
             order = list(sides)[rep % len(sides) :] + list(sides)[: rep % len(sides)]
             for side in order:
                 seeded = [*sides[side], f"seed={rep}"]
-                run = (lambda o=seeded: plain_run(o, metric, target)) if side == "plain" else (
-                    lambda o=seeded: fwk_run(o, metric, target, Path(tmp))
+                kept = Path(tmp) / "plain-loop" if rep == 0 else None
+                run = (
+                    (lambda o=seeded, k=kept: (plain_run(o, metric, target, k), k))
+                    if side == "plain"
+                    else (lambda o=seeded: fwk_run(o, metric, target, Path(tmp)))
                 )
-                took, n = _timed(run)
+                took, (n, path) = _timed(run)
                 seconds[side].append(took)
                 steps[side].append(n)
+                if rep == 0:
+                    curves[side] = path
+        labels = {"fwk": f"fwk {name}", "plain": "plain PyTorch loop", "fast": f"fwk {fast}"}
+        drawn = plot(name, [(f"{labels[s]} (seed 0)", curves[s]) for s in sides])
     med = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731
     what = f"val_acc >= {target}" if metric == "val_acc" else f"val loss <= {target} nats/byte"
     out = []
@@ -150,11 +210,15 @@ def one(name: str, quick: bool) -> list:
         label = "fwk" if side == "fwk" else f"fwk {fast}"
         out.append(
             ratio_row(
-                "tta", f"{name if side == 'fwk' else fast} to {what}", ratios,
-                Side(label, med(seconds[side]), "s"), Side("plain", med(seconds["plain"]), "s"),
-                f"{side}/plain seconds to target", "<= 0.6x" if side == "fast" else "",
+                "tta",
+                f"{name if side == 'fwk' else fast} to {what}",
+                ratios,
+                Side(label, med(seconds[side]), "s"),
+                Side("plain", med(seconds["plain"]), "s"),
+                f"{side}/plain seconds to target",
+                "<= 0.6x" if side == "fast" else "",
                 f"{note}; steps {side} {med(steps[side])}, plain {med(steps['plain'])}; seeds 0-{reps - 1}; "
-                "no warm-up rep (each run is cold)",
+                f"no warm-up rep (each run is cold); curves: {drawn.relative_to(drawn.parents[2])}",
             )
         )
     return out
@@ -162,4 +226,3 @@ def one(name: str, quick: bool) -> list:
 
 def rows(quick: bool) -> list:
     return [r for name in CASES for r in guarded("tta", name, lambda name=name: one(name, quick))]
-
