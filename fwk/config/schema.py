@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fwk.config.methods import METHODS, MethodConfig
 from fwk.registry import doc
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "staged")
@@ -264,56 +265,6 @@ class TrackingConfig:
     mlflow: bool = doc(False, "also send params, metrics and artifacts to the MLflow tracking server at uri")
     uri: str = doc("", "MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: $MLFLOW_TRACKING_URI)")
     experiment: str = doc("", "MLflow experiment the run is logged under; empty = the recipe's name")
-
-
-METHODS = ("ema", "label_smoothing", "seq_warmup", "progressive_resize")
-
-
-@dataclass
-class EmaConfig:
-    """An exponential moving average of the weights, used by evaluation, best checkpoints and export."""
-
-    half_life: float = doc(100.0, "steps over which an earlier weight's share in the average halves")
-
-
-@dataclass
-class LabelSmoothingConfig:
-    """Cross-entropy against smoothed targets (classification)."""
-
-    smoothing: float = doc(0.1, "share of the target's mass spread over the other classes, in (0, 1)")
-
-
-@dataclass
-class SeqWarmupConfig:
-    """The GPT's sequence length ramps from start_len to data.seq_len (a function of the step)."""
-
-    start_len: int = doc(16, "sequence length of the first step")
-    duration: float = doc(0.3, "share of train.max_steps over which the length ramps up to the full length")
-    multiple: int = doc(8, "lengths are rounded down to a multiple of this (fewer distinct shapes to compile)")
-
-
-@dataclass
-class ProgressiveResizeConfig:
-    """Images trained small first, then larger, then at full size (Composer's progressive resizing)."""
-
-    initial_scale: float = doc(0.5, "side of the first steps' images, as a share of the full size")
-    delay_fraction: float = doc(0.4, "share of train.max_steps at initial_scale before the ramp starts")
-    finetune_fraction: float = doc(0.2, "share of train.max_steps at the end at the full size")
-    size_increment: int = doc(4, "sides are rounded down to a multiple of this")
-
-
-@dataclass
-class MethodConfig:
-    """Each method's settings (``methods=[...]`` says which run; fwk/methods/)."""
-
-    ema: EmaConfig = field(default_factory=EmaConfig, metadata={"doc": "methods=[ema]"})
-    label_smoothing: LabelSmoothingConfig = field(
-        default_factory=LabelSmoothingConfig, metadata={"doc": "methods=[label_smoothing]"}
-    )
-    seq_warmup: SeqWarmupConfig = field(default_factory=SeqWarmupConfig, metadata={"doc": "methods=[seq_warmup]"})
-    progressive_resize: ProgressiveResizeConfig = field(
-        default_factory=ProgressiveResizeConfig, metadata={"doc": "methods=[progressive_resize]"}
-    )
 
 
 @dataclass

@@ -118,7 +118,7 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     p, m = cfg.precision, cfg.memory
     wants_fp16 = p.name == "fp16" or (p.name == "staged" and p.dtype == "fp16")
     asked = p.name if p.name in ("bf16", "fp16") else p.dtype if p.name == "staged" and p.dtype != "auto" else None
-    slow = precision.slow_here(asked, hardware.probe(device), device) if asked else None
+    slow = hardware.slow_here(asked, hardware.probe(device), device) if asked else None
     notes = [f"precision={p.name} is slow here: {slow}"] if slow else []
     muon = getattr(cfg.optim, "name", None) == "muon" and "optim" in typed  # a recipe's muon falls back (trainer)
     if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16 or muon):

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fwk.config.schema import MethodConfig
+from fwk.config.methods import MethodConfig
 from fwk.errors import UserError
 from fwk.methods.base import Method
 from fwk.methods.ema import Ema

@@ -9,13 +9,14 @@ anything it changes is a function of the step, so a resumed run continues exactl
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 from torch import nn
 
 
-class Method:
+class Method(ABC):
     name = ""
     tasks: tuple[str, ...] = ("classification", "lm")  # the data tasks it can serve
 
@@ -24,12 +25,14 @@ class Method:
 
     def prepare(self, model: nn.Module) -> None:
         """Once, on the plain model (weights on the device, no strategy applied yet)."""
+        return None  # a hook: most methods need no set-up
 
     def batch(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x, y
 
     def after_step(self, step: int, model: nn.Module) -> None:
         """After optimizer step ``step`` (0-based), with the model being trained (plain)."""
+        return None  # a hook: only methods that follow the weights (ema) use it
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         return model
@@ -37,11 +40,12 @@ class Method:
     def label_smoothing(self) -> float | None:
         return None
 
+    @abstractmethod
     def describe(self) -> str:
-        raise NotImplementedError
+        """One line: what the method does and when (said once, at the start of a run)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        return None  # a method whose behaviour is a function of the step keeps no state

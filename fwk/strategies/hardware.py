@@ -68,3 +68,12 @@ def probe(device: torch.device) -> Features:
         bf16_fast = override
         text += f"; {CPU_BF16_ENV}={int(override)}: bf16 units {'assumed' if override else 'ignored'}"
     return Features(bf16_fast=bf16_fast, fp16_works=True, text=text)
+
+
+def slow_here(fmt: str, features: Features, device: torch.device) -> str | None:
+    """Why an explicit format runs slowly on this device, or None."""
+    if fmt == "fp16" and device.type == "cpu":
+        return "a CPU emulates fp16 (tens of times slower than fp32); precision=auto measures what is fastest"
+    if fmt == "bf16" and not features.bf16_fast:
+        return f"{features.text} emulates bf16; precision=auto measures what is fastest"
+    return None

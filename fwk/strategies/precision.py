@@ -5,14 +5,9 @@
 - ``fp16``: autocast to float16 with dynamic loss scaling (``torch.amp.GradScaler``): a
   step with inf/NaN gradients is skipped and counted, and the scale backs off.
 - ``staged``: fp32 warm-up -> AMP -> final phase with ``final_fp32`` back in fp32.
-- ``auto``: measured. The hardware probe (``hardware.py``) names the one reduced format
-  worth trying, if any (never an emulated one); the first ``probe_steps`` record
-  per-module value ranges (under fp16 the modules near fp16's limit join ``keep_fp32``);
-  then ``trial_steps`` real training steps of that format and of fp32 are timed,
-  interleaved, and the reduced format is kept only if it is ``min_speedup`` times faster.
-  The decision is agreed across ranks, kept in the checkpoint, and cached per machine and
-  model (``decisions.py``): a later run of the same model here reuses it without trials,
-  and a replay re-runs the original's trial steps as they were.
+- ``auto``: measured (``auto_precision.py``): the first ``probe_steps`` record per-module
+  value ranges (under fp16 the modules near fp16's limit join ``keep_fp32``), then the
+  hardware's one reduced format is timed against fp32 and kept only if faster.
 
 ``keep_fp32`` modules run with autocast disabled and their inputs cast up to fp32.
 The loop calls ``begin(step)`` before each step, ``autocast()`` around forward,
@@ -23,7 +18,6 @@ ranges) is part of the checkpoint, and the phase follows from the step, so resum
 from __future__ import annotations
 
 import contextlib
-import statistics
 from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -37,41 +31,14 @@ from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies import hardware
+from fwk.strategies.auto_precision import AutoChoice
 from fwk.strategies.decisions import Decisions
+from fwk.strategies.islands import Gate, fp32_forward
 from fwk.strategies.modules import fitting, match, outermost, wrap_forward
 from fwk.strategies.ranges import RangeProbe
 
 FP16_MAX = 65504.0
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class _Gate:
-    """A switch shared by the fp32 wrappers of one set of modules."""
-
-    on = False
-
-
-def _up(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
-        return value.float()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_up(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _up(v) for k, v in value.items()}
-    return value
-
-
-def _fp32_forward(gate: _Gate, device_type: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if not gate.on:
-                return forward(*args, **kwargs)
-            with torch.autocast(device_type, enabled=False):
-                return forward(*_up(args), **_up(kwargs))
-
-        return run
-
-    return wrapper
 
 
 def choose_format(features: hardware.Features, device: torch.device) -> str:
@@ -82,32 +49,6 @@ def choose_format(features: hardware.Features, device: torch.device) -> str:
     if device.type == "cuda" and features.fp16_works:
         return "fp16"
     return "fp32"
-
-
-def trial_order(fast: str, steps: int) -> list[str]:
-    """The formats of auto's trial steps: one untimed warm-up step of each (the first step of
-    a format pays its one-time costs), then ``steps`` timed pairs that alternate which goes
-    first (a step right after the other format's runs a little slower)."""
-    order = ["fp32", fast]
-    for r in range(steps):
-        order += ["fp32", fast] if r % 2 == 0 else [fast, "fp32"]
-    return order
-
-
-def slow_here(fmt: str, features: hardware.Features, device: torch.device) -> str | None:
-    """Why an explicit format runs slowly on this device, or None."""
-    if fmt == "fp16" and device.type == "cpu":
-        return "a CPU emulates fp16 (tens of times slower than fp32); precision=auto measures what is fastest"
-    if fmt == "bf16" and not features.bf16_fast:
-        return f"{features.text} emulates bf16; precision=auto measures what is fastest"
-    return None
-
-
-def compared(fast: str, fast_ms: float, fp32_ms: float) -> str:
-    """``bf16 2.07x slower than fp32 (12 vs 5.77 ms/step)``: a trial's figures in words."""
-    speedup = fp32_ms / fast_ms
-    ratio = f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
-    return f"{fast} {ratio} than fp32 ({fast_ms:.3g} vs {fp32_ms:.3g} ms/step"
 
 
 def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device, typed: Collection[str] = ()) -> None:
@@ -144,20 +85,12 @@ class Precision:
         self.cfg, self.dist, self.say, self.decisions = cfg, dist, say, decisions
         self.device_type = dist.device.type
         features = hardware.probe(dist.device)
-        # auto: the reduced format worth timing (None: fp32 only), the planned trial, its times
-        self.fast: str | None = None
-        self.trial: dict[str, Any] | None = None
-        self.times: dict[str, list[float]] = {}
-        self.record: dict[str, Any] | None = None  # auto's decision, once made or recalled
-        self.source = ""
-        self._line = ""
+        self.auto: AutoChoice | None = None  # precision=auto's measured choice
         self.scaler: torch.amp.GradScaler | None = None
         self._features = features
         if cfg.name == "auto":
-            prior = choose_format(features, dist.device)
-            self.fast = None if prior == "fp32" else prior
-            self.format = prior
-            self._plan_auto(features, max_steps, deterministic)
+            self.format = choose_format(features, dist.device)
+            self.auto = AutoChoice(cfg, dist, decisions, self.format, features, max_steps, deterministic)
         elif cfg.name == "staged":
             # an explicit staged run wants AMP: fp16 where auto would pick it, else bf16 (range-safe)
             auto = "fp16" if choose_format(features, dist.device) == "fp16" else "bf16"
@@ -173,7 +106,7 @@ class Precision:
         self.phase: str | None = None
         self._fit_scaler()
         self._skipped = torch.zeros((), dtype=torch.int64, device=dist.device)
-        self._keep, self._final = _Gate(), _Gate()
+        self._keep, self._final = Gate(), Gate()
         self._kept: set[str] = set()
         self.keep_patterns: list[str] = []  # keep_fp32's patterns that match this model (prepare)
         self._model: nn.Module | None = None
@@ -182,64 +115,37 @@ class Precision:
         self.ranges: dict[str, tuple[float, float]] = {}
         self.probe_done = cfg.name != "auto" or cfg.probe_steps == 0
 
-    # ---- auto: recall, or plan the trial --------------------------------------------
-    def _plan_auto(self, features: hardware.Features, max_steps: int, deterministic: bool) -> None:
-        record, source = self.decisions.recall("precision") if self.decisions is not None else (None, "")
-        if record is not None:
-            self._adopt(record, source)
-            return
-        start = self.cfg.probe_steps
-        order = trial_order(self.fast, self.cfg.trial_steps) if self.fast else []
-        if not self.fast:
-            why = f"{features.text}, no fast bf16 units (an emulated format is not tried)"
-        elif deterministic:
-            why = f"{features.text}; not timed against fp32 (train.deterministic=true)"
-        elif start + len(order) >= max_steps:
-            why = f"{features.text}; {max_steps} steps are too few to time {self.fast} against fp32"
-        else:
-            self.trial = {"start": start, "order": order}
-            self.times = {f: [] for f in (self.fast, "fp32")}
-            self._line = (
-                f"precision=auto: {features.text}; timing {self.fast} against fp32 on steps {start}-"
-                f"{start + len(order) - 1} ({self.cfg.trial_steps} steps each, interleaved) before choosing"
-            )
-            return
-        self._decided({"choice": self.format, "fast": self.fast, "trial": None}, "hardware")
-        self._line = f"precision=auto chose {self.format}: {why}"
+    @property
+    def fast(self) -> str | None:
+        """auto's reduced format worth timing (None: fp32 only, or not auto)."""
+        return self.auto.fast if self.auto is not None else None
 
-    def _adopt(self, record: dict[str, Any], source: str) -> None:
-        """Follow a recalled decision: a cached one from step 0; a replayed one with the
-        original's trial steps (each step in the format it ran in)."""
-        self.fast = record.get("fast")
-        self.trial = record.get("trial") if source == "replayed" else None
-        self._decided({**record, "trial": self.trial}, source)  # a cached decision: no trial in this run
-        choice = record["choice"]
-        ms = record.get("ms") or {}
-        if source == "cached" and self.fast and ms:
-            figures = compared(self.fast, ms[self.fast], ms["fp32"])
-            self._line = (
-                f"precision=auto chose {choice} as measured before for this model on this machine: {figures}; "
-                "auto.cache=false or --redecide measures again)"
-            )
-        elif source == "cached":
-            self._line = f"precision=auto chose {choice} as decided before for this model on this machine"
-        else:
-            trial = record.get("trial")
-            steps = (
-                f", with its trial steps {trial['start']}-{trial['start'] + len(trial['order']) - 1}" if trial else ""
-            )
-            self._line = (
-                f"precision=auto re-applies {choice}, as the {source} run decided{steps} (--redecide decides afresh)"
-            )
+    @property
+    def trial_end(self) -> int:
+        """The first step after auto's trial (0 when there is none)."""
+        return self.auto.trial_end if self.auto is not None else 0
 
-    def _decided(self, record: dict[str, Any], source: str) -> None:
-        self.record, self.source = record, source
-        if self.decisions is not None:
-            self.decisions.keep("precision", record, source)
+    @property
+    def decided(self) -> bool:
+        """Whether precision is settled: auto's range probe and trial are over (the next
+        decision, memory's, may then time its own steps)."""
+        return self.probe_done and (self.auto is None or self.auto.record is not None)
+
+    @property
+    def timing(self) -> bool:
+        """Whether step times feed auto's decision now (a CUDA step is then synchronized)."""
+        return self.auto is not None and self.auto.timing
+
+    def step_done(self, step: int, seconds: float) -> None:
+        """After each optimizer step: auto's trial takes the step's time (and may decide)."""
+        line = self.auto.step_done(step, seconds) if self.auto is not None else None
+        if line and self.dist.is_main:
+            self.say(line)
 
     def _fit_scaler(self) -> None:
         """A loss scaler when fp16 may run: asked for, auto's choice, or on auto's trial."""
-        if self.scaler is None and "fp16" in (self.format, self.fast, (self.record or {}).get("choice")):
+        choice = self.auto.choice if self.auto is not None else None
+        if self.scaler is None and "fp16" in (self.format, self.fast, choice):
             self.scaler = torch.amp.GradScaler(
                 self.device_type,
                 init_scale=self.cfg.init_scale,
@@ -247,61 +153,6 @@ class Precision:
                 backoff_factor=self.cfg.backoff_factor,
                 growth_interval=self.cfg.growth_interval,
             )
-
-    @property
-    def trial_end(self) -> int:
-        """The first step after auto's trial (0 when there is none)."""
-        return self.trial["start"] + len(self.trial["order"]) if self.trial is not None else 0
-
-    def _format_at(self, step: int) -> str:
-        """auto's format for ``step``: before a trial (the range probe's steps), the hardware's
-        prior; a trial step's own; the decision once made."""
-        if self.trial is not None:
-            start, order = self.trial["start"], self.trial["order"]
-            if step < start + len(order):
-                return order[step - start] if step >= start else self.fast or "fp32"
-        if self.record is not None:
-            return self.record["choice"]
-        return self.fast or "fp32"
-
-    @property
-    def decided(self) -> bool:
-        """Whether precision is settled: auto's range probe and trial are over (the next
-        decision, memory's, may then time its own steps)."""
-        return self.probe_done and (self.cfg.name != "auto" or self.record is not None)
-
-    @property
-    def timing(self) -> bool:
-        """Whether step times feed auto's decision now (a CUDA step is then synchronized)."""
-        return self.trial is not None and self.record is None
-
-    def step_done(self, step: int, seconds: float) -> None:
-        """After each optimizer step: auto's trial collects the step time (warm-ups excepted)
-        and decides after its last step."""
-        if self.trial is None or self.record is not None:
-            return
-        i = step - self.trial["start"]
-        order = self.trial["order"]
-        if 2 <= i < len(order):
-            self.times[order[i]].append(seconds)
-        if i == len(order) - 1:
-            self._judge()
-
-    def _judge(self) -> None:
-        assert self.fast is not None and self.trial is not None
-        fast, fp32 = all_reduce_max(
-            [statistics.median(self.times[self.fast]), statistics.median(self.times["fp32"])], self.dist
-        )
-        speedup = fp32 / fast
-        choice = self.fast if speedup >= self.cfg.min_speedup else "fp32"
-        ms = {self.fast: fast * 1000, "fp32": fp32 * 1000}
-        self._decided({"choice": choice, "fast": self.fast, "trial": self.trial, "ms": ms}, "measured")
-        line = f"precision=auto chose {choice}: {compared(self.fast, ms[self.fast], ms['fp32'])}, "
-        line += f"{self.cfg.trial_steps} steps each)"
-        if choice == "fp32" and speedup >= 1:
-            line += f", less than precision.min_speedup={self.cfg.min_speedup:g}"
-        if self.dist.is_main:
-            self.say(line)
 
     # ---- set-up -------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> nn.Module:
@@ -326,10 +177,10 @@ class Precision:
             self.say(self._describe())
         return model
 
-    def _keep_fp32(self, modules: dict[str, nn.Module], gate: _Gate) -> None:
+    def _keep_fp32(self, modules: dict[str, nn.Module], gate: Gate) -> None:
         for name, module in outermost(modules).items():
             if name not in self._kept:
-                wrap_forward(module, _fp32_forward(gate, self.device_type))
+                wrap_forward(module, fp32_forward(gate, self.device_type))
                 self._kept.add(name)
 
     @property
@@ -345,12 +196,9 @@ class Precision:
         switch = self.cfg.channels_last.lower()
         if switch != "auto" or not self._convs:
             return switch == "true"
-        if self.cfg.name != "auto":
+        if self.auto is None:
             return self.format != "fp32"
-        if self.trial is not None and step < self.trial_end:
-            return True  # a trial implies an AMP candidate
-        chosen = self.record["choice"] if self.record is not None else self.fast or "fp32"
-        return chosen != "fp32"
+        return self.auto.channels_last_at(step)
 
     def _relayout(self, step: int) -> None:
         """auto: the layout of ``step``, when it differs from the last step's (at most at the
@@ -373,12 +221,12 @@ class Precision:
             extras.append(f"keep_fp32 {', '.join(self.keep_patterns)}")
         if self.channels_last:
             extras.append("channels_last")
-        slow = slow_here(self.format, self._features, self.dist.device) if self.cfg.name != "auto" else None
+        slow = hardware.slow_here(self.format, self._features, self.dist.device) if self.cfg.name != "auto" else None
         if slow:
             extras.append(f"slow here: {slow}")
         tail = f" ({'; '.join(extras)})" if extras else ""
-        if self.cfg.name == "auto":
-            return f"{self._line}{tail}"
+        if self.auto is not None:
+            return f"{self.auto.line}{tail}"
         if self.cfg.name == "staged":
             spans = zip(self.phases, [s for s, _ in self.phases[1:]] + [None], strict=True)
             starts = ", ".join(f"{p} from step {s}" for (s, p), end in spans if end is None or end > s)
@@ -405,8 +253,8 @@ class Precision:
     def begin(self, step: int) -> None:
         """Called before each step: ends the range probe, sets auto's format for the step,
         switches staged phases."""
-        if self.cfg.name == "auto":
-            self.format = self._format_at(step)
+        if self.auto is not None:
+            self.format = self.auto.format_at(step)
             self._relayout(step)
         if self._probe is not None and step >= self.cfg.probe_steps:
             self._finish_probe()
@@ -510,7 +358,7 @@ class Precision:
         return row
 
     def summary(self) -> dict[str, Any]:
-        chosen = self.record["choice"] if self.record is not None else self.format
+        chosen = (self.auto.choice if self.auto is not None else None) or self.format
         return {"precision": chosen, "skipped_steps": int(self._skipped)}
 
     def state_dict(self) -> dict[str, Any]:
@@ -520,30 +368,15 @@ class Precision:
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "probe_done": self.probe_done,
             "ranges": {n: list(v) for n, v in self.ranges.items()},
-            # auto: the decision (or the trial under way, with its times so far)
-            "decision": self.record,
-            "trial": self.trial,
-            "times": self.times,
+            **(self.auto.state_dict() if self.auto is not None else {}),  # auto: decision, or trial under way
         }
 
-    def _load_auto(self, state: dict[str, Any]) -> None:
-        """A resumed auto run follows what it decided, or goes on with its trial: never the
-        cache, whose record may have come from another run since."""
-        before = self.record["choice"] if self.record is not None else None
-        self.trial, self.times = state.get("trial"), state.get("times") or {}
-        record = state.get("decision")
-        if record is not None:
-            self.fast = record.get("fast")
-            self._decided(record, "checkpoint")
-            if record["choice"] != before and self.dist.is_main:
-                self.say(f"precision=auto keeps {record['choice']}, as it decided before the checkpoint")
-        else:
-            self.record, self.source = None, ""
-        self._fit_scaler()
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.cfg.name == "auto" and "trial" in state:
-            self._load_auto(state)
+        if self.auto is not None and "trial" in state:
+            line = self.auto.load_state_dict(state)
+            if line and self.dist.is_main:
+                self.say(line)
+            self._fit_scaler()
         elif state["format"] != self.format:
             raise UserError(
                 f"the checkpoint was trained with {state['format']} but precision={self.cfg.name} now chooses "

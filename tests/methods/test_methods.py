@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fwk.config.schema import MethodConfig, ProgressiveResizeConfig, SeqWarmupConfig
+from fwk.config.methods import MethodConfig, ProgressiveResizeConfig, SeqWarmupConfig
 from fwk.errors import UserError
 from fwk.methods import Methods
 from fwk.methods.schedules import ProgressiveResize, SeqWarmup

@@ -13,9 +13,10 @@ from torch import nn
 from fwk.config.schema import REDECIDE_ENV, REPLAY_ENV, Config, JitConfig, PrecisionConfig
 from fwk.distributed.group import Dist
 from fwk.strategies import hardware
+from fwk.strategies.auto_precision import trial_order
 from fwk.strategies.compile import Jit
 from fwk.strategies.decisions import Decisions
-from fwk.strategies.precision import Precision, trial_order
+from fwk.strategies.precision import Precision
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 BF16_CPU = hardware.Features(bf16_fast=True, fp16_works=True, text="test CPU with bf16 units")
