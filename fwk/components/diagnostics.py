@@ -227,6 +227,14 @@ class Diagnostics:
             return f"{line.split(': ')[0]}: on rank {rank} (its finding is in runs/<id>/logs/rank{rank}.log)"
         return line
 
+    def reshaped(self, steps_taken: int | None) -> None:
+        """A method replaced the parameters (prune_gradually): the snapshot no longer fits
+        them. Taken again now, after ``steps_taken`` steps (None: a resume, before the
+        checkpoint loads; the next good step takes it)."""
+        self._snapshot = None
+        if steps_taken is not None:
+            self._take_snapshot(steps_taken)
+
     def _take_snapshot(self, step: int) -> None:
         state = model_state(self.raw, self.optimizer)
         self._snapshot = (step, _to_host({**state, "precision": self.precision.state_dict()}))

@@ -6,9 +6,12 @@ it to the run dir; workers read that file and never compose.
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
+from fwk.config import recipes
 from fwk.config.grammar import HYDRA_GROUP, USER_GROUP, check_grammar, one_line, resources_root, to_hydra
 from fwk.errors import UserError
 
@@ -17,6 +20,14 @@ def _override_error(exc: Exception) -> UserError:
     """A Hydra or OmegaConf failure to compose, as one line (with its cause, if any)."""
     from hydra.errors import HydraException
 
+    recipe = re.match(r"In 'recipes/([^']+)': ConfigKeyError", str(exc))
+    key = re.search(r"full_key: (\S+)", str(exc))
+    if recipe and key:  # a recipe's key that the group option picked over the recipe's does not have
+        group = key.group(1).partition(".")[0]
+        return UserError(
+            f"recipe {recipe.group(1)} sets {key.group(1)}, which the {group} picked instead of the recipe's has no "
+            f"key for; keep the recipe's {group}, or use a recipe made for this {group}"
+        )
     if isinstance(exc, HydraException):
         cause = exc.__cause__
         detail = f": {one_line(cause)}" if cause is not None else ""
@@ -111,11 +122,14 @@ def compose(overrides: list[str]) -> dict[str, Any]:
     check_grammar(overrides)  # before _forgive: an error names the override as the user wrote it
     _reject_sweeps(overrides)
     hydra_overrides = [to_hydra(o) for o in _forgive(overrides, root)]
+    # a recipe's sections of a group the user re-picked are left out (fwk/config/recipes.py)
+    rewritten = recipes.stripped(recipes.dropped(hydra_overrides, root), root)
+    search = ",".join(f"file://{p}" for p in (rewritten, root) if p is not None)
     try:
         with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3", job_name="fwk"):
             cfg = hydra_compose(
                 "config",
-                overrides=[*hydra_overrides, f"hydra.searchpath=[file://{root}]"],
+                overrides=[*hydra_overrides, f"hydra.searchpath=[{search}]"],
                 return_hydra_config=True,  # for runtime.choices: which recipe was picked
             )
     except MissingConfigException as exc:
@@ -129,6 +143,9 @@ def compose(overrides: list[str]) -> dict[str, Any]:
         ) from None
     except (HydraException, OmegaConfBaseException) as exc:
         raise _override_error(exc) from None
+    finally:
+        if rewritten is not None:
+            shutil.rmtree(rewritten, ignore_errors=True)
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from fwk.registry import doc
 
-METHODS = ("ema", "label_smoothing", "seq_warmup", "progressive_resize")
+METHODS = ("ema", "label_smoothing", "seq_warmup", "progressive_resize", "prune_gradually")
 
 
 @dataclass
@@ -44,6 +44,17 @@ class ProgressiveResizeConfig:
 
 
 @dataclass
+class PruneGraduallyConfig:
+    """Channels (and attention heads) removed in even stages during training (torch-pruning)."""
+
+    ratio: float = doc(0.5, "share of the channels (and heads) removed by the last stage, in (0, 1)")
+    steps: int = doc(4, "number of even pruning stages, each removing the same share of the channels left")
+    start: float = doc(0.1, "share of train.max_steps after which the first stage prunes")
+    end: float = doc(0.5, "share of train.max_steps after which the last stage prunes")
+    round_to: int = doc(8, "the last stage keeps channel counts at multiples of this (where every layer keeps 4x)")
+
+
+@dataclass
 class MethodConfig:
     """Each method's settings (``methods=[...]`` says which run; fwk/methods/)."""
 
@@ -54,4 +65,7 @@ class MethodConfig:
     seq_warmup: SeqWarmupConfig = field(default_factory=SeqWarmupConfig, metadata={"doc": "methods=[seq_warmup]"})
     progressive_resize: ProgressiveResizeConfig = field(
         default_factory=ProgressiveResizeConfig, metadata={"doc": "methods=[progressive_resize]"}
+    )
+    prune_gradually: PruneGraduallyConfig = field(
+        default_factory=PruneGraduallyConfig, metadata={"doc": "methods=[prune_gradually]"}
     )

@@ -135,6 +135,20 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         p.name,
         "ddp, none or auto with optim=muon (its Newton-Schulz step needs whole matrices; FSDP holds shards)",
     )
+    yield (
+        optim_name != "adamw_schedulefree" or p.name not in ("fsdp", "hsdp"),
+        "parallel.name",
+        p.name,
+        "ddp, none or auto with optim=adamw_schedulefree (fwk keeps its averaged weights whole; FSDP holds shards)",
+    )
+    yield (
+        optim_name != "adamw_schedulefree" or "ema" not in c.methods,
+        "methods",
+        list(c.methods),
+        "no ema with optim=adamw_schedulefree (it evaluates an average of the weights already); drop one",
+    )
+    bn = getattr(c.optim, "bn_batches", None) if not isinstance(c.optim, dict) else c.optim.get("bn_batches")
+    yield bn is None or bn >= 0, "optim.bn_batches", bn, "an integer >= 0 (0 = keep the running statistics)"
     for name in c.methods:
         yield name in METHODS, "methods", list(c.methods), f"a list of {', '.join(METHODS)}"
     yield len(set(c.methods)) == len(c.methods), "methods", list(c.methods), "each method once"
@@ -155,6 +169,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         "a share in [0, 1] with delay_fraction + finetune_fraction <= 1",
     )
     yield pr.size_increment >= 1, "method.progressive_resize.size_increment", pr.size_increment, "an integer >= 1"
+    yield from _prune_rules(c)
     yield (
         "ema" not in c.methods or p.name not in ("fsdp", "hsdp"),
         "methods",
@@ -322,3 +337,38 @@ def _loader_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     for key in ("pin_memory", "persistent_workers"):
         value = getattr(lo, key)
         yield str(value).lower() in switches, f"loader.{key}", value, f"one of {', '.join(switches)}"
+
+
+def _prune_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    """methods=[prune_gradually]: its settings, and what it cannot be combined with."""
+    pg, p = c.method.prune_gradually, c.parallel
+    yield 0 < pg.ratio < 1, "method.prune_gradually.ratio", pg.ratio, "a share in (0, 1)"
+    yield pg.steps >= 1, "method.prune_gradually.steps", pg.steps, "an integer >= 1"
+    yield (
+        0 <= pg.start <= pg.end < 1,
+        "method.prune_gradually.start",
+        pg.start,
+        "a share of train.max_steps with 0 <= start <= end < 1",
+    )
+    yield pg.round_to >= 1, "method.prune_gradually.round_to", pg.round_to, "an integer >= 1"
+    if "prune_gradually" not in c.methods:
+        return
+    yield (
+        p.name not in ("fsdp", "hsdp"),
+        "parallel.name",
+        p.name,
+        "ddp, none or auto with methods=[prune_gradually] (it slices whole weights; FSDP holds shards)",
+    )
+    yield (
+        "ema" not in c.methods,
+        "methods",
+        list(c.methods),
+        "no ema with prune_gradually (the average would keep the removed channels); drop one",
+    )
+    yield (
+        c.memory.name == "none",
+        "memory.name",
+        c.memory.name,
+        "none with methods=[prune_gradually] (torch-pruning traces the model's graph, which activation "
+        "checkpointing hides)",
+    )

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset
 
 from fwk.config.schema import LoaderConfig
 from fwk.data.base import DataBundle
@@ -294,3 +294,26 @@ def val_loader(
     """This rank's strided shard of the validation set: no padding, no duplicates."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]
     return DataLoader(shard, batch_size=batch_size, shuffle=False, collate_fn=collate, **loader_kwargs(plan))
+
+
+def calibration_loader(
+    dataset: Dataset,
+    batch_size: int,
+    seed: int,
+    plan: LoaderPlan,
+    collate: Callable[[list[Any]], Any] | None = None,
+) -> Callable[[], Iterator[Any]]:
+    """Training batches in one fixed shuffled order, the same on every rank and at every
+    call (BatchNorm statistics recomputed before an evaluation): each call starts over."""
+    generator = torch.Generator()
+    sampler = RandomSampler(dataset, generator=generator)  # type: ignore[arg-type]
+    kwargs = {**loader_kwargs(plan), "persistent_workers": False}  # used a few batches at a time
+    loader = DataLoader(
+        dataset, batch_size, sampler=sampler, generator=generator, collate_fn=collate, drop_last=True, **kwargs
+    )
+
+    def batches() -> Iterator[Any]:
+        generator.manual_seed(seed)
+        return iter(loader)
+
+    return batches

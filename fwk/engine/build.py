@@ -136,3 +136,11 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
 
         check_muon(model)
     return notes
+
+
+def example_input(data: DataBundle) -> torch.Tensor:
+    """One validation input as a batch of one, as the model takes it (images as floats):
+    what a method that traces the model runs it on."""
+    x = data.val[0][0]
+    x = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    return (x if data.task == "lm" or x.is_floating_point() else x.float()).unsqueeze(0)

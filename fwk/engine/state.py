@@ -80,9 +80,14 @@ class Resumable:
         return {**model_state(self.raw, self.optimizer), **parts, "step": step}
 
     def load_state_dict(self, state: dict[str, Any]) -> int:
-        """Restore everything; returns the step the checkpoint was taken at."""
-        load_model_state(self.raw, self.optimizer, state)
-        for name, part in self.parts.items():
-            if name in state:  # a checkpoint from before a part existed leaves it as built
-                part.load_state_dict(state[name])
+        """Restore everything; returns the step the checkpoint was taken at. A part that
+        reshapes the model (``load_before_model``: prune_gradually replays its removals)
+        loads first, so that the model's weights fit."""
+        first = [n for n, part in self.parts.items() if getattr(part, "load_before_model", False)]
+        order = [*first, None, *(n for n in self.parts if n not in first)]
+        for name in order:
+            if name is None:
+                load_model_state(self.raw, self.optimizer, state)
+            elif name in state:  # a checkpoint from before a part existed leaves it as built
+                self.parts[name].load_state_dict(state[name])
         return int(state["step"])

@@ -29,14 +29,13 @@ from fwk.data import loader as loading
 from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.distributed.collectives import replicas_in_sync
 from fwk.distributed.group import init
-from fwk.engine.build import build_data, build_model
+from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import evaluate
 from fwk.engine.state import Clock, Resumable, StopSignal, seed_everything
 from fwk.engine.step import TrainStep, label
-from fwk.errors import UserError
 from fwk.methods import Methods
-from fwk.optim import build_optimizer, build_schedule, state_floats_per_param
-from fwk.optim.muon import MuonAdamW
+from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
+from fwk.optim.schedule_free import EvalWeights
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.parallelize import Strategies
@@ -98,22 +97,22 @@ def train(
     strategies = Strategies(cfg, dist, per_rank, reporter.message, decisions)
     methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
     plain = start(build_model(cfg.model, data, reporter.message)).to(dist.device)
-    methods.prepare(plain, data.task, reporter.message if dist.is_main else lambda line: None)
+    methods.prepare(plain, data.task, reporter.message if dist.is_main else lambda line: None, example_input(data))
     raw, model = strategies.apply(plain, state_floats_per_param(cfg.optim))
-    if cfg.optim.name == "muon" and is_sharded(raw):  # parallel=auto sharded a model too big to replicate
-        raise UserError(
-            "optim=muon with a sharded model (parallel=auto chose FSDP): Muon's Newton-Schulz step needs whole "
-            "matrices; use optim=adamw, or parallel=ddp if the model fits each device"
-        )
+    check_sharding(cfg.optim, is_sharded(raw))
     optimizer = build_optimizer(cfg.optim, raw, fused=strategies.kernels.triton)
-    if cfg.optim.name == "muon" and not isinstance(optimizer, MuonAdamW) and dist.is_main:
-        reporter.message(
-            f"optim=muon: {type(raw).__name__} has no hidden weight matrices for Muon; AdamW trains all of it"
-        )
+    for line in notes(cfg.optim, cfg.schedule, optimizer, raw) if dist.is_main else ():
+        reporter.message(line)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     diagnostics = Diagnostics(
         cfg.diagnostics, dist, raw, optimizer, scheduler, strategies.precision, cfg.train.log_every, reporter.message
     )
+
+    def reshaped(steps_taken: int | None) -> None:  # a method replaced parameters: what holds them follows
+        strategies.reshaped()
+        diagnostics.reshaped(steps_taken)
+
+    methods.attach(optimizer, raw, reshaped)
     hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
     smoothing = methods.label_smoothing(cfg.train.label_smoothing)
     train_cfg = dataclasses.replace(cfg.train, label_smoothing=smoothing)
@@ -127,10 +126,14 @@ def train(
     rewind = RewindPoint(run.path / "rewind", dist, cfg.checkpoint.rewind_at, cfg.train.max_steps)
     best = BestKeeper(cfg.checkpoint, run.path, dist, is_sharded(raw))
     target = parse_target(cfg.train.stop_at) if cfg.train.stop_at else None
+    calibration = loading.calibration_loader(data.train, per_rank, cfg.seed, plan, data.collate)
+    bn_batches = getattr(cfg.optim, "bn_batches", 0)  # optim=adamw_schedulefree's x, else inactive
+    calibrated = lambda: DevicePrefetcher(calibration(), dist.device, data.finish)  # noqa: E731
+    averaged = EvalWeights(optimizer, raw, calibrated, bn_batches, strategies.precision.autocast)
     clock = Clock()  # training time over every launch: the time to target
 
     parts = dict(scheduler=scheduler, loader=loader, **strategies.parts(), diagnostics=diagnostics)
-    parts.update(best=best, clock=clock, methods=methods)
+    parts.update(best=best, clock=clock, methods=methods, **({"eval_weights": averaged} if averaged.active else {}))
     resumable = Resumable(raw, optimizer, **parts)
 
     step = 0
@@ -143,12 +146,14 @@ def train(
             run.truncate_metrics(after_step=step)
     else:
         seed_everything(cfg.seed + dist.rank)  # per-rank streams for dropout and the like
+    averaged.start()
 
     def save() -> None:
         ckpt.save(step, resumable.state_dict(step))
 
     def validate() -> dict[str, float]:  # the model a method evaluates (ema: the average), else the trained one
-        return evaluate(methods.eval_model(raw), val, strategies.precision, data.task, dist, cfg.train.eval_batches)
+        with averaged.weights():  # schedule-free: at its averaged weights
+            return evaluate(methods.eval_model(raw), val, strategies.precision, data.task, dist, cfg.train.eval_batches)
 
     record_launch(run, dist, data, cfg.seed, step, decisions.records())
     reporter.start(step)

@@ -281,7 +281,7 @@ def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path, say: Ca
     retrain_cfg = retrain_config(source.config, steps, lr_factor)
 
     model = copy.deepcopy(source.model).eval()
-    history: History = []
+    history: History = list(source.history)  # removals made while training first: a fresh model replays all
     records = []
     for r in range(1, rounds + 1):
         # rounding down to a multiple every round would overshoot the ratio: only the last one rounds

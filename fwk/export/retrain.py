@@ -44,6 +44,7 @@ def retrain_config(cfg: Config, steps: int, lr_factor: float = 1.0) -> Config:
         schedule=replace(cfg.schedule, warmup_steps=min(warmup, steps - 1)),
         train=replace(cfg.train, max_steps=steps, eval_every=0),
         checkpoint=replace(cfg.checkpoint, every=0, keep=1, rewind_at=0.0),
+        methods=[m for m in cfg.methods if m != "prune_gradually"],  # the export's rounds prune; no stages on top
         # in this process: fwk export is one process (a multi-GPU retrain is not supported yet)
         parallel=replace(cfg.parallel, name="none", nproc_per_node=1, nnodes=1, node_rank=0),
     )

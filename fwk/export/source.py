@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ class Source:
     step: int
     model: nn.Module  # eval mode, CPU, fp32, the checkpoint's weights
     data: DataBundle
+    history: list = field(default_factory=list)  # removals made while training (methods=[prune_gradually])
 
 
 def train_command(run: RunDir) -> str:
@@ -78,19 +79,39 @@ def check_exportable(run: RunDir) -> Path:
 
 
 def exported_weights(checkpoint: Path) -> dict[str, Any]:
-    """The weights to export: the moving average's when the run trained with methods=[ema]
-    (evaluation used them too), else the model's."""
+    """The weights to export: the moving average's when the run trained with methods=[ema],
+    the averaged point's with optim=adamw_schedulefree (evaluation used them too), else the
+    model's."""
     import torch
 
     from fwk.components.checkpoint import model_weights
     from fwk.methods.ema import averaged_weights
+    from fwk.optim.schedule_free import eval_weights
 
     state = checkpoint / "state.pt"
     if state.is_file():
-        averaged = averaged_weights(torch.load(state, map_location="cpu", weights_only=True))
+        saved = torch.load(state, map_location="cpu", weights_only=True)
+        averaged = averaged_weights(saved) or eval_weights(saved)
         if averaged is not None:
             return averaged
     return model_weights(checkpoint)
+
+
+def _pruned_in_training(model: Any, checkpoint: Path, data: Any) -> list:
+    """A run trained with methods=[prune_gradually]: its removals replayed on the fresh
+    model, which then takes the smaller weights; returns them (none: [])."""
+    import torch
+
+    from fwk.engine.build import example_input
+    from fwk.export.prune import replay
+    from fwk.methods.prune import trained_history
+
+    state = checkpoint / "state.pt"
+    history = trained_history(torch.load(state, map_location="cpu", weights_only=True)) if state.is_file() else []
+    if history:
+        model.eval()
+        replay(model, example_input(data), history)
+    return history
 
 
 def _check_checksums(path: Path) -> None:
@@ -124,13 +145,15 @@ def load(run: RunDir) -> Source:
     model = build_model(cfg.model, data)
     _check_checksums(checkpoint)
     try:
+        history = _pruned_in_training(model, checkpoint, data)
         weights = exported_weights(checkpoint)
         model.load_state_dict(weights)
     except RuntimeError as exc:  # shapes or keys differ: the config and the weights disagree
         first = str(exc).strip().splitlines()[0]
         raise UserError(f"checkpoint {checkpoint} does not fit the model of {run.config}: {first}") from None
     step = int(_STEP.match(checkpoint.name).group(1))  # type: ignore[union-attr]
-    return Source(run=run, config=cfg, checkpoint=checkpoint, step=step, model=model.float().eval(), data=data)
+    model = model.float().eval()
+    return Source(run=run, config=cfg, checkpoint=checkpoint, step=step, model=model, data=data, history=history)
 
 
 def training_sample(source: Source, n: int) -> torch.utils.data.Dataset:

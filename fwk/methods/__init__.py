@@ -13,9 +13,12 @@ from fwk.config.methods import MethodConfig
 from fwk.errors import UserError
 from fwk.methods.base import Method
 from fwk.methods.ema import Ema
+from fwk.methods.prune import PruneGradually
 from fwk.methods.schedules import LabelSmoothing, ProgressiveResize, SeqWarmup
 
-REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Ema, LabelSmoothing, SeqWarmup, ProgressiveResize)}
+REGISTRY: dict[str, type[Method]] = {
+    m.name: m for m in (Ema, LabelSmoothing, SeqWarmup, ProgressiveResize, PruneGradually)
+}
 
 
 class Methods:
@@ -23,9 +26,13 @@ class Methods:
 
     def __init__(self, names: list[str], cfg: MethodConfig, max_steps: int) -> None:
         self.active = [REGISTRY[n](getattr(cfg, n), max_steps) for n in names]
+        self.load_before_model = any(m.reshapes for m in self.active)  # Resumable: replay shapes, then load
 
-    def prepare(self, model: nn.Module, task: str, say: Callable[[str], None]) -> None:
-        """Refuse a method this model's task cannot serve (one line), then prepare each."""
+    def prepare(
+        self, model: nn.Module, task: str, say: Callable[[str], None], example: torch.Tensor | None = None
+    ) -> None:
+        """Refuse a method this model's task cannot serve (one line), then prepare each.
+        ``example``: one input of batch size 1 (what a method that traces the model runs)."""
         for m in self.active:
             if task not in m.tasks:
                 raise UserError(
@@ -33,8 +40,17 @@ class Methods:
                     f"remove it from methods"
                 )
         for m in self.active:
+            m.say = say
+            if example is not None:
+                m.example = example
             m.prepare(model)
             say(m.describe())
+
+    def attach(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, reshaped: Callable[[int | None], None]
+    ) -> None:
+        for m in self.active:
+            m.attach(optimizer, model, reshaped)
 
     def batch(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         for m in self.active:

@@ -141,20 +141,83 @@ def muon(cfg: MuonConfig, model: nn.Module, fused: bool) -> torch.optim.Optimize
     return MuonAdamW(muon_part, adamw)
 
 
+@dataclass
+class ScheduleFreeConfig:
+    name: str = doc("adamw_schedulefree", "registry name")
+    lr: float = doc(2.5e-3, "learning rate after warmup (schedule.warmup_steps); no decay: the average replaces it")
+    beta1: float = doc(0.9, "interpolation between the average and the fast iterate (Adam's beta1 role)")
+    beta2: float = doc(0.999, "momentum of the squared gradient")
+    eps: float = doc(1e-8, "epsilon added to the denominator")
+    weight_decay: float = doc(0.0, "weight decay on weights with dim >= 2, applied at the training point")
+    weight_lr_power: float = doc(2.0, "each step's weight in the average is lr ** this (warmup steps count less)")
+    bn_batches: int = doc(
+        8, "training batches that recompute BatchNorm statistics at the averaged weights before each eval"
+    )
+
+
+@OPTIMIZERS.register(ScheduleFreeConfig)
+def adamw_schedulefree(cfg: ScheduleFreeConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+    from schedulefree import AdamWScheduleFree
+
+    return AdamWScheduleFree(
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        warmup_steps=0,  # fwk's scheduler warms up (schedule.warmup_steps); the package weighs steps by lr
+        weight_lr_power=cfg.weight_lr_power,
+    )
+
+
 def build_optimizer(cfg, model: nn.Module, fused: bool = False) -> torch.optim.Optimizer:
     """The registered optimizer; ``fused``: its fused step (fwk's Triton Lion, PyTorch's on CUDA)."""
     return OPTIMIZERS.get(cfg.name).builder(cfg, model, fused=fused)
 
 
+WHOLE_TENSORS = {  # optimizers that refuse a sharded model, and why
+    "muon": "Muon's Newton-Schulz step needs whole matrices",
+    "adamw_schedulefree": "fwk keeps its averaged weights (for evaluation and export) whole",
+}
+
+
+def check_sharding(cfg, sharded: bool) -> None:
+    """Refuse an optimizer that needs whole tensors on a sharded model (parallel=auto chose
+    FSDP for a model too big to replicate): one line (validate refuses parallel=fsdp/hsdp)."""
+    if sharded and cfg.name in WHOLE_TENSORS:
+        from fwk.errors import UserError
+
+        raise UserError(
+            f"optim={cfg.name} with a sharded model (parallel=auto chose FSDP): {WHOLE_TENSORS[cfg.name]}; "
+            "use optim=adamw, or parallel=ddp if the model fits each device"
+        )
+
+
+def notes(cfg, schedule: ScheduleConfig, optimizer: torch.optim.Optimizer, model: nn.Module) -> list[str]:
+    """What the built optimizer does that its config does not say (one line each)."""
+    from fwk.optim.muon import MuonAdamW
+
+    if cfg.name == "muon" and not isinstance(optimizer, MuonAdamW):
+        return [f"optim=muon: {type(model).__name__} has no hidden weight matrices for Muon; AdamW trains all of it"]
+    if cfg.name == "adamw_schedulefree":
+        unused = f" (schedule.decay={schedule.decay} unused)" if schedule.decay != "constant" else ""
+        return [
+            f"optim=adamw_schedulefree: warmup over {schedule.warmup_steps} steps, then no decay{unused}; "
+            "evaluation, best checkpoints and fwk export use the averaged weights"
+        ]
+    return []
+
+
 def state_floats_per_param(cfg) -> float:
     """Optimizer state elements per parameter element, measured: one step of the configured
-    optimizer on a small hidden layer (AdamW 2, SGD with momentum 1, Lion 1, Muon 1)."""
+    optimizer on a small hidden layer (AdamW 2, SGD with momentum 1, Lion 1, Muon 1, schedule-free 2)."""
     import torch
     from torch import nn
 
     net = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False))  # a hidden layer and a head
     layer = net[0]
     optimizer = build_optimizer(cfg, net)
+    if "train_mode" in optimizer.param_groups[0]:  # schedule-free: steps only in train mode
+        optimizer.train()
     for p in net.parameters():
         p.grad = torch.ones_like(p)
     optimizer.step()
@@ -179,6 +242,11 @@ def lr_factor(step: int, cfg: ScheduleConfig, max_steps: int) -> float:
 
 
 def build_schedule(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, max_steps: int):
+    """The lr schedule: ``cfg``'s, except that a schedule-free optimizer only warms up."""
+    import dataclasses
+
     import torch
 
+    if "train_mode" in optimizer.param_groups[0]:
+        cfg = dataclasses.replace(cfg, decay="constant")
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, max_steps))

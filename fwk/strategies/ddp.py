@@ -154,6 +154,10 @@ class Replicated(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)
 
+    def rebuild(self) -> None:
+        """DDP again, over the model's current parameters (a method replaced some)."""
+        self.ddp = self._build()
+
     def no_sync(self) -> Any:
         return self.ddp.no_sync()
 

@@ -77,7 +77,20 @@ class Strategies:
         compiled = self.jit.wrap(raw)  # 4
         trained = parallel.wrap(compiled, raw, cfg.parallel, self.dist, self.precision, optimizer_floats, self.say)  # 5
         self.comm = CommMonitor(cfg.parallel, self.dist, cfg.train.accum_steps, trained, self.say)
+        self.raw, self.trained = raw, trained
         return raw, trained
+
+    def reshaped(self) -> None:
+        """After a method replaced the plain model's parameters (prune_gradually): DDP's
+        reducer holds the old ones and is built again; memory's meter learns the new ones."""
+        from fwk.strategies.ddp import Replicated
+
+        for module in self.trained.modules():
+            if isinstance(module, Replicated):
+                module.rebuild()
+        self.memory.meter.ignore = {
+            t.untyped_storage().data_ptr() for t in [*self.raw.parameters(), *self.raw.buffers()]
+        }
 
     def parts(self) -> dict[str, Any]:
         """name -> strategy with ``state_dict()``/``load_state_dict()``/``summary()``: the

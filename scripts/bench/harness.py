@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/bench/harness.py [--only overhead,auto] [--quick] [--out bench/results]
 
-Each group (overhead, auto, decode, datawait, tta, precision, channels_last, memory, jit, kernels,
-parallel, export) runs in its own child process with a wall-clock budget, so that one
+Each group (overhead, auto, decode, datawait, tta, ablation, precision, channels_last, memory, jit,
+kernels, parallel, export) runs in its own child process with a wall-clock budget, so that one
 benchmark's failure, hang or leftover state (compiled graphs, threads, page cache) never
 reaches the next: a group that fails or runs out of time becomes one failed row with its
 one-line reason, and the others still run. Every row is a ratio measured side by side in
@@ -143,13 +143,15 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 
 
 # group -> (module in scripts/bench, its rows function, seconds it may take at full size);
-# the budgets add up to about 20 minutes (the bound on 2 cores); --slack scales them
+# the budgets add up to about 45 minutes on 2 cores (tta and ablation, ~35 of them, train real
+# recipes to their targets, 3 seeds each); --slack scales them
 GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 145),
     "auto": ("auto", "rows", 55),
     "decode": ("decode_rows", "rows", 30),
     "datawait": ("datawait", "rows", 120),
-    "tta": ("tta", "rows", 485),
+    "tta": ("tta", "rows", 1000),
+    "ablation": ("ablation", "rows", 1100),
     "precision": ("precision", "rows", 60),
     "channels_last": ("channels_last", "rows", 30),
     "memory": ("memory", "rows", 80),

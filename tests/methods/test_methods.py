@@ -64,7 +64,7 @@ def test_a_bad_method_name_is_one_line_before_any_run_dir(runs: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip() == (
         "fwk: error: methods=['ema', 'warp_drive'] is not allowed: expected a list of ema, label_smoothing, "
-        "seq_warmup, progressive_resize (fix it with methods=...)"
+        "seq_warmup, progressive_resize, prune_gradually (fix it with methods=...)"
     )
     assert not runs.exists()
 
@@ -74,6 +74,7 @@ CASES = {
     "label_smoothing": ["methods=[label_smoothing]"],
     "progressive_resize": ["methods=[progressive_resize]"],  # the digits' 8 px: 4 px, then 8
     "seq_warmup": ["methods=[seq_warmup]", "recipe=gpt_stdlib", "model.n_embd=32", "model.n_head=2"],
+    "prune_gradually": ["methods=[prune_gradually]"],  # stages after steps 2, 5, 8, 10: the resume replays two
 }
 
 

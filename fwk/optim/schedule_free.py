@@ -1,0 +1,133 @@
+"""``optim=adamw_schedulefree``: the ``schedulefree`` package's AdamW (Defazio et al.,
+"The Road Less Scheduled"), and what the loop does around it.
+
+Schedule-free AdamW needs no decay schedule: it trains at a point ``y`` between a fast
+iterate ``z`` (kept in its state) and their running average ``x``, and ``x`` is the model
+to evaluate and ship. The package asks its users to switch the parameters between the two
+(``optimizer.train()`` / ``optimizer.eval()``) and, for BatchNorm models, to recompute the
+norms' statistics at ``x`` before evaluating; ``EvalWeights`` does both around every
+evaluation.
+
+An evaluation puts the parameters and buffers back bit for bit afterwards (not through
+``optimizer.train()``'s inverse lerp, which rounds), so it leaves no trace in training:
+a run stopped before an evaluation resumes exactly. Checkpoints hold the parameters in
+train mode (``y``) and beside them ``x`` (``eval_weights``, computed out of place, with
+the buffers of the last evaluation), which best checkpoints and ``fwk export`` use.
+Warmup comes from ``schedule.warmup_steps`` through the usual scheduler; the decay is
+constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def is_schedule_free(optimizer: torch.optim.Optimizer) -> bool:
+    """A schedule-free optimizer (its groups carry the package's ``train_mode`` flag)."""
+    return bool(optimizer.param_groups) and "train_mode" in optimizer.param_groups[0]
+
+
+def _eval_point(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]:
+    """Each trained parameter's ``x``, out of place (``optimizer.eval()``'s lerp, without
+    touching the parameter): ``x = y + (1 - 1/beta1) (z - y)``."""
+    points = {}
+    for group in optimizer.param_groups:
+        beta1 = group["betas"][0]
+        for p in group["params"]:
+            z = optimizer.state.get(p, {}).get("z")
+            if z is not None:
+                points[id(p)] = torch.lerp(p.detach(), z.to(p.device), 1.0 - 1.0 / beta1)
+    return points
+
+
+class EvalWeights:
+    """Around each evaluation: the parameters at ``x``, BatchNorm statistics recomputed
+    there on ``bn_batches`` training batches (the same on every rank, in a fixed order, so
+    replicas agree and a resumed run sees the same), then back to ``y``. With any other
+    optimizer it does nothing (``active`` is False)."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        calibration: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]],
+        bn_batches: int,
+        autocast: Callable[[], Any],
+    ) -> None:
+        self.optimizer, self.model, self.calibration = optimizer, model, calibration
+        self.bn_batches, self.autocast = bn_batches, autocast
+        self.active = is_schedule_free(optimizer)
+        self.eval_buffers: dict[str, torch.Tensor] = {}  # the buffers of the last evaluation (BatchNorm's at x)
+        self.norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+
+    def start(self) -> None:
+        """Train mode before the first step (a resumed optimizer is in it already)."""
+        if self.active:
+            self.optimizer.train()
+
+    @contextmanager
+    def weights(self) -> Iterator[None]:
+        if not self.active:
+            yield
+            return
+        kept = [t.detach().clone() for t in self._tensors()]  # y and the running statistics, bit for bit
+        self.optimizer.eval()
+        try:
+            self._recompute_norms()
+            self.eval_buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+            yield
+        finally:  # back exactly as before: an evaluation leaves no trace in training (nor in a resume)
+            with torch.no_grad():
+                for t, saved in zip(self._tensors(), kept, strict=True):
+                    t.copy_(saved)
+            for group in self.optimizer.param_groups:
+                group["train_mode"] = True
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [*self.model.parameters(), *self.model.buffers()]
+
+    @torch.no_grad()
+    def _recompute_norms(self) -> None:
+        if not self.norms or not self.bn_batches:
+            return
+        momenta = [m.momentum for m in self.norms]
+        for m in self.norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the calibration batches
+        was_training = self.model.training
+        self.model.train()
+        try:
+            for i, (x, _) in enumerate(self.calibration()):
+                if i >= self.bn_batches:
+                    break
+                with self.autocast():
+                    self.model(x)
+        finally:
+            self.model.train(was_training)
+            for m, momentum in zip(self.norms, momenta, strict=True):
+                m.momentum = momentum
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model at ``x``, for export: the parameters averaged, the buffers of the last
+        evaluation (BatchNorm statistics at ``x``; the training ones before any)."""
+        points = _eval_point(self.optimizer)
+        state = {}
+        for name, p in self.model.named_parameters():
+            state[name] = points.get(id(p), p.detach()).clone()
+        for name, b in self.model.named_buffers():
+            state[name] = self.eval_buffers.get(name, b).detach().clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None  # derived from the parameters and the optimizer's state: nothing to restore
+
+
+def eval_weights(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The schedule-free ``x`` weights in a checkpoint's state (for fwk export), or None."""
+    return state.get("eval_weights") or None
