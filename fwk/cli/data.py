@@ -1,4 +1,4 @@
-"""`fwk data preview`: look at the training samples of a config before training on them."""
+"""`fwk data preview` and `fwk data prepare`: look at a recipe's data, or write it once as shards that stream."""
 
 from __future__ import annotations
 
@@ -43,3 +43,38 @@ def preview(
     per_rank = config.train.batch_size // config.world_size
     line = write_preview(bundle, n, per_rank, config.world_size, config.seed, p.run_dir / "preview")
     typer.echo(f"run {p.run_id}: {line}")
+
+
+@data.command(context_settings={"allow_extra_args": False, "ignore_unknown_options": True})
+def prepare(
+    overrides: list[str] | None = typer.Argument(
+        None,
+        help="The overrides you would give `fwk train` (its data section is written): recipe=NAME, data.root=...",
+        show_default=False,
+    ),
+    out: str = typer.Option(..., "--out", help="The folder to write the prepared set to (then data.uri=it)."),
+    max_side: int = typer.Option(320, "--max-side", help="Shorter side of the stored images, at most, in px."),
+    quality: int = typer.Option(90, "--quality", help="JPEG quality of the stored images (1-100)."),
+    workers: int = typer.Option(0, "--workers", help="Parallel workers (0: one per core)."),
+) -> None:
+    """Write the recipe's image folder once as litdata shards, for data=streaming.
+
+    Each image's shorter side is brought down to --max-side (aspect kept) and re-encoded
+    as JPEG at --quality; labels, class names, mean/std and a manifest (the source's
+    fingerprint, the settings, the counts) are kept. Rerunning finds a finished prepare;
+    an interrupted one starts again; a folder holding anything else is refused.
+    """
+    import os
+
+    from fwk.config.resolve import resolve
+    from fwk.errors import UserError
+
+    config = resolve(list(overrides or [])).config
+    if config.data.name != "imagefolder":
+        raise UserError(
+            f"fwk data prepare writes image folders (data=imagefolder data.root=...); data={config.data.name} "
+            "needs no preparing"
+        )
+    from fwk.data.prepare import prepare as write_shards
+
+    typer.echo(write_shards(config.data, out, max_side, quality, workers or os.cpu_count() or 1, typer.echo))

@@ -33,6 +33,9 @@ class DataBundle:
     ``collate`` is the loaders' ``collate_fn`` (None: PyTorch's). ``finish(batch, device)``
     turns a loaded batch into (inputs, targets) on the device, in the training process
     (``data.decode=gpu``: decode and augment there); None: the batch is (inputs, targets).
+    ``train_loader(batch_size, world_size, loader_kwargs, collate, say)``: a data set that
+    streams (``data=streaming``) makes its own endless, resumable training loader; None:
+    fwk's ``TrainLoader`` samples ``train`` by index.
     """
 
     train: Dataset
@@ -44,6 +47,7 @@ class DataBundle:
     in_memory: bool = False
     collate: Callable[[list[Any]], Any] | None = None
     finish: Callable[[Any, torch.device], Any] | None = None
+    train_loader: Callable[..., Any] | None = None
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:

@@ -51,10 +51,10 @@ class ImageFolderConfig:
         check_layout(self.root)
 
     def fingerprint(self) -> Fingerprint:
-        """The image files of train/ and val/: names, sizes, mtimes (one directory walk)."""
-        root = Path(check_layout(self.root))
-        files = [f for split in ("train", "val") for f in sources.walk(root / split, sources.IMAGE_EXTENSIONS)]
-        return sources.of_files(root, files)
+        """The image files of train/ and val/: names, sizes, mtimes (cached while no folder changes)."""
+        from fwk.data.fingerprint import of_image_folder
+
+        return of_image_folder(Path(check_layout(self.root)))
 
 
 @DATA.register_config
@@ -79,6 +79,37 @@ class StdlibTextConfig:
     def fingerprint(self) -> Fingerprint:
         root = sources.stdlib_root()
         return sources.of_files(root, sources.source_files(root))
+
+
+@DATA.register_config
+@dataclass
+class StreamingConfig:
+    name: str = doc("streaming", "registry name")
+    uri: str = doc("", "the prepared set (fwk data prepare): a folder, or s3://bucket/prefix")
+    image_size: int = doc(224, "side of the square image fed to the model, in pixels")
+    val_resize: int = doc(256, "validation: shorter side is resized to this before the center crop, in pixels")
+    min_scale: float = doc(0.08, "train: smallest RandomResizedCrop area, as a fraction of the image area")
+    hflip: bool = doc(True, "train: flip half of the images left-right")
+    endpoint_url: str = doc("", "S3-compatible endpoint (MinIO, a local server); empty: AWS_ENDPOINT_URL, else AWS")
+    cache_dir: str = doc("", "local cache of remote chunks; empty: $XDG_CACHE_HOME/fwk/streaming/<set>")
+    max_cache_gb: float = doc(50.0, "size limit of that cache, in GB (older chunks are evicted)")
+
+    def check(self) -> None:
+        from fwk.data.shards import read_manifest
+
+        read_manifest(self.uri, self.endpoint_url)
+
+    def fingerprint(self) -> Fingerprint:
+        """The prepared set's manifest: its source's fingerprint and the prepare settings."""
+        import hashlib
+        import json
+
+        from fwk.data.shards import describe, read_manifest
+
+        manifest = read_manifest(self.uri, self.endpoint_url)
+        keyed = {k: manifest[k] for k in ("source", "settings", "counts", "format")}
+        digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+        return Fingerprint(digest, f"prepared set {self.uri}: {describe(manifest)}")
 
 
 def layout_hint(root: str) -> str:

@@ -1,5 +1,5 @@
 """``data.decode=gpu``: loader workers only read the JPEG files; the training process decodes
-each batch at once on the GPU (nvJPEG, through ``torchvision.io.decode_jpeg(list, device=)``)
+each batch at once on the GPU (nvJPEG, through TorchCodec's ``decode_jpeg(list, device=)``)
 and crops, flips and normalizes there.
 
 Item ``i`` of epoch ``e`` gets the crop and flip it gets with ``decode=cpu``: the random
@@ -64,13 +64,14 @@ class DecodeOnDevice:
         self.random, self.fixed = random, fixed
 
     def __call__(self, batch: Encoded, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        from torchvision.io import ImageReadMode, decode_jpeg
+        from fwk.data.codec import decoders
 
+        decode_jpeg = decoders()[0]
         data, labels, seeds = batch
         jpegs = [i for i, d in enumerate(data) if d.dim() == 1]
         images = [d.to(device, non_blocking=True) if d.dim() == 3 else d for d in data]
         if jpegs:  # one call for the whole batch: nvJPEG decodes them together
-            decoded = decode_jpeg([data[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
+            decoded = decode_jpeg([data[i] for i in jpegs], device=device)
             for i, image in zip(jpegs, decoded, strict=True):
                 images[i] = image
         out = [self._transform(image, int(seed)) for image, seed in zip(images, seeds.tolist(), strict=True)]

@@ -85,10 +85,10 @@ def seeded_cpu_rng(seed: int) -> Iterator[None]:
         generator.set_state(state)
 
 
-# Formats torchvision decodes itself, by their first bytes (the file name can lie: ImageNet's
+# Formats TorchCodec decodes, by their first bytes (the file name can lie: ImageNet's
 # train set holds a PNG named n02105855_2933.JPEG). JPEG is checked first: the fast path.
 _JPEG = b"\xff\xd8\xff"
-_TORCHVISION_MAGIC = (b"\x89PNG", b"GIF8")
+_CODEC_MAGIC = (b"\x89PNG", b"GIF8")
 
 
 def decode_rgb(path: str) -> torch.Tensor:
@@ -126,17 +126,18 @@ def is_jpeg(data: torch.Tensor) -> bool:
 def decode_bytes(data: torch.Tensor) -> torch.Tensor:
     """An encoded image (1-D uint8) as (3, H, W) uint8 RGB.
 
-    JPEG: libjpeg-turbo through ``decode_jpeg``; PNG, GIF, WebP: ``decode_image``; the
-    formats torchvision cannot decode (BMP, PPM/PGM, TIFF): PIL, as torchvision's own
-    ``ImageFolder`` reads every file (``convert("RGB")``).
+    JPEG: libjpeg-turbo through TorchCodec's ``decode_jpeg``; PNG, GIF, WebP: its
+    ``decode_image`` (``codec.py``); the other formats (BMP, PPM/PGM, TIFF): PIL, as
+    torchvision's own ``ImageFolder`` reads every file (``convert("RGB")``).
     """
-    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+    from fwk.data.codec import decoders
 
+    decode_jpeg, decode_image, _ = decoders()
     head = data[:12].numpy().tobytes()
     if head.startswith(_JPEG):
-        return decode_jpeg(data, mode=ImageReadMode.RGB)
-    if head.startswith(_TORCHVISION_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
-        return decode_image(data, mode=ImageReadMode.RGB)
+        return decode_jpeg(data)
+    if head.startswith(_CODEC_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        return decode_image(data)
     return _decode_pil(data)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler, Subset
 
 from fwk.config.schema import LoaderConfig
 from fwk.data.base import DataBundle
@@ -283,6 +283,22 @@ class TrainLoader:
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
 
 
+def train_loader(
+    data: DataBundle,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    plan: LoaderPlan,
+    say: Callable[[str], None],
+) -> Any:
+    """This rank's endless, resumable training batches: the data set's own loader where it
+    streams (``DataBundle.train_loader``), else a ``TrainLoader`` over its items."""
+    if data.train_loader is not None:
+        return data.train_loader(batch_size, world_size, loader_kwargs(plan), data.collate, say)
+    return TrainLoader(data.train, batch_size, rank, world_size, seed, plan, data.collate)
+
+
 def val_loader(
     dataset: Dataset,
     batch_size: int,
@@ -304,16 +320,29 @@ def calibration_loader(
     collate: Callable[[list[Any]], Any] | None = None,
 ) -> Callable[[], Iterator[Any]]:
     """Training batches in one fixed shuffled order, the same on every rank and at every
-    call (BatchNorm statistics recomputed before an evaluation): each call starts over."""
+    call (BatchNorm statistics recomputed before an evaluation): each call starts over.
+    The loader is made at the first call (most runs never make one); a streamed data set
+    is read by index."""
     generator = torch.Generator()
-    sampler = RandomSampler(dataset, generator=generator)  # type: ignore[arg-type]
-    kwargs = {**loader_kwargs(plan), "persistent_workers": False}  # used a few batches at a time
-    loader = DataLoader(
-        dataset, batch_size, sampler=sampler, generator=generator, collate_fn=collate, drop_last=True, **kwargs
-    )
+    made: list[DataLoader] = []
 
     def batches() -> Iterator[Any]:
+        if not made:
+            items = Subset(dataset, range(len(dataset))) if isinstance(dataset, IterableDataset) else dataset  # type: ignore[arg-type]
+            sampler = RandomSampler(items, generator=generator)  # type: ignore[arg-type]
+            kwargs = {**loader_kwargs(plan), "persistent_workers": False}  # used a few batches at a time
+            made.append(
+                DataLoader(
+                    items,
+                    batch_size,
+                    sampler=sampler,
+                    generator=generator,
+                    collate_fn=collate,
+                    drop_last=True,
+                    **kwargs,
+                )
+            )
         generator.manual_seed(seed)
-        return iter(loader)
+        return iter(made[0])
 
     return batches

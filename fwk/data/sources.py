@@ -30,13 +30,15 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """``digest``: 16 hex digits; ``what``: what was hashed, for people (meta.json, `fwk runs show`)."""
+    """``digest``: 16 hex digits; ``what``: what was hashed, for people (meta.json, `fwk runs show`);
+    ``how``: computed now or taken from a cache (``--dry-run`` says which)."""
 
     digest: str
     what: str
+    how: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "how" or v}  # how: only when there is one
 
 
 def _size(n: float) -> str:

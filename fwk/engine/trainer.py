@@ -118,7 +118,7 @@ def train(
     train_cfg = dataclasses.replace(cfg.train, label_smoothing=smoothing)
     train_step = TrainStep(model, optimizer, *hooks, train_cfg, dist, diagnostics)
     plan = loader_plan(cfg, data, per_rank, dist, decisions, reporter.message)
-    loader = loading.TrainLoader(data.train, per_rank, dist.rank, dist.world_size, cfg.seed, plan, data.collate)
+    loader = loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, reporter.message)
     val = OnDevice(
         loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
     )

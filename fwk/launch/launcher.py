@@ -35,7 +35,9 @@ class LaunchPlan:
         how = shlex.join(self.argv) if self.argv else "in this process (1 worker)"
         return (
             f"run {self.run_id} -> {self.run_dir}\ncode {self.code}, world size {self.world_size}\n"
-            f"data {self.data['digest'] or '-'}: {self.data['what']}\nlaunch: {how}"
+            f"data {self.data['digest'] or '-'}: {self.data['what']}"
+            + (f"; {self.data['how']}" if self.data.get("how") else "")
+            + f"\nlaunch: {how}"
         )
 
 

@@ -124,6 +124,15 @@ class PruneGradually(Method):
     def attach(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, reshaped: Callable[[int | None], None]
     ) -> None:
+        from fwk.strategies.fsdp import is_sharded
+
+        if is_sharded(model):  # parallel=auto chose FSDP for a model too big to replicate
+            from fwk.errors import UserError
+
+            raise UserError(
+                "methods=[prune_gradually] with a sharded model (parallel=auto chose FSDP): it slices whole "
+                "weights; use parallel=ddp if the model fits each device, or drop prune_gradually"
+            )
         self.optimizer, self.model, self.reshaped = optimizer, model, reshaped
 
     def after_step(self, step: int, model: nn.Module) -> None:

@@ -39,7 +39,7 @@ from fwk.distributed.collectives import broadcast_object
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies import hardware
-from fwk.track.store import write_atomic
+from fwk.track.store import cache_root, write_atomic
 
 ORDER = ("precision", "memory", "jit")  # each decides on the result of those before it
 _SHAPE = ("model", "data", "train.batch_size", "train.accum_steps", "kernels", "parallel.name")
@@ -54,8 +54,7 @@ Record = dict[str, Any]
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fwk" / "decisions"
+    return cache_root() / "decisions"
 
 
 def _cpu_model() -> str:

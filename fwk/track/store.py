@@ -20,6 +20,11 @@ from fwk.errors import UserError
 from fwk.track.run_id import identity
 
 
+def cache_root() -> Path:
+    """fwk's per-user cache: ``$XDG_CACHE_HOME/fwk`` (default ``~/.cache/fwk``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "fwk"
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write a file so that readers see the old content or the new, never half of it."""
     # The temp name is the writer's own: the launchers of a multi-node run share the run dir.

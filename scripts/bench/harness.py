@@ -149,6 +149,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 145),
     "auto": ("auto", "rows", 55),
     "decode": ("decode_rows", "rows", 30),
+    "fingerprint": ("fingerprint", "rows", 90),
     "datawait": ("datawait", "rows", 120),
     "tta": ("tta", "rows", 1000),
     "ablation": ("ablation", "rows", 1100),

@@ -1,0 +1,243 @@
+"""fwk data prepare and data=streaming: shards written once, read locally and from a real
+S3-compatible server on loopback (moto's), resumed bit-exactly, refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from fwk.data.configs import ImageFolderConfig, StreamingConfig
+from fwk.data.prepare import MARKER, prepare
+from fwk.data.shards import MANIFEST
+from fwk.errors import UserError
+from tests.conftest import interrupt_after, require, run_fwk
+
+CLASSES = ("cat", "dog", "emu")
+TRAIN = ["data=streaming", "data.image_size=16", "data.val_resize=18", "model=resnet18", "model.small_input=true"]
+TRAIN += ["model.num_classes=3", "train.batch_size=8", "train.max_steps=12", "train.eval_every=6"]
+TRAIN += ["train.log_every=3", "checkpoint.every=3", "checkpoint.keep=10", "jit=off", "loader=manual"]
+
+
+def _folder(root: Path) -> Path:
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for split, count in (("train", 12), ("val", 3)):
+        for name in CLASSES:
+            (root / split / name).mkdir(parents=True)
+            for k in range(count):
+                pixels = torch.randint(0, 256, (50, 70, 3), dtype=torch.uint8, generator=gen).numpy()
+                Image.fromarray(pixels).save(root / split / name / f"{k}.JPEG", quality=95)
+    return root
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    base = tmp_path_factory.mktemp("streaming")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(base / "cache"))
+        source = _folder(base / "images")
+        line = prepare(ImageFolderConfig(root=str(source)), str(base / "shards"), 32, 90, 1, lambda s: None)
+        assert line.startswith(f"prepared {base / 'shards'}: 36 train / 9 val images, shorter side <= 32 px")
+        yield source, base / "shards"
+
+
+def test_prepare_writes_smaller_jpegs_their_labels_and_a_manifest(prepared: tuple[Path, Path]) -> None:
+    from litdata import StreamingDataset
+
+    _, shards = prepared
+    manifest = json.loads((shards / MANIFEST).read_text())
+    assert manifest["counts"] == {"train": 36, "val": 9} and manifest["classes"] == list(CLASSES)
+    assert manifest["settings"] == {"max_side": 32, "quality": 90} and len(manifest["source"]["digest"]) == 16
+    assert not (shards / MARKER).exists()
+    items = StreamingDataset(str(shards / "val"))
+    item = items[0]
+    image = torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8)
+    from fwk.data.codec import decoders
+
+    decoded = decoders()[0](image)
+    assert decoded.shape == (3, 32, 45)  # 50 x 70 -> shorter side 32, aspect kept
+    assert sorted(items[i]["label"] for i in range(9)) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_a_rerun_finds_it_other_settings_are_refused_and_an_interrupted_one_restarts(
+    prepared: tuple[Path, Path], tmp_path: Path
+) -> None:
+    source, shards = prepared
+    cfg = ImageFolderConfig(root=str(source))
+    assert prepare(cfg, str(shards), 32, 90, 1, print).startswith(f"already prepared: {shards} (36 train / 9 val")
+    with pytest.raises(UserError, match=f"^--out {shards} holds another prepared set"):
+        prepare(cfg, str(shards), 48, 90, 1, print)
+    half = tmp_path / "half"
+    shutil.copytree(shards, half)
+    (half / MANIFEST).unlink()
+    (half / MARKER).write_text("{}")
+    said: list[str] = []
+    assert prepare(cfg, str(half), 32, 90, 1, said.append).startswith("prepared ")
+    assert said[0] == f"{half}: an interrupted prepare; starting it again" and (half / MANIFEST).is_file()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="is not empty and holds no fwk prepare; choose an empty or new folder$"):
+        prepare(cfg, str(tmp_path / "other"), 32, 90, 1, print)
+
+
+def test_streamed_items_are_seeded_per_item_and_validation_reads_every_image(prepared: tuple[Path, Path]) -> None:
+    from fwk.data.streaming import streaming
+
+    _, shards = prepared
+    bundle = streaming(StreamingConfig(uri=str(shards), image_size=16, val_resize=18), seed=3)
+    assert bundle.num_classes == 3 and len(bundle.val) == 9 and bundle.train_loader is not None
+    image, label = bundle.val[4]
+    assert image.shape == (3, 16, 16) and image.dtype == torch.float32 and label in (0, 1, 2)
+    assert torch.equal(bundle.train[5][0], bundle.train[5][0])  # the same item, epoch and seed: the same crop
+
+
+def test_a_resume_with_other_workers_starts_the_next_epoch_and_says_so(prepared: tuple[Path, Path]) -> None:
+    from fwk.data.streaming import StreamLoader, streaming
+
+    _, shards = prepared
+    bundle = streaming(StreamingConfig(uri=str(shards), image_size=16, val_resize=18), seed=3)
+    said: list[str] = []
+    loader = StreamLoader(bundle.train, 4, 1, {"num_workers": 0}, None, said.append)
+    state = {"litdata": {"current_epoch": 2}, "world_size": 2, "num_workers": 1}
+    loader.load_state_dict(state)
+    assert loader.loader.current_epoch == 2 and said == [
+        "data=streaming: the checkpoint was taken with 2 processes x 1 workers, this run has 1 x 0; resuming at "
+        "the start of epoch 3 (the rest of epoch 2 is skipped)"
+    ]
+
+
+def _weights(runs: Path, step: int) -> dict[str, torch.Tensor]:
+    from fwk.components.checkpoint import model_weights
+
+    (run,) = runs.glob("*/")
+    return model_weights(run / "checkpoints" / f"step-{step:08d}")
+
+
+def _straight_then_interrupted(args: list[str], tmp_path: Path) -> None:
+    straight = run_fwk(*args, runs=tmp_path / "straight", timeout=600)
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    stopped = interrupt_after(args, tmp_path / "stopped", "*/checkpoints/step-00000003/manifest.json")
+    assert stopped.returncode in (0, 130) and "resumed" not in stopped.stdout, stopped.stdout + stopped.stderr
+    resumed = run_fwk(*args, runs=tmp_path / "stopped", timeout=600)
+    assert resumed.returncode == 0 and "resumed run" in resumed.stdout, resumed.stdout + resumed.stderr
+    expected, got = _weights(tmp_path / "straight", 12), _weights(tmp_path / "stopped", 12)
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+def test_training_from_local_shards_resumes_bit_exactly(prepared: tuple[Path, Path], tmp_path: Path) -> None:
+    _, shards = prepared
+    _straight_then_interrupted(["train", *TRAIN, f"data.uri={shards}", "loader.num_workers=1"], tmp_path)
+
+
+# --- a real S3-compatible server on loopback ------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(prepared: tuple[Path, Path]) -> Iterator[dict[str, str]]:
+    """moto's S3 server on loopback with the prepared set uploaded by the normal S3 client."""
+    server = Path(sys.executable).with_name("moto_server")
+    require(server.is_file(), "moto_server is needed (pip install 'moto[server]')")
+    port = _free_port()
+    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "moto_server did not start"
+                time.sleep(0.2)
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in env.items() if "KEY" in k},
+                              region_name="us-east-1")  # fmt: skip
+        client.create_bucket(Bucket="data")
+        _, shards = prepared
+        for f in shards.rglob("*"):
+            if f.is_file():
+                client.upload_file(str(f), "data", f"sets/toy/{f.relative_to(shards).as_posix()}")
+        yield {**env, "AWS_ENDPOINT_URL": endpoint}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _use(s3: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The test's processes talk to the loopback server only: its credentials, no AWS files, no instance metadata."""
+    for key, value in s3.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_two_processes_stream_from_s3_and_resume_bit_exactly(
+    s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed as dist
+
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+    _use(s3, monkeypatch, tmp_path)
+    args = ["train", *TRAIN, "data.uri=s3://data/sets/toy", "parallel=ddp", "parallel.nproc_per_node=2"]
+    _straight_then_interrupted([*args, "loader.num_workers=0", "train.batch_size=4"], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("uri", "setting", "line"),
+    [
+        ("s3://nobucket/sets/toy", {}, "data.uri=s3://nobucket/sets/toy: bucket 'nobucket' does not exist at"),
+        (
+            "s3://data/sets/none",
+            {},
+            "data.uri=s3://data/sets/none holds no prepared set (fwk-manifest.json is missing)",
+        ),
+        ("s3://data/sets/toy", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "data.uri=s3://data/sets/toy: cannot reach"),
+        ("s3://data/sets/toy", {"AWS_ACCESS_KEY_ID": ""}, "data.uri=s3://data/sets/toy: no S3 credentials found"),
+    ],
+)
+def test_a_set_that_cannot_be_read_is_one_line_before_any_run_dir(
+    s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uri: str, setting: dict[str, str], line: str
+) -> None:
+    _use(s3, monkeypatch, tmp_path)
+    for key, value in setting.items():
+        if value:
+            monkeypatch.setenv(key, value)
+        else:
+            monkeypatch.delenv(key)
+    out = run_fwk("train", *TRAIN, f"data.uri={uri}", "--dry-run", runs=tmp_path / "runs")
+    assert out.returncode == 2 and out.stderr.startswith(f"fwk: error: {line}"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_a_local_set_of_another_format_is_refused(prepared: tuple[Path, Path], tmp_path: Path) -> None:
+    _, shards = prepared
+    old = tmp_path / "old"
+    shutil.copytree(shards, old)
+    manifest = json.loads((old / MANIFEST).read_text())
+    (old / MANIFEST).write_text(json.dumps({**manifest, "format": 0, "fwk": "0.1.0"}))
+    out = run_fwk("train", *TRAIN, f"data.uri={old}", "--dry-run", runs=tmp_path / "runs")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"fwk: error: data.uri={old} was prepared by fwk 0.1.0 in format 0, this fwk reads format 1; prepare it "
+        "again with this fwk (fwk data prepare)"
+    )
