@@ -103,8 +103,8 @@ def _pruned_in_training(model: Any, checkpoint: Path, data: Any) -> list:
     import torch
 
     from fwk.engine.build import example_input
-    from fwk.export.prune import replay
     from fwk.methods.prune import trained_history
+    from fwk.models.pruning import replay
 
     state = checkpoint / "state.pt"
     history = trained_history(torch.load(state, map_location="cpu", weights_only=True)) if state.is_file() else []

@@ -109,7 +109,7 @@ class PruneGradually(Method):
         self.reshaped: Callable[[int | None], None] = lambda steps: None
 
     def prepare(self, model: nn.Module) -> None:
-        from fwk.export.prune import per_round
+        from fwk.models.pruning import per_round
 
         if not any(isinstance(m, (nn.Linear, nn.Conv2d)) for m in model.modules()):
             from fwk.errors import UserError
@@ -138,7 +138,7 @@ class PruneGradually(Method):
     def after_step(self, step: int, model: nn.Module) -> None:
         if self.done >= len(self.at) or step + 1 != self.at[self.done]:
             return
-        from fwk.export.prune import prune_round
+        from fwk.models.pruning import prune_round
 
         last = self.done == len(self.at) - 1
         with self._quiet(model), following(self.optimizer):
@@ -179,7 +179,7 @@ class PruneGradually(Method):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replay the checkpoint's removals on the freshly built model (before its weights load)."""
-        from fwk.export.prune import replay
+        from fwk.models.pruning import replay
 
         history = [(str(n), bool(o), [int(i) for i in idx]) for n, o, idx in state["history"]]
         if history and not self.history:

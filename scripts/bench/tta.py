@@ -45,9 +45,9 @@ def met(row: dict, metric: str, target: float) -> bool:
     return value is not None and (value >= target if metric == "val_acc" else value <= target)
 
 
-def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> tuple[int, Path]:
-    """Steps fwk took to reach the target, stopped by its own ``train.stop_at`` (raises if it
-    never did), and its run dir."""
+def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> tuple[int, Path, bool]:
+    """Steps fwk took to reach the target, stopped by its own ``train.stop_at`` (its whole
+    budget if it never did), its run dir, and whether it reached it."""
     stop_at = f"{metric}{'>=' if metric == 'val_acc' else '<='}{target}"
     cfg = to_typed(compose([*overrides, f"train.stop_at={stop_at}"]))
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
@@ -55,13 +55,14 @@ def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> tup
     summary = train(cfg, run) or {}
     run.write_summary(summary)  # as the worker does: the plot reads the target's crossing from it
     if not summary.get("target", {}).get("reached"):
-        raise RuntimeError(f"fwk never reached {stop_at} in {cfg.train.max_steps} steps")
-    return int(summary["target"]["step"]), run.path
+        return cfg.train.max_steps, run.path, False
+    return int(summary["target"]["step"]), run.path, True
 
 
-def plain_run(overrides: list[str], metric: str, target: float, record: Path | None = None) -> int:
-    """The plain loop, fp32 eager, evaluating the same way; steps it took. ``record``: a run
-    dir to write its rows to (loss, eval metrics, training seconds), for the time plot."""
+def plain_run(overrides: list[str], metric: str, target: float, record: Path | None = None) -> tuple[int, bool]:
+    """The plain loop, fp32 eager, evaluating the same way; the steps it took (its whole
+    budget if it never reached the target) and whether it reached it. ``record``: a run dir
+    to write its rows to (loss, eval metrics, training seconds), for the time plot."""
     cfg = to_typed(compose([*overrides, "precision=fp32", "jit=off"]))
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data, seed=cfg.seed)
@@ -94,14 +95,15 @@ def plain_run(overrides: list[str], metric: str, target: float, record: Path | N
                 row = evaluate(model, val, cfg.train.eval_batches)
                 rows.append({"step": step, "kind": "eval", **row, "train_s": trained})
                 if met(row, metric, target):
-                    _record(record, cfg, rows, step, trained)
-                    return step
+                    _record(record, cfg, rows, step, trained, True)
+                    return step, True
             if step == cfg.train.max_steps:
                 break
-    raise RuntimeError(f"the plain loop never reached {metric} {target} in {cfg.train.max_steps} steps")
+    _record(record, cfg, rows, step, trained, False)
+    return step, False
 
 
-def _record(path: Path | None, cfg, rows: list[dict], step: int, trained: float) -> None:
+def _record(path: Path | None, cfg, rows: list[dict], step: int, trained: float, reached: bool) -> None:
     """The plain loop's rows as a run dir that ``fwk runs plot`` reads."""
     if path is None:
         return
@@ -109,7 +111,8 @@ def _record(path: Path | None, cfg, rows: list[dict], step: int, trained: float)
     train = {"batch_size": cfg.train.batch_size, "accum_steps": 1}
     (path / "config.yaml").write_text(OmegaConf.to_yaml({"recipe": "plain loop", "train": train}))
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "summary.json").write_text(json.dumps({"target": {"reached": True, "step": step, "train_time_s": trained}}))
+    target = {"reached": reached, "step": step, "train_time_s": trained} if reached else {"reached": False}
+    (path / "summary.json").write_text(json.dumps({"target": target}))
 
 
 def plot(name: str, runs: list[tuple[str, Path]]) -> Path:
@@ -139,14 +142,24 @@ def evaluate(model: torch.nn.Module, val, max_batches: int) -> dict:
     return {"val_loss": loss / n, "val_acc": correct / n}
 
 
-RESNET_NOTE = "the issue's target; ~1 s a step on 2 cores: 3 reps, not 5"
+RESNET_NOTE = (
+    "the issue's target; 100 steps for every side, not the recipe's 60, which end near 97% (the plain loop "
+    "misses it there on some seeds); ~1 s a step on 2 cores: 3 reps, not 5"
+)
 CASES = {  # name -> (overrides, metric, target, reps, note, fast recipe), at full size and --quick size
     "digits_cnn": (
         (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.985, 5, "the issue's target", None),
         (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.95, 3, "--quick: a looser target", None),
     ),
     "resnet_digits": (
-        (["recipe=resnet_digits", "train.eval_every=5"], "val_acc", 0.97, 3, RESNET_NOTE, "resnet_digits_fast"),
+        (
+            ["recipe=resnet_digits", "train.eval_every=5", "train.max_steps=100"],
+            "val_acc",
+            0.97,
+            3,
+            RESNET_NOTE,
+            "resnet_digits_fast",
+        ),
         (
             ["recipe=resnet_digits", "train.eval_every=5", "data.image_size=16", "train.max_steps=40"],
             "val_acc",
@@ -177,7 +190,12 @@ CASES = {  # name -> (overrides, metric, target, reps, note, fast recipe), at fu
 }
 
 
-def _timed(fn: Callable[[], tuple[int, Path]]) -> tuple[float, tuple[int, Path]]:
+def _plain_side(overrides: list[str], metric: str, target: float, kept: Path | None) -> tuple[int, Path | None, bool]:
+    steps, reached = plain_run(overrides, metric, target, kept)
+    return steps, kept, reached
+
+
+def _timed(fn: Callable[[], tuple[int, Path, bool]]) -> tuple[float, tuple[int, Path, bool]]:
     t0 = time.perf_counter()
     steps = fn()
     return time.perf_counter() - t0, steps
@@ -192,6 +210,7 @@ def one(name: str, quick: bool) -> list:
     seconds: dict[str, list[float]] = {s: [] for s in sides}
     curves: dict[str, Path] = {}  # seed 0's run dir of each side, for the plot
     steps: dict[str, list[int]] = {s: [] for s in sides}
+    missed: dict[str, list[int]] = {s: [] for s in sides}  # seeds whose run ended before the target
     # Rep i of each side trains with seed i: the sides shuffle the data differently (fwk's
     # seeded sampler, the plain loop's DataLoader), so one seed could favour either; the
     # median is over seeds. The eval that first meets the target ends the run. The order of
@@ -203,13 +222,15 @@ def one(name: str, quick: bool) -> list:
                 seeded = [*sides[side], f"seed={rep}"]
                 kept = Path(tmp) / "plain-loop" if rep == 0 else None
                 run = (
-                    (lambda o=seeded, k=kept: (plain_run(o, metric, target, k), k))
+                    (lambda o=seeded, k=kept: _plain_side(o, metric, target, k))
                     if side == "plain"
                     else (lambda o=seeded: fwk_run(o, metric, target, Path(tmp)))
                 )
-                took, (n, path) = _timed(run)
+                took, (n, path, reached) = _timed(run)
                 seconds[side].append(took)
                 steps[side].append(n)
+                if not reached:
+                    missed[side].append(rep)
                 if rep == 0:
                     curves[side] = path
         labels = {"fwk": f"fwk {name}", "plain": "plain PyTorch loop", "fast": f"fwk {fast}"}
@@ -230,9 +251,21 @@ def one(name: str, quick: bool) -> list:
                 f"{side}/plain seconds to target",
                 "<= 0.6x" if side == "fast" else "",
                 f"{note}; steps {side} {med(steps[side])}, plain {med(steps['plain'])}; seeds 0-{reps - 1}; "
-                f"no warm-up rep (each run is cold); curves: {drawn.relative_to(drawn.parents[2])}",
+                f"{_missed(missed, side)}no warm-up rep (each run is cold); curves: "
+                f"{drawn.relative_to(drawn.parents[2])}",
             )
         )
+    return out
+
+
+def _missed(missed: dict[str, list[int]], side: str) -> str:
+    """What the row must say when a run ended before the target: its time is then that of
+    its whole budget, so the ratio is a bound, not a measurement."""
+    out = ""
+    if missed["plain"]:
+        out += f"the plain loop missed the target within its budget with seeds {missed['plain']} (upper bound); "
+    if missed[side]:
+        out += f"{side} missed it with seeds {missed[side]} (lower bound); "
     return out
 
 

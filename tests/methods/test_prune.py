@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from fwk.config.methods import PruneGraduallyConfig
-from fwk.export.prune import prune_round
 from fwk.methods.prune import PruneGradually, following
+from fwk.models.pruning import prune_round
 from fwk.optim import MuonConfig, build_optimizer
 from tests.conftest import require, run_fwk
 

@@ -1,0 +1,150 @@
+"""Structured pruning with torch-pruning: what may be pruned, one round of it, and replaying
+a recorded round on a freshly built model (``fwk export --prune`` and
+``methods=[prune_gradually]`` both prune with these).
+
+Whole channels (conv filters, hidden units) and whole attention heads are removed, so the
+pruned model is a smaller dense model. torch-pruning traces the model into a dependency
+graph, so a removed channel disappears from every layer that touches it (the next conv's
+input, the BatchNorm, the residual add). Never pruned: the classifier's output (the
+model's last Linear/Conv) and, in transformers, the residual stream (the embedding width);
+attention loses whole heads, the MLP hidden units. Every removal is recorded in
+torch-pruning's pruning history (module name, in/out, indices), which ``replay`` applies
+to a fresh model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from fwk.errors import UserError
+
+History = list[tuple[str, bool, list[int]]]
+
+
+def per_round(ratio: float, rounds: int) -> float:
+    """The share of the channels left that each round removes, so that ``ratio`` is reached after ``rounds``."""
+    return 1.0 - (1.0 - ratio) ** (1.0 / rounds)
+
+
+# --- what may be pruned --------------------------------------------------------------------
+
+
+def _attention(model: nn.Module) -> Iterator[nn.Module]:
+    """Attention modules with a fused qkv Linear and an ``n_head`` attribute (fwk's GPT)."""
+    for m in model.modules():
+        if isinstance(getattr(m, "qkv", None), nn.Linear) and isinstance(getattr(m, "n_head", None), int):
+            yield m
+
+
+def head_dims(model: nn.Module) -> dict[str, int]:
+    """Head width of each attention module, by name: whole heads are removed, their width stays."""
+    names = {m: n for n, m in model.named_modules()}
+    return {names[m]: m.qkv.out_features // 3 // m.n_head for m in _attention(model)}
+
+
+def _set_heads(model: nn.Module, dims: dict[str, int]) -> None:
+    """After pruning: each attention module's ``n_head`` from its qkv width and its head width."""
+    for name, m in model.named_modules():
+        if name in dims:
+            m.n_head = m.qkv.out_features // 3 // dims[name]
+
+
+@dataclass
+class Structure:
+    ignored: list[nn.Module]
+    num_heads: dict[nn.Module, int] = field(default_factory=dict)
+
+
+def structure(model: nn.Module) -> Structure:
+    """The layers whose outputs are kept whole, and the attention modules' heads."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    if not layers:
+        raise UserError(f"{type(model).__name__} has no Linear or Conv2d layer to prune; use --prune none")
+    ignored = [layers[-1]]  # the classifier / language-model head: its outputs are the classes
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    heads = {m.qkv: m.n_head for m in _attention(model)}
+    if embeddings:  # a transformer: the residual stream keeps its width
+        width = embeddings[0].embedding_dim
+        ignored += [m for m in layers if isinstance(m, nn.Linear) and m.out_features == width]
+    return Structure(ignored=ignored, num_heads=heads)
+
+
+def _round_to(model: nn.Module, st: Structure, wanted: int, ratio: float) -> int | None:
+    """``wanted`` when every prunable layer keeps at least 4 x ``wanted`` channels after this round, else None.
+
+    torch-pruning rounds the count kept down: on a layer keeping 15 channels, rounding to 8
+    would keep 8 and overshoot the ratio; from 32 kept on, rounding costs under a quarter.
+    """
+    if wanted <= 1:
+        return None
+    ignored = set(st.ignored) | set(st.num_heads)
+    widths = [
+        m.out_channels if isinstance(m, nn.Conv2d) else m.out_features
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, nn.Conv2d)) and m not in ignored
+    ]
+    return wanted if all(w * (1 - ratio) >= 4 * wanted for w in widths) else None
+
+
+# --- pruning and replaying ------------------------------------------------------------------
+
+
+def count(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
+    """MACs of one forward of ``example`` and the parameter count (torch-pruning's counter)."""
+    import torch_pruning as tp
+
+    macs, params = tp.utils.count_ops_and_params(model, example)
+    return {"macs": int(macs), "params": int(params)}
+
+
+def prune_round(
+    model: nn.Module,
+    example: torch.Tensor,
+    method: str,
+    ratio: float,
+    round_to: int,
+    grads: Callable[[nn.Module], None] | None = None,
+) -> History:
+    """Remove ``ratio`` of the channels (and heads) of ``model`` in place; returns this round's history."""
+    import torch_pruning as tp
+
+    st = structure(model)
+    dims = head_dims(model)
+    if method == "taylor":
+        importance = tp.importance.GroupTaylorImportance()
+    else:  # magnitude and lottery_ticket: the L2 norm of each channel's weights, over its whole group
+        importance = tp.importance.GroupMagnitudeImportance(p=2)
+    pruner = tp.pruner.BasePruner(
+        model,
+        example,
+        importance=importance,
+        pruning_ratio=ratio,
+        ignored_layers=st.ignored,
+        round_to=_round_to(model, st, round_to, ratio),
+        num_heads=st.num_heads,
+        prune_num_heads=bool(st.num_heads),
+        prune_head_dims=False,
+        head_pruning_ratio=ratio,
+    )
+    if grads is not None:
+        model.zero_grad()
+        grads(model)
+    pruner.step()
+    model.zero_grad(set_to_none=True)
+    _set_heads(model, dims)
+    return [(name, bool(out), [int(i) for i in idxs]) for name, out, idxs in pruner.pruning_history()]
+
+
+def replay(model: nn.Module, example: torch.Tensor, history: History) -> nn.Module:
+    """Apply a recorded pruning history to ``model`` (in place), as torch-pruning recorded it."""
+    import torch_pruning as tp
+
+    dims = head_dims(model)
+    graph = tp.DependencyGraph().build_dependency(model, example)
+    graph.load_pruning_history([list(h) for h in history])
+    _set_heads(model, dims)
+    return model
