@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +68,29 @@ def interrupt_after(
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def resumes_bit_exactly(
+    args: list[str], tmp_path: Path, final_step: int, stop_when: str = "*/checkpoints/step-*/manifest.json"
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """Train ``fwk ARGS`` straight through, and again Ctrl-C'd once ``stop_when`` appears,
+    then resumed; assert the two runs' final weights and evaluations are equal. Returns the
+    straight run's output and both run dirs, for the caller's own checks."""
+    from fwk.components.checkpoint import model_weights
+
+    straight = run_fwk(*args, runs=tmp_path / "straight", timeout=600)
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    stopped = interrupt_after(args, tmp_path / "stopped", stop_when)
+    assert stopped.returncode in (0, 130) and "resumed" not in stopped.stdout, stopped.stdout + stopped.stderr
+    resumed = run_fwk(*args, runs=tmp_path / "stopped", timeout=600)
+    assert resumed.returncode == 0 and "resumed run" in resumed.stdout, resumed.stdout + resumed.stderr
+    (first,), (second,) = (tmp_path / "straight").glob("*/"), (tmp_path / "stopped").glob("*/")
+    final = f"checkpoints/step-{final_step:08d}"
+    expected, got = model_weights(first / final), model_weights(second / final)
+    assert expected.keys() == got.keys() and all(torch.equal(got[k], v) for k, v in expected.items())
+    summaries = [json.loads((run / "summary.json").read_text())["eval"] for run in (first, second)]
+    assert summaries[0] == summaries[1]
+    return straight, first, second
 
 
 # pytest-xdist (`-n auto --dist loadgroup`, pyproject.toml) hands out groups of tests whole:

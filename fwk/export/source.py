@@ -78,36 +78,35 @@ def check_exportable(run: RunDir) -> Path:
     return best["path"] if best is not None else found[-1]
 
 
-def exported_weights(checkpoint: Path) -> dict[str, Any]:
-    """The weights to export: the moving average's when the run trained with methods=[ema],
-    the averaged point's with optim=adamw_schedulefree (evaluation used them too), else the
-    model's."""
+def _saved_state(checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint's ``state.pt`` (methods' and optimizer's state), or {} (a sharded one has the model apart)."""
     import torch
 
+    state = checkpoint / "state.pt"
+    return torch.load(state, map_location="cpu", weights_only=True) if state.is_file() else {}
+
+
+def exported_weights(checkpoint: Path, saved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The weights to export: the moving average's when the run trained with methods=[ema],
+    the averaged point's with optim=adamw_schedulefree (evaluation used them too), else the
+    model's. ``saved``: the checkpoint's state, when the caller has read it already."""
     from fwk.components.checkpoint import model_weights
     from fwk.methods.ema import averaged_weights
     from fwk.optim.schedule_free import eval_weights
 
-    state = checkpoint / "state.pt"
-    if state.is_file():
-        saved = torch.load(state, map_location="cpu", weights_only=True)
-        averaged = averaged_weights(saved) or eval_weights(saved)
-        if averaged is not None:
-            return averaged
-    return model_weights(checkpoint)
+    saved = _saved_state(checkpoint) if saved is None else saved
+    averaged = averaged_weights(saved) or eval_weights(saved)
+    return averaged if averaged is not None else model_weights(checkpoint)
 
 
-def _pruned_in_training(model: Any, checkpoint: Path, data: Any) -> list:
+def _pruned_in_training(model: Any, saved: dict[str, Any], data: Any) -> list:
     """A run trained with methods=[prune_gradually]: its removals replayed on the fresh
     model, which then takes the smaller weights; returns them (none: [])."""
-    import torch
-
     from fwk.engine.build import example_input
     from fwk.methods.prune import trained_history
     from fwk.models.pruning import replay
 
-    state = checkpoint / "state.pt"
-    history = trained_history(torch.load(state, map_location="cpu", weights_only=True)) if state.is_file() else []
+    history = trained_history(saved)
     if history:
         model.eval()
         replay(model, example_input(data), history)
@@ -145,8 +144,9 @@ def load(run: RunDir) -> Source:
     model = build_model(cfg.model, data)
     _check_checksums(checkpoint)
     try:
-        history = _pruned_in_training(model, checkpoint, data)
-        weights = exported_weights(checkpoint)
+        saved = _saved_state(checkpoint)
+        history = _pruned_in_training(model, saved, data)
+        weights = exported_weights(checkpoint, saved)
         model.load_state_dict(weights)
     except RuntimeError as exc:  # shapes or keys differ: the config and the weights disagree
         first = str(exc).strip().splitlines()[0]

@@ -31,9 +31,9 @@ from fwk.methods.base import Method
 
 def _holders(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
     """The optimizers that own parameter state (optim=muon: its Muon and its AdamW)."""
-    parts = [getattr(optimizer, name, None) for name in ("muon", "adamw")]
-    found = [p for p in parts if isinstance(p, torch.optim.Optimizer)]
-    return found or [optimizer]
+    from fwk.optim.muon import MuonAdamW
+
+    return [optimizer.muon, optimizer.adamw] if isinstance(optimizer, MuonAdamW) else [optimizer]
 
 
 @contextmanager

@@ -169,6 +169,11 @@ def adamw_schedulefree(cfg: ScheduleFreeConfig, model: nn.Module, fused: bool) -
     )
 
 
+def is_schedule_free(optimizer: torch.optim.Optimizer) -> bool:
+    """A schedule-free optimizer (its groups carry the ``schedulefree`` package's ``train_mode`` flag)."""
+    return bool(optimizer.param_groups) and "train_mode" in optimizer.param_groups[0]
+
+
 def build_optimizer(cfg, model: nn.Module, fused: bool = False) -> torch.optim.Optimizer:
     """The registered optimizer; ``fused``: its fused step (fwk's Triton Lion, PyTorch's on CUDA)."""
     return OPTIMIZERS.get(cfg.name).builder(cfg, model, fused=fused)
@@ -216,7 +221,7 @@ def state_floats_per_param(cfg) -> float:
     net = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False))  # a hidden layer and a head
     layer = net[0]
     optimizer = build_optimizer(cfg, net)
-    if "train_mode" in optimizer.param_groups[0]:  # schedule-free: steps only in train mode
+    if is_schedule_free(optimizer):  # steps only in train mode
         optimizer.train()
     for p in net.parameters():
         p.grad = torch.ones_like(p)
@@ -247,6 +252,6 @@ def build_schedule(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, max_st
 
     import torch
 
-    if "train_mode" in optimizer.param_groups[0]:
+    if is_schedule_free(optimizer):
         cfg = dataclasses.replace(cfg, decay="constant")
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, max_steps))

@@ -27,10 +27,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-
-def is_schedule_free(optimizer: torch.optim.Optimizer) -> bool:
-    """A schedule-free optimizer (its groups carry the package's ``train_mode`` flag)."""
-    return bool(optimizer.param_groups) and "train_mode" in optimizer.param_groups[0]
+from fwk.optim import is_schedule_free
 
 
 def _eval_point(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]:

@@ -20,12 +20,13 @@ from fwk.data.configs import ImageFolderConfig, StreamingConfig
 from fwk.data.prepare import MARKER, prepare
 from fwk.data.shards import MANIFEST
 from fwk.errors import UserError
-from tests.conftest import interrupt_after, require, run_fwk
+from tests.conftest import require, resumes_bit_exactly, run_fwk
 
 CLASSES = ("cat", "dog", "emu")
 TRAIN = ["data=streaming", "data.image_size=16", "data.val_resize=18", "model=resnet18", "model.small_input=true"]
 TRAIN += ["model.num_classes=3", "train.batch_size=8", "train.max_steps=12", "train.eval_every=6"]
 TRAIN += ["train.log_every=3", "checkpoint.every=3", "checkpoint.keep=10", "jit=off", "loader=manual"]
+AFTER_3 = "*/checkpoints/step-00000003/manifest.json"  # Ctrl-C once the first checkpoint is written
 
 
 def _folder(root: Path) -> Path:
@@ -117,27 +118,9 @@ def test_a_resume_with_other_workers_starts_the_next_epoch_and_says_so(prepared:
     ]
 
 
-def _weights(runs: Path, step: int) -> dict[str, torch.Tensor]:
-    from fwk.components.checkpoint import model_weights
-
-    (run,) = runs.glob("*/")
-    return model_weights(run / "checkpoints" / f"step-{step:08d}")
-
-
-def _straight_then_interrupted(args: list[str], tmp_path: Path) -> None:
-    straight = run_fwk(*args, runs=tmp_path / "straight", timeout=600)
-    assert straight.returncode == 0, straight.stdout + straight.stderr
-    stopped = interrupt_after(args, tmp_path / "stopped", "*/checkpoints/step-00000003/manifest.json")
-    assert stopped.returncode in (0, 130) and "resumed" not in stopped.stdout, stopped.stdout + stopped.stderr
-    resumed = run_fwk(*args, runs=tmp_path / "stopped", timeout=600)
-    assert resumed.returncode == 0 and "resumed run" in resumed.stdout, resumed.stdout + resumed.stderr
-    expected, got = _weights(tmp_path / "straight", 12), _weights(tmp_path / "stopped", 12)
-    assert all(torch.equal(got[k], v) for k, v in expected.items())
-
-
 def test_training_from_local_shards_resumes_bit_exactly(prepared: tuple[Path, Path], tmp_path: Path) -> None:
     _, shards = prepared
-    _straight_then_interrupted(["train", *TRAIN, f"data.uri={shards}", "loader.num_workers=1"], tmp_path)
+    resumes_bit_exactly(["train", *TRAIN, f"data.uri={shards}", "loader.num_workers=1"], tmp_path, 12, AFTER_3)
 
 
 # --- a real S3-compatible server on loopback ------------------------------------------------
@@ -200,7 +183,7 @@ def test_two_processes_stream_from_s3_and_resume_bit_exactly(
     require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
     _use(s3, monkeypatch, tmp_path)
     args = ["train", *TRAIN, "data.uri=s3://data/sets/toy", "parallel=ddp", "parallel.nproc_per_node=2"]
-    _straight_then_interrupted([*args, "loader.num_workers=0", "train.batch_size=4"], tmp_path)
+    resumes_bit_exactly([*args, "loader.num_workers=0", "train.batch_size=4"], tmp_path, 12, AFTER_3)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from fwk.config.methods import MethodConfig, ProgressiveResizeConfig, SeqWarmupC
 from fwk.errors import UserError
 from fwk.methods import Methods
 from fwk.methods.schedules import ProgressiveResize, SeqWarmup
-from tests.conftest import interrupt_after, require, run_fwk
+from tests.conftest import require, resumes_bit_exactly, run_fwk
 
 
 def test_seq_warmup_ramps_the_length_as_a_function_of_the_step() -> None:
@@ -80,24 +80,10 @@ CASES = {
 
 @pytest.mark.parametrize("method", list(CASES))
 def test_a_run_stopped_mid_way_resumes_bit_exactly(tmp_path: Path, method: str) -> None:
-    from fwk.components.checkpoint import model_weights
-
     args = ["train", *CASES[method], "train.max_steps=20", "train.eval_every=10", "train.log_every=5", "jit=off"]
     args += ["checkpoint.every=5", "checkpoint.keep=10", "train.batch_size=16"]
-    straight = run_fwk(*args, runs=tmp_path / "straight", timeout=600)
-    assert straight.returncode == 0, straight.stdout + straight.stderr
+    straight, _, _ = resumes_bit_exactly(args, tmp_path, final_step=20)  # ema: its average's evaluation too
     assert f"{method}: " in straight.stdout  # the method's line: what it does and when
-    (run,) = (tmp_path / "straight").glob("*/")
-    expected = model_weights(run / "checkpoints" / "step-00000020")
-    expected_eval = json.loads((run / "summary.json").read_text())["eval"]
-    stopped = interrupt_after(args, tmp_path / "stopped", "*/checkpoints/step-*/manifest.json")
-    assert stopped.returncode == 0 and "checkpoint saved" in stopped.stdout, stopped.stdout + stopped.stderr
-    resumed = run_fwk(*args, runs=tmp_path / "stopped", timeout=600)
-    assert resumed.returncode == 0 and "resumed run" in resumed.stdout, resumed.stdout + resumed.stderr
-    (run,) = (tmp_path / "stopped").glob("*/")
-    got = model_weights(run / "checkpoints" / "step-00000020")
-    assert all(torch.equal(got[k], v) for k, v in expected.items())
-    assert json.loads((run / "summary.json").read_text())["eval"] == expected_eval  # ema: the average too
 
 
 def test_methods_under_two_process_ddp_keep_replicas_in_sync(runs: Path) -> None:
