@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  := torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test lint clean slurm bench
+.PHONY: setup train test lint clean slurm bench gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -30,6 +30,16 @@ test: setup lint
 # test, BENCH_ARGS="--only overhead,auto" for some groups.
 bench: setup
 	$(BIN)/python scripts/bench/harness.py $(BENCH_ARGS)
+
+# Every GPU claim in one command on a GPU machine (scripts/gpu/check.py; at most 8 minutes on
+# one GPU): report in bench/gpu/<date>-<gpu>.md and .json. No setup: that machine keeps its own
+# torch; what it lacks comes from wheels/ (make gpu-wheels, here). GPU_CHECK_ARGS="--dry" runs
+# every part on the CPU at tiny sizes (make test does).
+gpu-check:
+	bash scripts/gpu_check.sh $(GPU_CHECK_ARGS)
+
+gpu-wheels: setup
+	bash scripts/gpu/wheels.sh
 
 lint: setup
 	$(BIN)/ruff check fwk tests scripts

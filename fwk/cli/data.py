@@ -52,17 +52,30 @@ def prepare(
         help="The overrides you would give `fwk train` (its data section is written): recipe=NAME, data.root=...",
         show_default=False,
     ),
-    out: str = typer.Option(..., "--out", help="The folder to write the prepared set to (then data.uri=it)."),
+    out: str = typer.Option(
+        ..., "--out", help="The folder or s3://bucket/prefix to write the prepared set to (then data.uri=it)."
+    ),
     max_side: int = typer.Option(320, "--max-side", help="Shorter side of the stored images, at most, in px."),
     quality: int = typer.Option(90, "--quality", help="JPEG quality of the stored images (1-100)."),
+    raw_max_side: int = typer.Option(
+        64, "--raw-max-side", help="Store images whose longer side is at most this many px uncompressed (0: never)."
+    ),
+    chunk_mb: int = typer.Option(
+        64, "--chunk-mb", help="Size of each shard file in MB: a worker streams whole chunks (many per worker)."
+    ),
     workers: int = typer.Option(0, "--workers", help="Parallel workers (0: one per core)."),
+    endpoint_url: str = typer.Option(
+        "", "--endpoint-url", help="--out s3://: the S3-compatible endpoint (default: AWS_ENDPOINT_URL, else AWS)."
+    ),
 ) -> None:
     """Write the recipe's image folder once as litdata shards, for data=streaming.
 
     Each image's shorter side is brought down to --max-side (aspect kept) and re-encoded
-    as JPEG at --quality; labels, class names, mean/std and a manifest (the source's
-    fingerprint, the settings, the counts) are kept. Rerunning finds a finished prepare;
-    an interrupted one starts again; a folder holding anything else is refused.
+    as JPEG at --quality (small ones, up to --raw-max-side, stored uncompressed); labels,
+    class names, mean/std and a manifest (the source's fingerprint, the settings, the
+    counts) are kept. Rerunning finds a finished prepare; an interrupted one starts again;
+    a folder holding anything else is refused. To s3://, the set is prepared in a local
+    staging folder, then uploaded, its manifest last.
     """
     import os
 
@@ -77,4 +90,6 @@ def prepare(
         )
     from fwk.data.prepare import prepare as write_shards
 
-    typer.echo(write_shards(config.data, out, max_side, quality, workers or os.cpu_count() or 1, typer.echo))
+    workers = workers or os.cpu_count() or 1
+    line = write_shards(config.data, out, max_side, quality, workers, typer.echo, raw_max_side, chunk_mb, endpoint_url)
+    typer.echo(line)

@@ -126,9 +126,10 @@ def is_jpeg(data: torch.Tensor) -> bool:
 def decode_bytes(data: torch.Tensor) -> torch.Tensor:
     """An encoded image (1-D uint8) as (3, H, W) uint8 RGB.
 
-    JPEG: libjpeg-turbo through TorchCodec's ``decode_jpeg``; PNG, GIF, WebP: its
-    ``decode_image`` (``codec.py``); the other formats (BMP, PPM/PGM, TIFF): PIL, as
-    torchvision's own ``ImageFolder`` reads every file (``convert("RGB")``).
+    JPEG: libjpeg-turbo (``codec.py``); PNG, GIF, WebP: TorchCodec's ``decode_image``; a
+    binary RGB PPM (what ``fwk data prepare`` stores small images as): its bytes, viewed;
+    the other formats (BMP, PGM, TIFF, PPMs with comments): PIL, as torchvision's own
+    ``ImageFolder`` reads every file (``convert("RGB")``).
     """
     from fwk.data.codec import decoders
 
@@ -138,7 +139,26 @@ def decode_bytes(data: torch.Tensor) -> torch.Tensor:
         return decode_jpeg(data)
     if head.startswith(_CODEC_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
         return decode_image(data)
+    if head.startswith(b"P6"):
+        raw = _raw_ppm(data)
+        if raw is not None:
+            return raw
     return _decode_pil(data)
+
+
+def _raw_ppm(data: torch.Tensor) -> torch.Tensor | None:
+    """A binary PPM of 8-bit RGB as (3, H, W): a view of its bytes; None for other PPMs."""
+    fields = data[:64].numpy().tobytes().split(maxsplit=4)  # b"P6", width, height, maxval, pixels
+    if len(fields) < 4 or b"#" in b"".join(fields[:4]) or fields[3] != b"255":
+        return None
+    try:
+        width, height = int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    start = len(data) - 3 * width * height
+    if start <= 0 or not data[start - 1 : start].numpy().tobytes().isspace():
+        return None
+    return data[start:].view(height, width, 3).permute(2, 0, 1)
 
 
 def _decode_pil(data: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,10 @@ credentials and region from the usual AWS environment variables and files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,7 +24,10 @@ from urllib.parse import urlparse
 from fwk.errors import UserError
 
 MANIFEST = "fwk-manifest.json"
-FORMAT = 1  # of the prepared layout: a set of another format is refused
+# of the prepared layout: a set of another format is refused. 2: the training items are
+# written in a shuffled order (format 1's were sorted by class, which litdata's chunk-local
+# shuffle cannot mix: whole epochs' halves of a few classes each)
+FORMAT = 2
 
 
 def is_remote(uri: str) -> bool:
@@ -35,36 +40,52 @@ def storage_options(endpoint_url: str) -> dict[str, Any]:
     return {"endpoint_url": endpoint} if endpoint else {}
 
 
-def _s3_manifest(uri: str, endpoint_url: str) -> dict[str, Any]:
+def s3_client(uri: str, endpoint_url: str) -> tuple[Any, str, str, str]:
+    """(boto3 S3 client, bucket, key prefix, "uri (endpoint ...)" for messages) of an s3:// URI."""
     import boto3
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
     parsed = urlparse(uri)
-    bucket, key = parsed.netloc, f"{parsed.path.strip('/')}/{MANIFEST}".lstrip("/")
     options = storage_options(endpoint_url)
     where = f"{uri} (endpoint {options.get('endpoint_url', 'AWS default')})"
-    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2})  # a pre-flight check: brief
+    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2})  # fail in seconds, not minutes
+    return boto3.client("s3", config=config, **options), parsed.netloc, parsed.path.strip("/"), where
+
+
+@contextlib.contextmanager
+def s3_errors(label: str, uri: str, bucket: str, where: str) -> Iterator[None]:
+    """S3 failures inside as one line each: ``{label}={uri}: ...`` (label: data.uri, --out)."""
+    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
     try:
-        body = boto3.client("s3", config=config, **options).get_object(Bucket=bucket, Key=key)["Body"].read()
+        yield
     except NoCredentialsError:
         raise UserError(
-            f"data.uri={uri}: no S3 credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+            f"{label}={uri}: no S3 credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
         ) from None
     except EndpointConnectionError:
-        raise UserError(f"data.uri={uri}: cannot reach {where}; check data.endpoint_url or AWS_ENDPOINT_URL") from None
+        raise UserError(f"{label}={uri}: cannot reach {where}; check data.endpoint_url or AWS_ENDPOINT_URL") from None
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code == "NoSuchBucket":
-            raise UserError(f"data.uri={uri}: bucket '{bucket}' does not exist at {where}") from None
-        if code in ("NoSuchKey", "404"):
-            raise UserError(
-                f"data.uri={uri} holds no prepared set ({MANIFEST} is missing): run fwk data prepare, then copy "
-                "its output there"
-            ) from None
-        raise UserError(f"data.uri={uri}: S3 refused to read {key} ({code or exc})") from None
+            raise UserError(f"{label}={uri}: bucket '{bucket}' does not exist at {where}") from None
+        raise UserError(f"{label}={uri}: S3 refused the request ({code or exc})") from None
     except BotoCoreError as exc:
-        raise UserError(f"data.uri={uri}: cannot read {where} ({exc})") from None
+        raise UserError(f"{label}={uri}: cannot reach {where} ({exc})") from None
+
+
+def s3_manifest(uri: str, endpoint_url: str, label: str = "data.uri") -> dict[str, Any] | None:
+    """The manifest under an s3:// prefix, None when there is none; other failures: one line."""
+    from botocore.exceptions import ClientError
+
+    client, bucket, prefix, where = s3_client(uri, endpoint_url)
+    with s3_errors(label, uri, bucket, where):
+        try:
+            body = client.get_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST}".lstrip("/"))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404"):
+                return None
+            raise
     return json.loads(body)
 
 
@@ -73,7 +94,11 @@ def read_manifest(uri: str, endpoint_url: str = "") -> dict[str, Any]:
     if not uri:
         raise UserError("data.uri is not set: the folder or s3://bucket/prefix that fwk data prepare wrote")
     if is_remote(uri):
-        manifest = _s3_manifest(uri, endpoint_url)
+        manifest = s3_manifest(uri, endpoint_url)
+        if manifest is None:
+            raise UserError(
+                f"data.uri={uri} holds no prepared set ({MANIFEST} is missing): run fwk data prepare --out {uri}"
+            )
     else:
         path = Path(os.path.expanduser(uri)) / MANIFEST
         if not path.is_file():
@@ -92,5 +117,10 @@ def describe(manifest: dict[str, Any]) -> str:
     counts, settings = manifest["counts"], manifest["settings"]
     return (
         f"{counts['train']:,} train / {counts['val']:,} val images, shorter side <= {settings['max_side']} px, "
-        f"JPEG quality {settings['quality']}, from {manifest['source']['what']}"
+        f"JPEG quality {settings['quality']}{_raw(settings)}, from {manifest['source']['what']}"
     )
+
+
+def _raw(settings: dict[str, Any]) -> str:
+    side = settings.get("raw_max_side", 0)  # sets written before it was a setting hold JPEGs only
+    return f" (uncompressed up to {side} px)" if side else ""

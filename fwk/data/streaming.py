@@ -4,9 +4,9 @@ Training streams ``train/`` with litdata's ``StreamingDataset`` and ``StreamingD
 each rank reads its own share of the chunks (litdata shards by torch.distributed's rank
 and world size), in an order shuffled from the run's seed, chunk by chunk, so a remote set
 is downloaded once per epoch into a local cache of bounded size, not item by item. Each
-image is decoded (TorchCodec) and cropped and flipped as an image folder's are, its random
-draws seeded from (run seed, epoch, the item's index in the set): the same item gets the
-same crop whatever the worker that loads it.
+image is decoded (a JPEG, or the raw pixels of a small one) and cropped and flipped as an
+image folder's are, its random draws seeded from (run seed, epoch, the item's index in the
+set): the same item gets the same crop whatever the worker that loads it.
 
 Resume: ``StreamLoader``'s state is litdata's, which resumes mid-epoch exactly with the
 same world size and number of workers; with other ones, the run resumes at the start of
@@ -26,9 +26,8 @@ from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle, item_seed
-from fwk.data.codec import decoders
 from fwk.data.configs import ImageFolderConfig, StreamingConfig
-from fwk.data.images import seeded_cpu_rng
+from fwk.data.images import decode_bytes, seeded_cpu_rng
 from fwk.data.registry import register_data
 from fwk.data.shards import is_remote, read_manifest, storage_options
 from fwk.track.store import cache_root
@@ -49,7 +48,7 @@ class StreamingImages(StreamingDataset):
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
         item = super().__getitem__(index)
-        image = decoders()[0](torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8))  # (3, H, W) uint8
+        image = decode_bytes(torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8))  # (3, H, W) uint8
         if self.random:
             with seeded_cpu_rng(item_seed(self.run_seed, self.current_epoch, int(item["index"]))):
                 image = self.image_transform(image)

@@ -237,6 +237,7 @@ def train(
         "samples_per_s": train_samples / max(train_time, 1e-9),
         "data_wait": min(1.0, data_wait / max(train_time, 1e-9)),  # share of train time spent waiting for data
         "world_size": dist.world_size,
+        **peak_memory(dist.device),
         **strategies.summary(),
         **diagnostics.summary(),
         **(
@@ -247,3 +248,10 @@ def train(
         **({"best": {"metric": best.metric, "value": best.saved}} if best.active else {}),
         "replicas_in_sync": replicas_in_sync(raw, dist),
     }
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """The run's peak allocated device memory in GiB (CUDA; the CPU keeps no such count)."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)}

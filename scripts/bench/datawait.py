@@ -1,8 +1,8 @@
 """The data-wait share of training on an image folder: loader=auto against DataLoader's
 defaults (loader=manual: no workers, the data loaded in the training process).
 
-``fwk train`` (ResNet-18 on a folder of real JPEGs that the benchmark writes, scripts/
-bench/decode.py's ``write_folder``) runs with each loader setting in interleaved reps, each
+``fwk train`` (ResNet-18 on a folder of real photos that the benchmark writes at 85x64 px,
+10 classes: scripts/bench/decode.py's ``write_photos``) runs with each loader setting in interleaved reps, each
 into a fresh runs root; the share is summary.json's ``data_wait`` (the training time spent
 waiting for the next batch). Target (issue 11): < 5% with auto.
 """
@@ -27,7 +27,7 @@ def train(root: Path, runs: Path, size: int, steps: int, batch: int, loader: lis
     if not (ROOT / "conf" / "loader" / "auto.yaml").exists():
         raise RuntimeError("needs the loader config group (loader=auto, the data pipeline's branch)")
     args = [
-        "model=resnet18", "data=imagefolder", f"data.root={root}", f"data.image_size={size}", "model.num_classes=2",
+        "model=resnet18", "data=imagefolder", f"data.root={root}", f"data.image_size={size}", "model.num_classes=10",
         f"train.max_steps={steps}", f"train.batch_size={batch}", "train.eval_every=0", "train.log_every=5",
         "train.eval_batches=1", "checkpoint.every=0", "jit=off", "precision=fp32",
         "precision.keep_fp32=[fc]",  # the default recipe's island names digits_cnn's head
@@ -42,11 +42,12 @@ def train(root: Path, runs: Path, size: int, steps: int, batch: int, loader: lis
 
 
 def rows(quick: bool) -> list:
-    from decode import write_folder
+    from decode import write_photos
 
     size, steps, batch, reps = (64, 6, 8, 1) if quick else (64, 20, 16, 5)
     with tempfile.TemporaryDirectory(prefix="fwk-bench-datawait-") as tmp:
-        root = write_folder(Path(tmp) / "folder", size, batch * 8)
+        root = Path(tmp) / "folder"
+        write_photos(root, batch * 8, val_per_class=1, size=(round(size * 4 / 3), size))
         n = [0]
 
         def one(loader: list[str]) -> float:

@@ -2,11 +2,11 @@
 
     .venv/bin/python scripts/bench/harness.py [--only overhead,auto] [--quick] [--out bench/results]
 
-Each group (overhead, auto, decode, datawait, tta, ablation, precision, channels_last, memory, jit,
-kernels, parallel, export) runs in its own child process with a wall-clock budget, so that one
-benchmark's failure, hang or leftover state (compiled graphs, threads, page cache) never
-reaches the next: a group that fails or runs out of time becomes one failed row with its
-one-line reason, and the others still run. Every row is a ratio measured side by side in
+Each group (overhead, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
+channels_last, memory, jit, kernels, parallel, export) runs in its own child process with a
+wall-clock budget, so that one benchmark's failure, hang or leftover state (compiled graphs,
+threads, page cache) never reaches the next: a group that fails or runs out of time becomes
+one failed row with its one-line reason, and the others still run. Every row is a ratio measured side by side in
 the same run: ``measure_pair`` warms both sides up, then interleaves them A,B,B,A,A,B...
 (whoever went first goes second next time), and the row shows the median of the per-rep
 ratios with their min and max, and both sides' absolute medians beside it.
@@ -143,12 +143,13 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 
 
 # group -> (module in scripts/bench, its rows function, seconds it may take at full size);
-# the budgets add up to about 45 minutes on 2 cores (tta and ablation, ~35 of them, train real
+# the budgets add up to about 55 minutes on 2 cores (tta and ablation, ~35 of them, train real
 # recipes to their targets, 3 seeds each); --slack scales them
 GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 145),
     "auto": ("auto", "rows", 55),
-    "decode": ("decode_rows", "rows", 30),
+    "decode": ("decode_rows", "rows", 300),
+    "shards": ("shards_accuracy", "rows", 600),
     "fingerprint": ("fingerprint", "rows", 90),
     "datawait": ("datawait", "rows", 120),
     "tta": ("tta", "rows", 1000),

@@ -59,14 +59,16 @@ def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> tup
     return int(summary["target"]["step"]), run.path, True
 
 
-def plain_run(overrides: list[str], metric: str, target: float, record: Path | None = None) -> tuple[int, bool]:
+def plain_run(
+    overrides: list[str], metric: str, target: float, record: Path | None = None, device: str = "cpu"
+) -> tuple[int, bool]:
     """The plain loop, fp32 eager, evaluating the same way; the steps it took (its whole
     budget if it never reached the target) and whether it reached it. ``record``: a run dir
     to write its rows to (loss, eval metrics, training seconds), for the time plot."""
     cfg = to_typed(compose([*overrides, "precision=fp32", "jit=off"]))
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data, seed=cfg.seed)
-    model = MODELS.get(cfg.model.name).builder(cfg.model)
+    model = MODELS.get(cfg.model.name).builder(cfg.model).to(device)
     opt = build_optimizer(cfg.optim, model)
     sched = build_schedule(cfg.schedule, opt, cfg.train.max_steps)
     loader = torch.utils.data.DataLoader(data.train, batch_size=cfg.train.batch_size, shuffle=True, drop_last=True)
@@ -75,6 +77,7 @@ def plain_run(overrides: list[str], metric: str, target: float, record: Path | N
     while step < cfg.train.max_steps:
         for x, y in loader:
             t0 = time.perf_counter()
+            x, y = x.to(device), y.to(device)
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
             loss.backward()
@@ -92,7 +95,7 @@ def plain_run(overrides: list[str], metric: str, target: float, record: Path | N
                     rows.append({"step": step, "kind": "train", "loss": mean, "train_s": trained})
                     window = []
             if step % cfg.train.eval_every == 0:
-                row = evaluate(model, val, cfg.train.eval_batches)
+                row = evaluate(model, val, cfg.train.eval_batches, device)
                 rows.append({"step": step, "kind": "eval", **row, "train_s": trained})
                 if met(row, metric, target):
                     _record(record, cfg, rows, step, trained, True)
@@ -127,12 +130,13 @@ def plot(name: str, runs: list[tuple[str, Path]]) -> Path:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, val, max_batches: int) -> dict:
+def evaluate(model: torch.nn.Module, val, max_batches: int, device: str = "cpu") -> dict:
     model.eval()
     loss, correct, n = 0.0, 0, 0
     for i, (x, y) in enumerate(val):
         if max_batches and i >= max_batches:
             break
+        x, y = x.to(device), y.to(device)
         logits = model(x)
         logits = logits.reshape(-1, logits.size(-1))  # (N, classes): images or tokens
         loss += F.cross_entropy(logits, y.reshape(-1), reduction="sum").item()
@@ -190,8 +194,10 @@ CASES = {  # name -> (overrides, metric, target, reps, note, fast recipe), at fu
 }
 
 
-def _plain_side(overrides: list[str], metric: str, target: float, kept: Path | None) -> tuple[int, Path | None, bool]:
-    steps, reached = plain_run(overrides, metric, target, kept)
+def _plain_side(
+    overrides: list[str], metric: str, target: float, kept: Path | None, device: str
+) -> tuple[int, Path | None, bool]:
+    steps, reached = plain_run(overrides, metric, target, kept, device)
     return steps, kept, reached
 
 
@@ -201,9 +207,10 @@ def _timed(fn: Callable[[], tuple[int, Path, bool]]) -> tuple[float, tuple[int, 
     return time.perf_counter() - t0, steps
 
 
-def one(name: str, quick: bool) -> list:
+def one(name: str, quick: bool, device: str = "cpu") -> list:
+    """The case's rows; ``device``: where every side trains (scripts/gpu/check.py: cuda)."""
     overrides, metric, target, reps, note, fast = CASES[name][1 if quick else 0]
-    overrides = [*overrides, "checkpoint.every=0", "train.device=cpu"]
+    overrides = [*overrides, "checkpoint.every=0", f"train.device={device}"]
     # the fast recipe: the plain recipe's data, model, evaluation and target, its own training settings
     faster = [f"recipe={fast}", *overrides[1:]] if fast else None
     sides = {"fwk": overrides, "plain": overrides, **({"fast": faster} if faster else {})}
@@ -222,7 +229,7 @@ def one(name: str, quick: bool) -> list:
                 seeded = [*sides[side], f"seed={rep}"]
                 kept = Path(tmp) / "plain-loop" if rep == 0 else None
                 run = (
-                    (lambda o=seeded, k=kept: _plain_side(o, metric, target, k))
+                    (lambda o=seeded, k=kept: _plain_side(o, metric, target, k, device))
                     if side == "plain"
                     else (lambda o=seeded: fwk_run(o, metric, target, Path(tmp)))
                 )

@@ -56,3 +56,9 @@ def test_without_a_loadable_torchcodec_torchvisions_decoders_stay_quiet(
         assert codec.decoders()[2] == "torchvision"
     assert got.shape == (3, 37, 50) and got.dtype == torch.uint8
     assert not [w for w in caught if "TorchVision are deprecated" in str(w.message)]
+
+
+def test_a_truncated_jpeg_fails_as_torchcodec_says(fresh_decoders: None) -> None:
+    data = _encoded("JPEG")[:40]
+    with pytest.raises(RuntimeError):
+        codec.decoders()[0](data)

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +16,7 @@ from fwk.data.prepare import MARKER, prepare
 from fwk.data.shards import MANIFEST
 from fwk.errors import UserError
 from tests.conftest import require, resumes_bit_exactly, run_fwk
+from tests.s3server import CREDENTIALS, loopback_s3, server_path, upload
 
 CLASSES = ("cat", "dog", "emu")
 TRAIN = ["data=streaming", "data.image_size=16", "data.val_resize=18", "model=resnet18", "model.small_input=true"]
@@ -48,7 +44,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(base / "cache"))
         source = _folder(base / "images")
-        line = prepare(ImageFolderConfig(root=str(source)), str(base / "shards"), 32, 90, 1, lambda s: None)
+        line = prepare(ImageFolderConfig(root=str(source)), str(base / "shards"), 32, 90, 1, lambda s: None, 0)
         assert line.startswith(f"prepared {base / 'shards'}: 36 train / 9 val images, shorter side <= 32 px")
         yield source, base / "shards"
 
@@ -59,16 +55,44 @@ def test_prepare_writes_smaller_jpegs_their_labels_and_a_manifest(prepared: tupl
     _, shards = prepared
     manifest = json.loads((shards / MANIFEST).read_text())
     assert manifest["counts"] == {"train": 36, "val": 9} and manifest["classes"] == list(CLASSES)
-    assert manifest["settings"] == {"max_side": 32, "quality": 90} and len(manifest["source"]["digest"]) == 16
+    assert manifest["settings"] == {"max_side": 32, "quality": 90, "raw_max_side": 0, "chunk_mb": 64}
+    assert len(manifest["source"]["digest"]) == 16
     assert not (shards / MARKER).exists()
     items = StreamingDataset(str(shards / "val"))
     item = items[0]
     image = torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8)
-    from fwk.data.codec import decoders
+    from fwk.data.images import decode_bytes
 
-    decoded = decoders()[0](image)
+    assert image[:3].tolist() == [0xFF, 0xD8, 0xFF]  # a JPEG
+    decoded = decode_bytes(image)
     assert decoded.shape == (3, 32, 45)  # 50 x 70 -> shorter side 32, aspect kept
     assert sorted(items[i]["label"] for i in range(9)) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    train = StreamingDataset(str(shards / "train"))
+    written = [train[i]["index"] for i in range(36)]  # litdata shuffles within chunks only: the order is mixed here
+    assert sorted(written) == list(range(36)) and written != sorted(written)
+    assert {train[i]["label"] for i in range(12)} == {0, 1, 2}  # not the folder's first class alone
+
+
+def test_small_images_are_stored_uncompressed_and_read_back_exactly(
+    prepared: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import numpy as np
+    from litdata import StreamingDataset
+    from PIL import Image
+
+    from fwk.data.images import decode_bytes
+
+    source, _ = prepared
+    out = tmp_path / "raw"
+    line = prepare(ImageFolderConfig(root=str(source)), str(out), 32, 90, 1, lambda s: None, 45)
+    assert "JPEG quality 90 (uncompressed up to 45 px)" in line
+    first = StreamingDataset(str(out / "val"))[0]
+    assert bytes(first["image"][:2]) == b"P6"
+    with Image.open(source / "val" / CLASSES[first["label"]] / "0.JPEG") as original:
+        small = original.convert("RGB").resize((45, 32), Image.Resampling.BICUBIC, reducing_gap=3.0)
+    expected = torch.from_numpy(np.asarray(small).copy()).permute(2, 0, 1)
+    got = decode_bytes(torch.frombuffer(bytearray(first["image"]), dtype=torch.uint8))
+    assert got.shape == (3, 32, 45) and torch.equal(got, expected)
 
 
 def test_a_rerun_finds_it_other_settings_are_refused_and_an_interrupted_one_restarts(
@@ -76,7 +100,7 @@ def test_a_rerun_finds_it_other_settings_are_refused_and_an_interrupted_one_rest
 ) -> None:
     source, shards = prepared
     cfg = ImageFolderConfig(root=str(source))
-    assert prepare(cfg, str(shards), 32, 90, 1, print).startswith(f"already prepared: {shards} (36 train / 9 val")
+    assert prepare(cfg, str(shards), 32, 90, 1, print, 0).startswith(f"already prepared: {shards} (36 train / 9 val")
     with pytest.raises(UserError, match=f"^--out {shards} holds another prepared set"):
         prepare(cfg, str(shards), 48, 90, 1, print)
     half = tmp_path / "half"
@@ -84,7 +108,7 @@ def test_a_rerun_finds_it_other_settings_are_refused_and_an_interrupted_one_rest
     (half / MANIFEST).unlink()
     (half / MARKER).write_text("{}")
     said: list[str] = []
-    assert prepare(cfg, str(half), 32, 90, 1, said.append).startswith("prepared ")
+    assert prepare(cfg, str(half), 32, 90, 1, said.append, 0).startswith("prepared ")
     assert said[0] == f"{half}: an interrupted prepare; starting it again" and (half / MANIFEST).is_file()
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -126,44 +150,13 @@ def test_training_from_local_shards_resumes_bit_exactly(prepared: tuple[Path, Pa
 # --- a real S3-compatible server on loopback ------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3(prepared: tuple[Path, Path]) -> Iterator[dict[str, str]]:
     """moto's S3 server on loopback with the prepared set uploaded by the normal S3 client."""
-    server = Path(sys.executable).with_name("moto_server")
-    require(server.is_file(), "moto_server is needed (pip install 'moto[server]')")
-    port = _free_port()
-    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "moto_server did not start"
-                time.sleep(0.2)
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in env.items() if "KEY" in k},
-                              region_name="us-east-1")  # fmt: skip
-        client.create_bucket(Bucket="data")
-        _, shards = prepared
-        for f in shards.rglob("*"):
-            if f.is_file():
-                client.upload_file(str(f), "data", f"sets/toy/{f.relative_to(shards).as_posix()}")
-        yield {**env, "AWS_ENDPOINT_URL": endpoint}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    require(server_path().is_file(), "moto_server is needed (pip install 'moto[server]')")
+    with loopback_s3() as endpoint:
+        upload(endpoint, prepared[1], "data", "sets/toy")
+        yield {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
 
 
 def _use(s3: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -218,9 +211,47 @@ def test_a_local_set_of_another_format_is_refused(prepared: tuple[Path, Path], t
     old = tmp_path / "old"
     shutil.copytree(shards, old)
     manifest = json.loads((old / MANIFEST).read_text())
-    (old / MANIFEST).write_text(json.dumps({**manifest, "format": 0, "fwk": "0.1.0"}))
+    (old / MANIFEST).write_text(json.dumps({**manifest, "format": 1, "fwk": "0.1.0"}))  # class-sorted items
     out = run_fwk("train", *TRAIN, f"data.uri={old}", "--dry-run", runs=tmp_path / "runs")
     assert out.returncode == 2 and out.stderr.strip() == (
-        f"fwk: error: data.uri={old} was prepared by fwk 0.1.0 in format 0, this fwk reads format 1; prepare it "
+        f"fwk: error: data.uri={old} was prepared by fwk 0.1.0 in format 1, this fwk reads format 2; prepare it "
         "again with this fwk (fwk data prepare)"
     )
+
+
+def test_prepare_leaves_the_processs_start_method_as_it_was(prepared: tuple[Path, Path], tmp_path: Path) -> None:
+    import multiprocessing
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    prepare(ImageFolderConfig(root=str(prepared[0])), str(tmp_path / "again"), 32, 90, 1, lambda s: None, 0)
+    assert multiprocessing.get_start_method(allow_none=True) == before  # litdata sets spawn; loaders fork
+
+
+def test_prepare_to_s3_uploads_the_manifest_last_then_finds_it_and_refuses_other_settings(
+    s3: dict[str, str], prepared: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    from fwk.data.shards import read_manifest
+
+    _use(s3, monkeypatch, tmp_path)
+    source, _ = prepared
+    args = ["data", "prepare", "data=imagefolder", f"data.root={source}", "--max-side", "32", "--workers", "1"]
+    uri = "s3://data/sets/direct"
+    out = run_fwk(*args, "--out", uri, runs=tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"prepared {uri}: 36 train / 9 val images, shorter side <= 32 px"), last
+    assert "uploading " in out.stdout and read_manifest(uri)["counts"] == {"train": 36, "val": 9}
+    client = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"])
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="data", Prefix="sets/direct/")["Contents"]}
+    assert {"sets/direct/fwk-manifest.json", "sets/direct/train/index.json", "sets/direct/val/index.json"} <= keys
+    again = run_fwk(*args, "--out", uri, runs=tmp_path / "runs")
+    assert again.returncode == 0 and again.stdout.strip().endswith(")") and "already prepared: s3://" in again.stdout
+    client.delete_object(Bucket="data", Key="sets/direct/fwk-manifest.json")  # as if the upload had been cut
+    resumed = run_fwk(*args, "--out", uri, runs=tmp_path / "runs")
+    assert resumed.returncode == 0 and "already prepared there; uploading it" in resumed.stdout, resumed.stdout
+    assert read_manifest(uri)["counts"] == {"train": 36, "val": 9}
+    other = run_fwk(*args[:-4], "--max-side", "48", "--workers", "1", "--out", uri, runs=tmp_path / "runs")
+    assert other.returncode == 2 and other.stderr.startswith(f"fwk: error: --out {uri} holds another prepared set")
+    assert len(other.stderr.strip().splitlines()) == 1

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.kernels import DEVICE
+
 # Loss: a mean of 257 per-row losses summed in another order, and an online (chunked)
 # log-sum-exp: a few fp32 ulps. Gradients of the weight sum 257 rows in chunks: ~1e-6.
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -15,9 +17,9 @@ FP16 = {"rtol": 2e-2, "atol": 2e-3}
 
 def _case(dtype: torch.dtype, rows: int = 257, width: int = 48, vocab: int = 5003):
     g = torch.Generator().manual_seed(7)
-    h = torch.randn(rows, width, generator=g).to(dtype).requires_grad_()
-    w = (torch.randn(vocab, width, generator=g) * 0.2).to(dtype).requires_grad_()
-    t = torch.randint(0, vocab, (rows,), generator=g)
+    h = torch.randn(rows, width, generator=g).to(DEVICE, dtype).requires_grad_()
+    w = (torch.randn(vocab, width, generator=g) * 0.2).to(DEVICE, dtype).requires_grad_()
+    t = torch.randint(0, vocab, (rows,), generator=g).to(DEVICE)
     return h, w, t
 
 

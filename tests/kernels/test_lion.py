@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from tests.kernels import DEVICE
+
 # fp32: the same operations, but the kernel's scalars are fp32 and it may fuse a
 # multiply-add: a few ulps apart, never a flipped sign at these values
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -12,7 +14,7 @@ FP32 = {"rtol": 1e-5, "atol": 1e-6}
 def _state(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     n = 1823 * 7  # not a multiple of the 1024-wide block: the tail is masked
-    p, grad, m = (torch.randn(n, generator=g).to(dtype) for _ in range(3))
+    p, grad, m = (torch.randn(n, generator=g).to(DEVICE, dtype) for _ in range(3))
     grad[:5] = 0.0  # sign(0) = 0 where the interpolation is exactly zero
     m[:5] = 0.0
     return p, grad, m
@@ -46,12 +48,12 @@ def test_optimizer_fused_and_reference_agree_and_reduce_the_loss() -> None:
     from fwk.kernels.lion import Lion
 
     torch.manual_seed(0)
-    a = torch.nn.Sequential(torch.nn.Linear(37, 29), torch.nn.Tanh(), torch.nn.Linear(29, 3))
-    b = torch.nn.Sequential(torch.nn.Linear(37, 29), torch.nn.Tanh(), torch.nn.Linear(29, 3))
+    a = torch.nn.Sequential(torch.nn.Linear(37, 29), torch.nn.Tanh(), torch.nn.Linear(29, 3)).to(DEVICE)
+    b = torch.nn.Sequential(torch.nn.Linear(37, 29), torch.nn.Tanh(), torch.nn.Linear(29, 3)).to(DEVICE)
     b.load_state_dict(a.state_dict())
     opt_a = Lion(a.parameters(), lr=3e-3, weight_decay=0.1, fused=False)
     opt_b = Lion(b.parameters(), lr=3e-3, weight_decay=0.1, fused=True)
-    x, y = torch.randn(64, 37), torch.randint(0, 3, (64,))
+    x, y = torch.randn(64, 37, device=DEVICE), torch.randint(0, 3, (64,), device=DEVICE)
     losses = []
     for _ in range(30):
         for model, opt in ((a, opt_a), (b, opt_b)):

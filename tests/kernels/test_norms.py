@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.kernels import DEVICE
+
 FP32 = {"rtol": 1e-5, "atol": 1e-5}  # per-row sums in another order than ATen's: a few ulps
 # dw and db sum 1823 rows of O(1) products in another order: error grows with the row count
 FP32_SUMS = {"rtol": 1e-4, "atol": 1e-4}
@@ -16,10 +18,10 @@ FP16 = {"rtol": 1e-2, "atol": 1e-2}
 
 def _inputs(rows: int, cols: int, dtype: torch.dtype):
     g = torch.Generator().manual_seed(rows + cols)
-    x = (torch.randn(rows, cols, generator=g) * 2 + 0.5).to(dtype).requires_grad_()
-    w = (torch.rand(cols, generator=g) + 0.5).to(dtype).requires_grad_()
-    b = (torch.randn(cols, generator=g) * 0.1).to(dtype).requires_grad_()
-    dy = torch.randn(rows, cols, generator=g).to(dtype)
+    x = (torch.randn(rows, cols, generator=g) * 2 + 0.5).to(DEVICE, dtype).requires_grad_()
+    w = (torch.rand(cols, generator=g) + 0.5).to(DEVICE, dtype).requires_grad_()
+    b = (torch.randn(cols, generator=g) * 0.1).to(DEVICE, dtype).requires_grad_()
+    dy = torch.randn(rows, cols, generator=g).to(DEVICE, dtype)
     return x, w, b, dy
 
 
@@ -69,19 +71,19 @@ def test_rmsnorm_matches_reference(rows: int, cols: int, dtype: torch.dtype) -> 
 def test_rmsnorm_reference_is_torchs() -> None:
     from fwk.kernels import rmsnorm
 
-    x = torch.randn(5, 33)
-    norm = torch.nn.RMSNorm(33, eps=1e-6)
+    x = torch.randn(5, 33, device=DEVICE)
+    norm = torch.nn.RMSNorm(33, eps=1e-6, device=DEVICE)
     torch.testing.assert_close(rmsnorm.reference(x, norm.weight, 1e-6), norm(x))
 
 
 def test_modules_keep_parameters_and_run_the_kernel() -> None:
     from fwk.kernels import layernorm
 
-    plain = torch.nn.LayerNorm(40)
-    fast = torch.nn.LayerNorm(40)
+    plain = torch.nn.LayerNorm(40, device=DEVICE)
+    fast = torch.nn.LayerNorm(40, device=DEVICE)
     fast.load_state_dict(plain.state_dict())
     fast.__class__ = layernorm.LayerNorm  # what fwk/strategies/kernels.py does
     assert fast.state_dict().keys() == plain.state_dict().keys()
     assert type(fast).__name__ == "LayerNorm"  # keep_fp32 patterns by type name still match
-    x = torch.randn(3, 7, 40)
+    x = torch.randn(3, 7, 40, device=DEVICE)
     torch.testing.assert_close(fast(x), plain(x), **FP32)

@@ -1,0 +1,68 @@
+"""The parts of ``make gpu-check``, in the order they run, with their budgets.
+
+On one GPU the budgets add up to 8 minutes (the issue's ceiling): correctness first, since a
+wrong kernel makes every speed figure after it meaningless, then the speed and memory
+ratios, then the whole ``fwk train`` against a plain loop. Each part names its ``--dry``
+form: the same code on the CPU at tiny sizes, or None where the part means nothing without
+CUDA (compiled Triton kernels, nvJPEG, CUDA's out-of-memory error, fp16's loss scaling on
+the GPU); ``--dry`` reports those as skipped, by name.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from check import Part
+
+PY = sys.executable
+FWK = [PY, "-m", "fwk"]
+BENCH = "scripts/bench"
+GPU = "scripts/gpu"
+# The CUDA-only tests of the suite (they skip on a CPU): the kernels compiled, not interpreted
+CUDA_TESTS = ["tests/kernels", "tests/data/test_gpu_decode.py", "tests/data/test_prefetch.py"]
+PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
+TINY = ["--device", "cpu", "--image-size", "32", "--batch", "2", "--gpt-batch", "2", "--rounds", "1"]
+FULL = ["--device", "cuda", "--image-size", "224", "--batch", "128", "--gpt-batch", "32"]
+
+PARTS = [
+    Part("doctor", "doctor", "versions, device, capability, free memory, NCCL", 15, [*FWK, "doctor"],
+         [*FWK, "doctor"], 30),
+    # --- correctness ---
+    Part("cuda-tests", "correctness", "the suite's CUDA tests: Triton kernels compiled, nvJPEG, prefetcher", 40,
+         [*PYTEST, *CUDA_TESTS], None),
+    Part("triton-gpt", "correctness", "kernels=triton vs kernels=torch on the GPT: loss and gradients", 25,
+         [PY, f"{GPU}/correct.py", "triton_gpt"], [PY, f"{GPU}/correct.py", "triton_gpt", "--dry"], 90),
+    Part("fp16-inf", "correctness", "fp16 with an injected inf skips the step and lowers the scale", 15,
+         [PY, f"{GPU}/correct.py", "fp16_inf"], [PY, f"{GPU}/correct.py", "fp16_inf", "--dry"], 60),
+    Part("oom-redo", "correctness", "a forced OOM is redone with more micro-batches on the same data", 25,
+         [PY, f"{GPU}/correct.py", "oom_redo"], [PY, f"{GPU}/correct.py", "oom_redo", "--dry"], 60),
+    Part("nvjpeg", "correctness", "data.decode=gpu equals the CPU decode within JPEG tolerance", 15,
+         [PY, f"{GPU}/correct.py", "nvjpeg"], [PY, f"{GPU}/correct.py", "nvjpeg", "--dry"], 60),
+    # --- speed and memory, as ratios measured in one run ---
+    Part("precision", "speed", "fp32/TF32, bf16, fp16 and auto on ResNet-50 (224 px, batch 128) and the GPT", 35,
+         [PY, f"{BENCH}/precision.py", *FULL, "--rounds", "5", "--workloads", "resnet50,gpt"],
+         [PY, f"{BENCH}/precision.py", *TINY, "--workloads", "digits"], 90),
+    Part("jit", "speed", "jit=auto and jit=compile against eager", 40,
+         [PY, f"{BENCH}/jit.py", *FULL, "--batch", "64", "--rounds", "5", "--workloads", "gpt,resnet50"],
+         [PY, f"{BENCH}/jit.py", *TINY, "--workloads", "digits"], 150),
+    Part("kernels", "speed", "Triton kernels vs eager and torch.compile; fused cross-entropy peak at vocab 128k",
+         25, [PY, f"{BENCH}/kernels.py"], None),
+    Part("memory", "speed", "activation checkpointing and micro-batches: peak memory against step time", 25,
+         [PY, f"{BENCH}/memory.py", *FULL, "--rounds", "3", "--workloads", "resnet50,gpt8"],
+         [PY, f"{BENCH}/memory.py", *TINY, "--batch", "8", "--workloads", "resnet50"], 120),
+    Part("ddp-fsdp", "speed", "DDP against FSDP on one device: samples/s and peak memory", 25,
+         [PY, f"{GPU}/ddp_fsdp.py"], [PY, f"{GPU}/ddp_fsdp.py", "--dry", "--reps", "1"], 120),
+    Part("decode", "speed", "the 224 px image pipeline: torchvision, fwk folder, shards; data.decode=gpu", 25,
+         [PY, f"{GPU}/bench_rows.py", "decode", "--images", "1000", "--workers", "8", "--no-s3"],
+         [PY, f"{GPU}/bench_rows.py", "decode", "--images", "160", "--rounds", "1", "--no-s3"], 120),
+    Part("tta", "speed", "time to target of gpt_stdlib and gpt_stdlib_fast against the plain loop", 50,
+         [PY, f"{GPU}/bench_rows.py", "tta", "gpt_stdlib", "--device", "cuda"],
+         [PY, f"{GPU}/bench_rows.py", "tta", "digits_cnn", "--quick"], 120),
+    # --- the whole command, auto everything, against a plain loop with the same model and AMP ---
+    Part("whole-resnet50", "whole", "fwk train resnet50_imagenet data=synthetic, 100 steps, vs a plain AMP loop",
+         60, [PY, f"{GPU}/whole.py", "resnet50", "--reps", "1"],
+         [PY, f"{GPU}/whole.py", "resnet50", "--dry", "--reps", "1"], 150),
+    Part("whole-gpt", "whole", "fwk train gpt_stdlib vs a plain AMP loop", 60,
+         [PY, f"{GPU}/whole.py", "gpt", "--reps", "1"],
+         [PY, f"{GPU}/whole.py", "gpt", "--dry", "--reps", "1"], 150),
+]  # fmt: skip

@@ -1,0 +1,106 @@
+"""scripts/gpu/check.py (make gpu-check): each part on its budget, statuses, the report, and
+the whole dry run on the CPU, so that the command works on the first GPU machine it meets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+
+from check import Part, run_all, verdict  # noqa: E402
+from parts import PARTS  # noqa: E402
+
+PY = sys.executable
+
+
+def _py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+def test_a_part_over_its_budget_is_killed_with_its_children_and_the_next_still_runs(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    slow = (  # a part that starts a child of its own, then hangs
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); time.sleep(60)"
+    )
+    parts = [
+        Part("slow", "speed", "overruns", 2, _py(slow)),
+        Part("next", "speed", "runs after it", 30, _py("print('ok: next ran')")),
+    ]
+    t0 = time.monotonic()
+    results, md = run_all(parts, dry=False, out=tmp_path / "report")
+    assert time.monotonic() - t0 < 20
+    assert [(r.name, r.status) for r in results] == [("slow", "over budget"), ("next", "ok")]
+    assert results[0].reason == "killed after its budget of 2 s" and "started" in results[0].output
+    assert 2 <= results[0].seconds < 10 and results[1].reason == "ok: next ran"
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the killed group's child is gone (reaped by init once killed)
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the overrunning part's child {child} outlived it")
+    text = md.read_text()
+    assert "| speed | slow | over budget |" in text and "| speed | next | ok |" in text
+    doc = json.loads(md.with_suffix(".json").read_text())
+    assert [r["status"] for r in doc["results"]] == ["over budget", "ok"] and doc["dry"] is False
+    assert verdict(results) == (1, "gpu-check: 1 ok, 0 skipped, 0 failed, 1 over budget; failed: slow (over budget)")
+
+
+def test_failed_and_skipped_parts_say_why_and_a_cuda_only_part_is_skipped_by_name_in_a_dry_run(
+    tmp_path: Path,
+) -> None:
+    broken = _py("print('FAILED: loss 3.1 vs 2.9'); raise SystemExit(1)")
+    elsewhere = _py("print('skipped: x'); exit(3)")
+    parts = [
+        Part("broken", "correctness", "fails", 30, broken, broken),
+        Part("elsewhere", "correctness", "cannot run here", 30, elsewhere, elsewhere),
+        Part("cuda-only", "speed", "no dry form", 30, _py("raise SystemExit(1)"), None),
+        Part("fine", "speed", "works", 30, _py("print('x'); print('ok: 2.0x')"), _py("print('ok: dry 1.0x')")),
+    ]
+    results, md = run_all(parts, dry=True, out=tmp_path)
+    got = {r.name: (r.status, r.reason) for r in results}
+    assert got == {
+        "broken": ("failed", "exit 1: FAILED: loss 3.1 vs 2.9"),
+        "elsewhere": ("skipped", "skipped: x"),
+        "cuda-only": ("skipped", "needs CUDA (no --dry form)"),
+        "fine": ("ok", "ok: dry 1.0x"),
+    }
+    assert md.name.endswith("-dry.md") and verdict(results)[0] == 1
+    assert verdict(results[1:]) == (0, "gpu-check: 1 ok, 2 skipped, 0 failed, 0 over budget")
+
+
+def test_the_parts_fit_eight_minutes_on_a_gpu_and_every_speed_part_has_a_dry_form_or_needs_cuda() -> None:
+    assert sum(p.budget_s for p in PARTS) <= 480
+    assert len({p.name for p in PARTS}) == len(PARTS)
+    assert [p.section for p in PARTS] == sorted((p.section for p in PARTS), key=["doctor", "correctness", "speed",
+                                                                                 "whole"].index)  # fmt: skip
+    cuda_only = {p.name for p in PARTS if p.dry_argv is None}
+    assert cuda_only == {"cuda-tests", "kernels"}
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_every_part_on_the_cpu_and_writes_its_report(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": PY}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1500)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    (md,) = tmp_path.glob("*-dry.md")
+    doc = json.loads(md.with_suffix(".json").read_text())
+    status = {r["name"]: r["status"] for r in doc["results"]}
+    assert list(status) == [p.name for p in PARTS]
+    cuda_only = {p.name for p in PARTS if p.dry_argv is None} | {"nvjpeg"}  # nvjpeg's dry form says it needs CUDA
+    assert {n for n, s in status.items() if s != "ok"} == cuda_only, status
+    assert all(status[n] == "skipped" for n in cuda_only)
+    assert "gpu-check: " in done.stdout.splitlines()[-1]
