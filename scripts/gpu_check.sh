@@ -10,10 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-if ! "$PY" -c "import hydra, omegaconf, torch_pruning, litdata" 2>/dev/null; then
+if ! "$PY" -c "import hydra, omegaconf, torch_pruning, litdata, schedulefree, boto3" 2>/dev/null; then
   if ! ls wheels/*.whl >/dev/null 2>&1; then
-    echo "gpu-check: $PY lacks fwk's packages (hydra-core, omegaconf, torch-pruning, litdata) and wheels/ holds" \
-         "none; run make gpu-wheels where pip can download, and bring wheels/ along" >&2
+    echo "gpu-check: $PY lacks fwk's packages (hydra-core, omegaconf, torch-pruning, litdata, schedulefree, boto3)" \
+         "and wheels/ holds none; run make gpu-wheels where pip can download, and bring wheels/ along" >&2
     exit 2
   fi
   site="${TMPDIR:-/tmp}/fwk-gpu-site"

@@ -49,7 +49,7 @@ class ToNormalizedFloat(torch.nn.Module):
             scale, bias = next(iter(self._on.values()))
             self._on[image.device] = scale.to(image.device), bias.to(image.device)
         scale, bias = self._on[image.device]
-        return image.to(torch.float32).mul_(scale).add_(bias)
+        return image.to(torch.float32, copy=True).mul_(scale).add_(bias)  # copy: a float input stays the caller's
 
 
 def train_transform(cfg: ImageFolderConfig) -> Callable[[torch.Tensor], torch.Tensor]:

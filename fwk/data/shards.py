@@ -46,6 +46,8 @@ def s3_client(uri: str, endpoint_url: str) -> tuple[Any, str, str, str]:
     from botocore.config import Config
 
     parsed = urlparse(uri)
+    if not parsed.netloc:
+        raise UserError(f"{uri}: no bucket in it; expected s3://bucket/prefix")
     options = storage_options(endpoint_url)
     where = f"{uri} (endpoint {options.get('endpoint_url', 'AWS default')})"
     config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2})  # fail in seconds, not minutes
@@ -55,16 +57,20 @@ def s3_client(uri: str, endpoint_url: str) -> tuple[Any, str, str, str]:
 @contextlib.contextmanager
 def s3_errors(label: str, uri: str, bucket: str, where: str) -> Iterator[None]:
     """S3 failures inside as one line each: ``{label}={uri}: ...`` (label: data.uri, --out)."""
+    from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
+    setting = "--endpoint-url" if label == "--out" else "data.endpoint_url"
     try:
         yield
+    except S3UploadFailedError as exc:  # upload_file wraps the ClientError it got (AccessDenied, ...)
+        raise UserError(f"{label}={uri}: S3 refused an upload ({' '.join(str(exc).split())[:200]})") from None
     except NoCredentialsError:
         raise UserError(
             f"{label}={uri}: no S3 credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
         ) from None
     except EndpointConnectionError:
-        raise UserError(f"{label}={uri}: cannot reach {where}; check data.endpoint_url or AWS_ENDPOINT_URL") from None
+        raise UserError(f"{label}={uri}: cannot reach {where}; check {setting} or AWS_ENDPOINT_URL") from None
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code == "NoSuchBucket":
@@ -124,3 +130,19 @@ def describe(manifest: dict[str, Any]) -> str:
 def _raw(settings: dict[str, Any]) -> str:
     side = settings.get("raw_max_side", 0)  # sets written before it was a setting hold JPEGs only
     return f" (uncompressed up to {side} px)" if side else ""
+
+
+def same_set(found: dict[str, Any], wanted: dict[str, Any], where: str) -> bool:
+    """True when the manifest ``found`` at ``where`` (an --out) is the set ``wanted``; a set of
+    another format or source or settings is refused in one line."""
+    if found.get("format") != wanted["format"]:
+        raise UserError(
+            f"--out {where} holds a set prepared by fwk {found.get('fwk', '?')} in format {found.get('format')}, "
+            f"this fwk writes format {wanted['format']}; delete it to prepare it again there, or choose another --out"
+        )
+    if {k: found.get(k) for k in wanted} == wanted:
+        return True
+    raise UserError(
+        f"--out {where} holds another prepared set ({describe(found)}); choose another --out, or delete it to "
+        "prepare this one there"
+    )

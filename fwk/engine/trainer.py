@@ -88,6 +88,8 @@ def train(
     started = time.perf_counter()
     make_deterministic(cfg.train.deterministic)
     dist = init(cfg.parallel.backend, cfg.train.device)
+    if dist.device.type == "cuda":  # this run's peak, not an earlier train() in the same process
+        torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
     per_rank = cfg.train.batch_size // dist.world_size
@@ -251,7 +253,9 @@ def train(
 
 
 def peak_memory(device: torch.device) -> dict[str, float]:
-    """The run's peak allocated device memory in GiB (CUDA; the CPU keeps no such count)."""
+    """The peak allocated device memory in GiB since the run began (CUDA; the CPU keeps no
+    such count). memory=auto resets the counter around each trial step while it decides, so a
+    run that decided late reports the peak since its last trial."""
     if device.type != "cuda":
         return {}
     return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)}

@@ -125,38 +125,25 @@ def _plan(workers: int) -> LoaderPlan:
     return LoaderPlan(num_workers=workers, prefetch_factor=2, persistent_workers=False)
 
 
-def _folder(root: Path, batch: int, workers: int) -> Callable[[int], Iterable[Any]]:
-    train = imagefolder(ImageFolderConfig(root=str(root), image_size=SIZE), seed=0).train
-    loader = TrainLoader(train, batch, 0, 1, 0, _plan(workers))
+def _folder(root: Path, batch: int, workers: int, gpu: bool = False) -> Callable[[int], Iterable[Any]]:
+    """fwk's image folder through its training loader; ``gpu``: ``data.decode=gpu`` (the
+    workers read bytes, nvJPEG decodes and the crops run on the GPU, each batch synchronized)."""
+    bundle = imagefolder(ImageFolderConfig(root=str(root), image_size=SIZE, decode="gpu" if gpu else "cpu"), seed=0)
+    loader = TrainLoader(bundle.train, batch, 0, 1, 0, _plan(workers), bundle.collate)
+    device = torch.device("cuda" if gpu else "cpu")
 
     def epoch(e: int) -> Iterator[Any]:
         loader.load_state_dict({"epoch": e, "batch_in_epoch": 0})
         batches = iter(loader)
         try:
             for _ in range(loader.batches_per_epoch):
-                yield next(batches)
+                batch = next(batches)
+                if bundle.finish is not None:
+                    batch = bundle.finish(batch, device)
+                    torch.cuda.synchronize(device)  # delivered: decoded and augmented on the device
+                yield batch
         finally:
             batches.close()  # its workers stop and are reaped here
-
-    return epoch
-
-
-def _folder_gpu(root: Path, batch: int, workers: int) -> Callable[[int], Iterable[Any]]:
-    """``data.decode=gpu``: workers read bytes; nvJPEG decodes and the crops run on the GPU."""
-    bundle = imagefolder(ImageFolderConfig(root=str(root), image_size=SIZE, decode="gpu"), seed=0)
-    loader = TrainLoader(bundle.train, batch, 0, 1, 0, _plan(workers), bundle.collate)
-    device = torch.device("cuda")
-
-    def epoch(e: int) -> Iterator[Any]:
-        loader.load_state_dict({"epoch": e, "batch_in_epoch": 0})
-        batches = iter(loader)
-        try:
-            for _ in range(loader.batches_per_epoch):
-                x, y = bundle.finish(next(batches), device)
-                torch.cuda.synchronize(device)  # delivered: decoded and augmented on the device
-                yield x, y
-        finally:
-            batches.close()
 
     return epoch
 
@@ -219,7 +206,7 @@ def run(
             "fwk folder": _folder(base / "photos", batch, workers),
         }
         if torch.cuda.is_available():
-            make["fwk folder decode=gpu"] = _folder_gpu(base / "photos", batch, workers)
+            make["fwk folder decode=gpu"] = _folder(base / "photos", batch, workers, gpu=True)
         for side in sides:
             make[f"fwk shards {side}"] = _streamed(StreamingConfig(uri=str(base / f"shards-{side}"), image_size=SIZE),
                                                    batch, workers, None)  # fmt: skip

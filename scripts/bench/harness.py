@@ -143,7 +143,7 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 
 
 # group -> (module in scripts/bench, its rows function, seconds it may take at full size);
-# the budgets add up to about 55 minutes on 2 cores (tta and ablation, ~35 of them, train real
+# the budgets add up to about an hour on 2 cores (tta and ablation, ~35 minutes of them, train real
 # recipes to their targets, 3 seeds each); --slack scales them
 GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 145),

@@ -10,7 +10,7 @@ recipe (ResNet-18, SGD, 60 steps) with ``data=imagefolder data.root=FOLDER`` and
 ``data=streaming data.uri=SHARDS``, the same augmentation (crops of 80-100% of the area,
 no flip: a flipped digit is another glyph) and a 3-channel input. What differs is only how
 the items reach the model: file by file in DistributedSampler's order, or chunk by chunk in
-litdata's. Target: the shards' mean within two seed standard deviations of the folder's.
+litdata's. Target: the shards' median val acc at most 0.02 below the folder's.
 """
 
 from __future__ import annotations
@@ -79,24 +79,29 @@ def run(seeds: tuple[int, ...] = (0, 1, 2), steps: int = 60) -> dict[str, list[f
     return got
 
 
+MARGIN = 0.02  # val acc: the shards' median may trail the folder's by this much (6 of the 300 val digits)
+
+
 def row(got: dict[str, list[float]], steps: int) -> Row:
+    """Medians, not means: this recipe at 60 steps has an unstable seed now and then (a run
+    ending at 49% or 85%, on either side), which would move a mean, and a standard deviation
+    bound, by tens of points."""
     folder, shards = got["folder"], got["shards"]
-    noise = 2 * max(statistics.stdev(folder), statistics.stdev(shards)) if len(folder) > 1 else 0.0
-    gap = statistics.fmean(shards) - statistics.fmean(folder)
+    gap = statistics.median(shards) - statistics.median(folder)
     per_seed = [s / f for s, f in zip(shards, folder, strict=True)]
     return Row(
         "shards",
         f"resnet_digits val acc after {steps} steps: prepared shards vs the image folder",
-        "shards/folder val acc",
-        statistics.fmean(shards) / statistics.fmean(folder),
+        "shards/folder median val acc",
+        statistics.median(shards) / statistics.median(folder),
         min(per_seed),
         max(per_seed),
-        Side("shards", statistics.fmean(shards), "val acc"),
-        Side("folder", statistics.fmean(folder), "val acc"),
-        "within 2 seed sd",
-        abs(gap) <= noise,
+        Side("shards", statistics.median(shards), "val acc"),
+        Side("folder", statistics.median(folder), "val acc"),
+        f"median gap >= -{MARGIN}",
+        gap >= -MARGIN,
         f"seeds {len(folder)}; folder {[round(a, 4) for a in folder]}, shards {[round(a, 4) for a in shards]}; "
-        f"mean gap {gap:+.4f}, 2 sd {noise:.4f}",
+        f"median gap {gap:+.4f}",
     )
 
 
@@ -112,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     got = run(tuple(int(s) for s in args.seeds.split(",")), args.steps)
     r = row(got, args.steps)
-    print(f"{r.name}\n  {r.notes}\n  within seed noise: {r.met}")
+    print(f"{r.name}\n  {r.notes}\n  {r.target}: {r.met}")
 
 
 if __name__ == "__main__":

@@ -207,9 +207,13 @@ def _timed(fn: Callable[[], tuple[int, Path, bool]]) -> tuple[float, tuple[int, 
     return time.perf_counter() - t0, steps
 
 
-def one(name: str, quick: bool, device: str = "cpu") -> list:
-    """The case's rows; ``device``: where every side trains (scripts/gpu/check.py: cuda)."""
-    overrides, metric, target, reps, note, fast = CASES[name][1 if quick else 0]
+def one(name: str, quick: bool, device: str = "cpu", reps: int | None = None) -> list:
+    """The case's rows; ``device``: where every side trains (scripts/gpu/check.py: cuda);
+    ``reps``: seeds per side instead of the case's own (the row's note says so)."""
+    overrides, metric, target, case_reps, note, fast = CASES[name][1 if quick else 0]
+    if reps is not None and reps != case_reps:
+        note = f"{note}; {reps} rep(s), not {case_reps}"
+    reps = reps or case_reps
     overrides = [*overrides, "checkpoint.every=0", f"train.device={device}"]
     # the fast recipe: the plain recipe's data, model, evaluation and target, its own training settings
     faster = [f"recipe={fast}", *overrides[1:]] if fast else None

@@ -2,20 +2,23 @@
 
     python scripts/gpu/check.py [--dry] [--out DIR] [--only NAME,...]
 
-The parts (``scripts/gpu/parts.py``) run in order, each as its own process group with a
-wall-clock budget: a part that overruns is killed with everything it started and reported
-"over budget", and the next part starts, so one slow part cannot eat the others' time.
+The parts (``scripts/gpu/parts.py``) run in order, each in a session of its own with a
+wall-clock budget: a part that overruns is killed with everything it started (its process
+group and every descendant, torchrun's workers too) and reported "over budget", and the
+next part starts, so one slow part cannot eat the others' time.
 ``--dry`` runs every part on the CPU at tiny sizes, with the CUDA-only parts reported as
 skipped by name: ``make test`` runs it, so the command cannot rot between GPU machines.
 
 The report goes to DIR (default ``bench/gpu/``, or a temporary folder's with --dry):
-``<date>-<gpu>.md`` (each part's status, time and output) and the same as ``.json``. The
+``<date>-<gpu>.md`` (each part's status, time and output) and the same as ``.json``,
+rewritten after every part. The
 exit status is non-zero when a part failed or overran, and the last line names them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -67,8 +70,42 @@ def _last_line(text: str, prefix: str = "") -> str:
     return (marked or lines or [""])[-1][:300]
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid``'s descendants, from /proc (Linux): also those in sessions of their own (fwk's
+    launcher starts torchrun in one, and torchrun its workers), which its process group misses."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # the command name (2nd field) may hold spaces: the ppid is the 2nd field after ")"
+            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """The part, everything it started, and its process group: gone before the next part.
+    A part that has exited (and been reaped) leaves only its group to end: its pid may
+    already be another process's."""
+    if proc.poll() is None:
+        for pid in [*_tree(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def run_part(part: Part, dry: bool) -> Result:
-    """Run one part within its budget; a part's children die with it when it overruns."""
+    """Run one part within its budget; whatever it started dies with it, whether it ends,
+    overruns or this script is interrupted."""
     argv, budget = (part.dry_argv, part.dry_budget_s) if dry else (part.argv, part.budget_s)
     if argv is None:
         return Result(part.name, part.section, part.what, "skipped", 0.0, budget, "needs CUDA (no --dry form)")
@@ -76,14 +113,15 @@ def run_part(part: Part, dry: bool) -> Result:
     env.update(part.env)
     env["PYTHONUNBUFFERED"] = "1"
     t0 = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+") as log:
+    with tempfile.TemporaryFile(mode="w+", errors="replace") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        code: int | None = None
         try:
             code = proc.wait(timeout=budget)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the part's own children (torchrun workers, loaders) too
-            proc.wait()
-            code = None
+            pass
+        finally:
+            _kill(proc)  # an overrun, an interrupt, or what a finished part left behind
         seconds = time.monotonic() - t0
         log.seek(0)
         output = log.read()
@@ -135,19 +173,19 @@ def run_all(parts: list[Part], dry: bool, out: Path) -> tuple[list[Result], Path
         "python": platform.python_version(),
         "budget_s": f"{sum(p.dry_budget_s if dry else p.budget_s for p in parts):.0f}",
     }
-    results = []
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{machine['date']}-{slug(machine['gpu'])}{'-dry' if dry else ''}.md"
+    results: list[Result] = []
     for part in parts:
         print(f"gpu-check: {part.name} ({part.what}) ...", flush=True)
         result = run_part(part, dry)
         results.append(result)
         print(f"gpu-check: {part.name}: {result.status} in {result.seconds:.1f} s: {result.reason}", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{machine['date']}-{slug(machine['gpu'])}{'-dry' if dry else ''}"
-    md = out / f"{stem}.md"
-    md.write_text(report(results, machine, dry))
-    (out / f"{stem}.json").write_text(
-        json.dumps({"machine": machine, "dry": dry, "results": [asdict(r) for r in results]}, indent=1) + "\n"
-    )
+        # after every part: a check cut short (the machine's lease, a command's limit) keeps what it measured
+        md.write_text(report(results, machine, dry))
+        md.with_suffix(".json").write_text(
+            json.dumps({"machine": machine, "dry": dry, "results": [asdict(r) for r in results]}, indent=1) + "\n"
+        )
     return results, md
 
 

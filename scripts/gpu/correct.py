@@ -37,6 +37,7 @@ import math
 import os
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -360,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: {exc}")
         return 1
     except Exception as exc:  # noqa: BLE001 - any error is a failed check, in one line
+        traceback.print_exc()  # for the report's output; the FAILED line below is its summary
         print(f"FAILED: {type(exc).__name__}: {' '.join(str(exc).split())}")
         return 1
     print(f"ok: {args.name} {line}")

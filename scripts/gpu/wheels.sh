@@ -8,8 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 version="${1:-3.12}"
-# What fwk imports in make gpu-check beyond that machine's image (../.library/device/KINDS.md
-# lists it): the config stack, pruning, schedule-free, streaming (litdata and the S3 client).
+# What fwk imports in make gpu-check beyond that machine's image (its package list: PyTorch,
+# Triton, numpy, scikit-learn, scikit-image, onnx, onnxruntime, typer, rich, ... but none of
+# these): the config stack, pruning, schedule-free, streaming (litdata and the S3 client).
 packages=(hydra-core omegaconf antlr4-python3-runtime torch-pruning schedulefree litdata obstore boto3 botocore
           s3transfer jmespath)
 # Not torchcodec: each release is built for one torch (2.14 here), which that machine does not

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,6 +305,7 @@ def main() -> int:
         print(f"FAILED: {exc}")
         return 1
     except Exception as exc:  # noqa: BLE001 - a bug here or in fwk: one line for the check's report
+        traceback.print_exc()  # for the report's output; the FAILED line below is its summary
         print(f"FAILED: {type(exc).__name__}: {exc}")
         return 1
     return 0

@@ -227,11 +227,12 @@ def test_prepare_leaves_the_processs_start_method_as_it_was(prepared: tuple[Path
     assert multiprocessing.get_start_method(allow_none=True) == before  # litdata sets spawn; loaders fork
 
 
-def test_prepare_to_s3_uploads_the_manifest_last_then_finds_it_and_refuses_other_settings(
+def test_prepare_to_s3_uploads_then_finds_it_and_refuses_other_settings(
     s3: dict[str, str], prepared: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import boto3
 
+    from fwk.data.publish import staging_dir
     from fwk.data.shards import read_manifest
 
     _use(s3, monkeypatch, tmp_path)
@@ -246,12 +247,61 @@ def test_prepare_to_s3_uploads_the_manifest_last_then_finds_it_and_refuses_other
     client = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"])
     keys = {o["Key"] for o in client.list_objects_v2(Bucket="data", Prefix="sets/direct/")["Contents"]}
     assert {"sets/direct/fwk-manifest.json", "sets/direct/train/index.json", "sets/direct/val/index.json"} <= keys
+    assert "sets/direct/.fwk-preparing" not in keys and not staging_dir(uri).exists()  # done: nothing left behind
     again = run_fwk(*args, "--out", uri, runs=tmp_path / "runs")
-    assert again.returncode == 0 and again.stdout.strip().endswith(")") and "already prepared: s3://" in again.stdout
-    client.delete_object(Bucket="data", Key="sets/direct/fwk-manifest.json")  # as if the upload had been cut
-    resumed = run_fwk(*args, "--out", uri, runs=tmp_path / "runs")
-    assert resumed.returncode == 0 and "already prepared there; uploading it" in resumed.stdout, resumed.stdout
-    assert read_manifest(uri)["counts"] == {"train": 36, "val": 9}
+    assert again.returncode == 0 and again.stdout.strip().startswith(f"already prepared: {uri} (36 train / 9 val")
     other = run_fwk(*args[:-4], "--max-side", "48", "--workers", "1", "--out", uri, runs=tmp_path / "runs")
     assert other.returncode == 2 and other.stderr.startswith(f"fwk: error: --out {uri} holds another prepared set")
     assert len(other.stderr.strip().splitlines()) == 1
+
+
+def test_an_upload_cut_short_leaves_no_manifest_and_a_rerun_uploads_without_encoding_again(
+    s3: dict[str, str], prepared: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from boto3.exceptions import S3UploadFailedError
+
+    from fwk.data import shards
+    from fwk.data.publish import staging_dir
+
+    _use(s3, monkeypatch, tmp_path)
+    cfg, uri = ImageFolderConfig(root=str(prepared[0])), "s3://data/sets/cut"
+    real, sent = shards.s3_client, []
+
+    def failing(*a: object) -> tuple:
+        client, *rest = real(*a)
+
+        def upload_file(path: str, bucket: str, key: str) -> None:
+            if len(sent) == 3:
+                raise S3UploadFailedError("Failed to upload: An error occurred (AccessDenied) when calling PutObject")
+            sent.append(key)
+            client.__class__.upload_file(client, path, bucket, key)
+
+        client.upload_file = upload_file
+        return (client, *rest)
+
+    monkeypatch.setattr(shards, "s3_client", failing)
+    with pytest.raises(UserError, match=f"^--out={uri}: S3 refused an upload \\(Failed to upload: An error"):
+        prepare(cfg, uri, 32, 90, 1, lambda s: None, 0)
+    assert len(sent) == 3 and not any(k.endswith(MANIFEST) for k in sent)
+    assert shards.s3_manifest(uri, "") is None and (staging_dir(uri) / MANIFEST).is_file()  # encoded, kept
+    monkeypatch.setattr(shards, "s3_client", real)
+    said: list[str] = []
+    line = prepare(cfg, uri, 32, 90, 1, said.append, 0)
+    assert f"{staging_dir(uri)}: already prepared there; uploading it" in said and line.startswith(f"prepared {uri}")
+    assert shards.s3_manifest(uri, "")["counts"] == {"train": 36, "val": 9}
+
+
+def test_a_second_prepare_to_the_same_prefix_on_this_machine_is_refused_while_the_first_runs(
+    s3: dict[str, str], prepared: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    from fwk.data.publish import staging_dir
+
+    _use(s3, monkeypatch, tmp_path)
+    uri = "s3://data/sets/busy"
+    staging_dir(uri).parent.mkdir(parents=True, exist_ok=True)
+    with open(staging_dir(uri).with_suffix(".lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as the first prepare holds it
+        with pytest.raises(UserError, match=f"^--out {uri}: another fwk data prepare is writing it on this machine"):
+            prepare(ImageFolderConfig(root=str(prepared[0])), uri, 32, 90, 1, lambda s: None, 0)

@@ -25,37 +25,54 @@ def _py(code: str) -> list[str]:
     return [PY, "-c", code]
 
 
-def test_a_part_over_its_budget_is_killed_with_its_children_and_the_next_still_runs(tmp_path: Path) -> None:
-    pid_file = tmp_path / "child.pid"
-    slow = (  # a part that starts a child of its own, then hangs
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (killed, not yet reaped by whoever adopted it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _starts_child(pid_file: Path, then: str, session: bool = False) -> list[str]:
+    """A part that starts a sleeping child (in a session of its own, as torchrun's are), then ``then``."""
+    return _py(
         "import subprocess, sys, time; "
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); time.sleep(60)"
+        f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session={session}); "
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); {then}"
     )
+
+
+def _wait_gone(pid_file: Path) -> bool:
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(child):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_part_over_its_budget_is_killed_with_its_children_and_the_next_still_runs(tmp_path: Path) -> None:
+    slow, leaves = tmp_path / "slow.pid", tmp_path / "leaves.pid"
     parts = [
-        Part("slow", "speed", "overruns", 2, _py(slow)),
-        Part("next", "speed", "runs after it", 30, _py("print('ok: next ran')")),
+        Part("slow", "speed", "overruns", 5, _starts_child(slow, "time.sleep(60)", session=True)),
+        Part("leaves", "speed", "exits, its child still running", 30, _starts_child(leaves, "print('ok: left')")),
+        Part("next", "speed", "runs after them", 30, _py("print('ok: next ran')")),
     ]
     t0 = time.monotonic()
     results, md = run_all(parts, dry=False, out=tmp_path / "report")
-    assert time.monotonic() - t0 < 20
-    assert [(r.name, r.status) for r in results] == [("slow", "over budget"), ("next", "ok")]
-    assert results[0].reason == "killed after its budget of 2 s" and "started" in results[0].output
-    assert 2 <= results[0].seconds < 10 and results[1].reason == "ok: next ran"
-    child = int(pid_file.read_text())
-    for _ in range(50):  # the killed group's child is gone (reaped by init once killed)
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the overrunning part's child {child} outlived it")
+    assert time.monotonic() - t0 < 30
+    assert [(r.name, r.status) for r in results] == [("slow", "over budget"), ("leaves", "ok"), ("next", "ok")]
+    assert results[0].reason == "killed after its budget of 5 s" and "started" in results[0].output
+    assert 5 <= results[0].seconds < 15 and results[2].reason == "ok: next ran"
+    assert _wait_gone(slow), "the overrunning part's child (in a session of its own) outlived it"
+    assert _wait_gone(leaves), "a finished part's child was left running into the next part"
     text = md.read_text()
     assert "| speed | slow | over budget |" in text and "| speed | next | ok |" in text
     doc = json.loads(md.with_suffix(".json").read_text())
-    assert [r["status"] for r in doc["results"]] == ["over budget", "ok"] and doc["dry"] is False
-    assert verdict(results) == (1, "gpu-check: 1 ok, 0 skipped, 0 failed, 1 over budget; failed: slow (over budget)")
+    assert [r["status"] for r in doc["results"]] == ["over budget", "ok", "ok"] and doc["dry"] is False
+    assert verdict(results) == (1, "gpu-check: 2 ok, 0 skipped, 0 failed, 1 over budget; failed: slow (over budget)")
 
 
 def test_failed_and_skipped_parts_say_why_and_a_cuda_only_part_is_skipped_by_name_in_a_dry_run(
