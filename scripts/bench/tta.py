@@ -118,13 +118,13 @@ def _record(path: Path | None, cfg, rows: list[dict], step: int, trained: float,
     (path / "summary.json").write_text(json.dumps({"target": target}))
 
 
-def plot(name: str, runs: list[tuple[str, Path]]) -> Path:
-    """Seed 0's curves of every side over training seconds, the target crossings dashed,
-    beside the harness's results (``bench/results/tta-<name>.png``)."""
+def plot(name: str, runs: list[tuple[str, Path]], folder: Path) -> Path:
+    """Seed 0's curves of every side over training seconds, the target crossings dashed:
+    ``folder/tta-<name>.png`` (the harness's results, ``bench/results/``, for a full run)."""
     from fwk.track.plot import Curves, crossing, draw, series
     from fwk.track.store import RunDir
 
-    out = Path(__file__).resolve().parents[2] / "bench" / "results" / f"tta-{name}.png"
+    out = folder / f"tta-{name}.png"
     curves = [Curves(RunDir(p), label, series(RunDir(p), "time"), crossing(RunDir(p), "time")) for label, p in runs]
     return draw(curves, out, "time")
 
@@ -245,7 +245,10 @@ def one(name: str, quick: bool, device: str = "cpu", reps: int | None = None) ->
                 if rep == 0:
                     curves[side] = path
         labels = {"fwk": f"fwk {name}", "plain": "plain PyTorch loop", "fast": f"fwk {fast}"}
-        drawn = plot(name, [(f"{labels[s]} (seed 0)", curves[s]) for s in sides])
+        # a --quick (smoke) run or another device's draws beside its runs, not over the repository's figure
+        results = Path(__file__).resolve().parents[2] / "bench" / "results"
+        kept = results if not quick and device == "cpu" else Path(tempfile.mkdtemp(prefix="fwk-tta-plot-"))
+        drawn = plot(name, [(f"{labels[s]} (seed 0)", curves[s]) for s in sides], kept)
     med = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731
     what = f"val_acc >= {target}" if metric == "val_acc" else f"val loss <= {target} nats/byte"
     out = []
@@ -263,7 +266,7 @@ def one(name: str, quick: bool, device: str = "cpu", reps: int | None = None) ->
                 "<= 0.6x" if side == "fast" else "",
                 f"{note}; steps {side} {med(steps[side])}, plain {med(steps['plain'])}; seeds 0-{reps - 1}; "
                 f"{_missed(missed, side)}no warm-up rep (each run is cold); curves: "
-                f"{drawn.relative_to(drawn.parents[2])}",
+                f"{drawn.relative_to(drawn.parents[2]) if kept == results else drawn}",
             )
         )
     return out
