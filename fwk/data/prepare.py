@@ -37,7 +37,7 @@ from fwk.data.configs import ImageFolderConfig
 from fwk.errors import UserError
 from fwk.track.store import write_atomic
 
-MARKER = ".fwk-preparing"
+MARKER = shards.MARKER
 SPLITS = ("train", "val")
 # The training items are written in one fixed shuffled order (litdata keeps the input order
 # with keep_data_ordered, whatever the workers' timing). litdata shuffles chunks, and

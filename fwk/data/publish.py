@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fwk.data import shards
-from fwk.data.prepare import MARKER
+from fwk.data.shards import MARKER
 from fwk.track.store import cache_root
 
 

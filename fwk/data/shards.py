@@ -24,7 +24,8 @@ from urllib.parse import urlparse
 from fwk.errors import UserError
 
 MANIFEST = "fwk-manifest.json"
-# of the prepared layout: a set of another format is refused. 2: the training items are
+MARKER = ".fwk-preparing"  # written first by a prepare, removed once its manifest is written
+# The version of the prepared layout: a set of another format is refused. 2: the training items are
 # written in a shuffled order (format 1's were sorted by class, which litdata's chunk-local
 # shuffle cannot mix: whole epochs' halves of a few classes each)
 FORMAT = 2
