@@ -61,17 +61,22 @@ class TrainStep:
         settled = self.precision.decided and not self.memory.measuring
         while True:
             t0 = time.perf_counter()
+            out_of_memory = False
             try:
                 with self.memory.measure():
                     loss = self._run(step, batches)
             except torch.cuda.OutOfMemoryError:  # also raised by CPU tests that simulate it
-                self.optimizer.zero_grad(set_to_none=True)
-                self.memory.retry_after_oom(step)
-                continue
+                out_of_memory = True
             except Exception as exc:
                 if not self.jit.recover(exc):
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
+                continue
+            if out_of_memory:
+                # out here, not in the except block: its traceback's frames hold the failed
+                # step's activations, which the redo needs freed
+                self.optimizer.zero_grad(set_to_none=True)
+                self.memory.retry_after_oom(step)
                 continue
             if (self.jit.timing or self.precision.timing) and self.dist.device.type == "cuda":
                 torch.cuda.synchronize(self.dist.device)  # only while a decision is timing steps

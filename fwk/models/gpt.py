@@ -102,8 +102,10 @@ class GPT(nn.Module):
         # parameters, and it trains as well or better at this size).
         self.lm_head.weight = self.tok_emb.weight
         # forward(idx, targets) returns head_loss(hidden, lm_head.weight, targets): a fused,
-        # chunked version can be put here (fwk/strategies/kernels.py) without touching the model
+        # chunked version can be put here (fwk/strategies/kernels.py) without touching the model.
+        # head_of names the module whose output it computes (precision's fp32 islands follow it)
         self.head_loss = plain_head_loss
+        self.head_of = "lm_head"
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -140,6 +141,13 @@ def checkpoint_targets(model: nn.Module, cfg: MemoryConfig, patterns: list[str])
     """The modules to checkpoint: those ``patterns`` name, else the model's blocks; every k-th."""
     found = outermost(match(model, patterns, "memory.modules")) if patterns else dict(blocks(model))
     return {n: m for i, (n, m) in enumerate(found.items()) if i % cfg.every == 0}
+
+
+def _tried(plan: MemoryPlan, peak: float, seconds: float, budget: float) -> str:
+    """One trial as the memory=auto decision reports it."""
+    if math.isinf(peak):
+        return f"{plan.describe()} out of memory"
+    return f"{plan.describe()} {peak / GB:.3g} GB {seconds * 1000:.0f} ms{'' if peak <= budget else ' (over)'}"
 
 
 def check_model(cfg: MemoryConfig, model: nn.Module, typed: Collection[str] = ()) -> None:
@@ -294,9 +302,17 @@ class Memory:
             return
         fits = {p: t for p, t in self.trials.items() if t[0] <= self.budget}
         if not fits:  # nothing fits: checkpoint with ever more micro-batches
-            smallest = min(self.trials, key=lambda p: self.trials[p][0])
+            # the least memory; among plans that ran out of it, the one of the most micro-batches
+            smallest = min(self.trials, key=lambda p: (self.trials[p][0], -p.micro_batches))
             more = replace(smallest, checkpoint=True, micro_batches=smallest.micro_batches * 2)
+            while more in self.trials:  # never a plan tried already: each round halves the micro-batch
+                more = replace(more, micro_batches=more.micro_batches * 2)
             if more.micro_batches > self.per_rank_batch:
+                if math.isinf(self.trials[smallest][0]):
+                    raise UserError(
+                        f"out of memory at step {self.step} with every plan memory=auto tried, down to "
+                        f"{smallest.describe()}; lower train.batch_size, use a smaller model, or more processes"
+                    )
                 raise UserError(
                     f"memory.budget_gb={self.budget / GB:.2f} is too small: the smallest plan "
                     f"({smallest.describe()}) peaks at {self.trials[smallest][0] / GB:.2f} GB; "
@@ -307,10 +323,7 @@ class Memory:
             return
         self.plan = min(fits, key=lambda p: fits[p][1])
         if self.dist.is_main:
-            tried = "; ".join(
-                f"{p.describe()} {t[0] / GB:.3g} GB {t[1] * 1000:.0f} ms{'' if t[0] <= self.budget else ' (over)'}"
-                for p, t in self.trials.items()
-            )
+            tried = "; ".join(_tried(p, *t, self.budget) for p, t in self.trials.items())
             self.say(
                 f"memory=auto chose {self.plan.describe()}: fastest within {self.budget / GB:.3g} GB "
                 f"({'peak' if self.dist.device.type == 'cuda' else 'activations'}; tried {tried})"

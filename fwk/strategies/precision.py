@@ -178,10 +178,15 @@ class Precision:
         return model
 
     def _keep_fp32(self, modules: dict[str, nn.Module], gate: Gate) -> None:
+        # a model's head_loss (the GPT's; kernels' fused one) computes its head_of's output
+        # without calling that module: an island around the module covers head_loss too
+        head = getattr(self._model, "head_of", None)
         for name, module in outermost(modules).items():
             if name not in self._kept:
                 wrap_forward(module, fp32_forward(gate, self.device_type))
                 self._kept.add(name)
+                if head is not None and name and (head == name or head.startswith(f"{name}.")):
+                    self._model.head_loss = fp32_forward(gate, self.device_type)(self._model.head_loss)
 
     @property
     def amp_possible(self) -> bool:

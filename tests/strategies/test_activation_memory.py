@@ -3,6 +3,8 @@ accumulation the same step as one big batch, auto decides within a budget and su
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torchvision
@@ -152,18 +154,22 @@ def test_auto_with_a_budget_nothing_fits_is_one_clear_line() -> None:
 
 
 class _Tight(nn.Module):
-    """Runs 'out of memory' on batches larger than 4 samples, as a GPU would."""
+    """Runs 'out of memory' on batches larger than 4 samples, as a GPU would: after the forward,
+    whose output (and what it saved for backward) the failed step leaves behind."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int = 4) -> None:
         super().__init__()
-        self.inner = _cnn()
+        self.inner, self.most = _cnn(), most
         self.attempts: list[int] = []
+        self.left: list[weakref.ref[torch.Tensor]] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.attempts.append(x.shape[0])
-        if x.shape[0] > 4:
+        out = self.inner(x)
+        if x.shape[0] > self.most:
+            self.left.append(weakref.ref(out))
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return self.inner(x)
+        return out
 
 
 def test_auto_redoes_an_oom_step_with_twice_the_micro_batches() -> None:
@@ -176,6 +182,49 @@ def test_auto_redoes_an_oom_step_with_twice_the_micro_batches() -> None:
     _stepper(reference, MemoryConfig(name="none"))[0](0, [(x, y)])
     for (name, a), b in zip(reference.named_parameters(), tight.inner.parameters(), strict=False):
         torch.testing.assert_close(b, a, **SPLIT_TOL, msg=name)
+
+
+def test_the_failed_steps_tensors_are_freed_before_the_redo() -> None:
+    # inside the except block the traceback's frames would keep the failed forward's tensors
+    # alive, and empty_cache could not give their memory back for the redo
+    tight = _Tight()
+    step, mem = _stepper(tight, MemoryConfig(name="auto"))
+    alive_at_retry: list[list[bool]] = []
+    retry = mem.retry_after_oom
+
+    def watched(at: int) -> None:
+        alive_at_retry.append([ref() is not None for ref in tight.left])
+        retry(at)
+
+    mem.retry_after_oom = watched
+    step(0, [_batch(_cnn())])
+    assert alive_at_retry == [[False], [False, False]]
+
+
+def test_auto_reports_the_trial_plans_that_ran_out_of_memory() -> None:
+    step, mem = _stepper(_Tight(), MemoryConfig(name="auto", budget_gb=1.0))
+    said: list[str] = []
+    mem.say = said.append
+    for i in range(8):
+        step(i, [_batch(_cnn())])
+    assert mem.plan == MemoryPlan(checkpoint=True, micro_batches=4)  # the first plan of 4 samples
+    chosen = [s for s in said if s.startswith("memory=auto chose")]
+    assert len(chosen) == 1
+    assert "tried none out of memory; microbatch x2 out of memory; checkpoint out of memory;" in chosen[0]
+    assert "inf" not in chosen[0]
+
+
+def test_auto_when_every_plan_runs_out_of_memory_is_one_clear_line() -> None:
+    tight = _Tight(most=0)
+    step, _ = _stepper(tight, MemoryConfig(name="auto", budget_gb=1.0))
+    with pytest.raises(UserError) as err:
+        for i in range(3):
+            step(i, [_batch(_cnn())])
+    assert str(err.value).startswith(
+        "out of memory at step 0 with every plan memory=auto tried, down to checkpoint + microbatch x16;"
+    )
+    assert str(err.value).endswith("lower train.batch_size, use a smaller model, or more processes")
+    assert sorted(set(tight.attempts), reverse=True) == [16, 8, 4, 2, 1]  # down to one sample, never again
 
 
 def test_oom_without_auto_is_one_clear_line() -> None:

@@ -246,3 +246,29 @@ def test_fp16_on_a_device_without_it_is_one_clear_line(monkeypatch: pytest.Monke
         preflight(to_typed(compose(["precision=fp16"])))
     assert str(err.value) == "precision fp16 is not supported on an old GPU; use precision=bf16, fp32 or auto"
     preflight(to_typed(compose(["precision=bf16"])))  # other formats pass
+
+
+def test_an_island_around_the_head_covers_the_models_head_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    # kernels' fused cross-entropy computes the GPT's lm_head inside head_loss, not through
+    # lm_head's forward: keep_fp32=[lm_head] (the recipes' last:Linear) must still hold there
+    from fwk.models.gpt import GPT
+
+    seen: list[tuple[torch.dtype, bool]] = []
+
+    def head_loss(hidden, weight, targets, label_smoothing=0.0):  # as kernels installs it
+        logits = hidden @ weight.t()
+        seen.append((logits.dtype, torch.is_autocast_enabled("cpu")))
+        return nn.functional.cross_entropy(logits.float(), targets)
+
+    for keep, expected in ((["lm_head"], (torch.float32, False)), (["blocks.0"], (torch.bfloat16, True))):
+        torch.manual_seed(0)
+        model = GPT(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)
+        model.head_loss = head_loss
+        p = _precision(monkeypatch, name="bf16", keep_fp32=keep)
+        model = p.prepare(model)
+        p.begin(0)
+        idx = torch.randint(0, 16, (2, 8))
+        with p.autocast():
+            loss = model(idx, targets=idx)
+        assert seen.pop() == expected, keep
+        assert loss.dtype == torch.float32
