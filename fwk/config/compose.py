@@ -19,6 +19,9 @@ from fwk.errors import UserError
 def _override_error(exc: Exception) -> UserError:
     """A Hydra or OmegaConf failure to compose, as one line (with its cause, if any)."""
     from hydra.errors import HydraException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    from fwk.config.validate import unknown_key
 
     recipe = re.match(r"In 'recipes/([^']+)': ConfigKeyError", str(exc))
     key = re.search(r"full_key: (\S+)", str(exc))
@@ -28,8 +31,13 @@ def _override_error(exc: Exception) -> UserError:
             f"recipe {recipe.group(1)} sets {key.group(1)}, which the {group} picked instead of the recipe's has no "
             f"key for; keep the recipe's {group}, or use a recipe made for this {group}"
         )
+    cause = exc.__cause__
+    parent = getattr(cause, "parent_node", None)
+    missing = isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and parent is not None
+    if missing and str(exc).startswith("Could not override"):
+        # an override of a key the config does not have (train.max_stepz=3, trainr.max_steps=3)
+        return unknown_key(str(cause.full_key), [str(k) for k in parent.keys() if k != "hydra"])
     if isinstance(exc, HydraException):
-        cause = exc.__cause__
         detail = f": {one_line(cause)}" if cause is not None else ""
         return UserError(f"{one_line(exc)}{detail}".replace("\n", " "))
     return UserError(f"bad override: {one_line(exc)}")
@@ -173,6 +181,8 @@ def compose_group(group: str, schema: type, overrides: list[str]) -> dict[str, A
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from fwk.config.validate import unknown_key
+
     keys = [f.name for f in dataclasses.fields(schema)]
     option, rest = "default", []
     for override in overrides:
@@ -182,7 +192,7 @@ def compose_group(group: str, schema: type, overrides: list[str]) -> dict[str, A
             option = value
         elif key.startswith(f"{group}."):
             if key.split(".")[1] not in keys:
-                raise UserError(f"unknown key '{key}'; valid keys here: {', '.join(keys)}")
+                raise unknown_key(f"{group}.{key.split('.')[1]}", keys)
             rest.append(override)
         else:
             raise UserError(

@@ -6,6 +6,7 @@ it imports the registries' config dataclasses (no torch) but never Hydra's compo
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +39,14 @@ def invalid(key: str, value: Any, allowed: str) -> UserError:
     return UserError(f"{key}={value!r} is not allowed: expected {allowed} (fix it with {key}=...)")
 
 
+def unknown_key(key: str, valid: list[str]) -> UserError:
+    """A key the config does not have: the closest valid one at that level, and all of them."""
+    prefix, _, last = key.rpartition(".")
+    close = difflib.get_close_matches(last, valid, n=1, cutoff=0.6)
+    hint = f"did you mean {prefix + '.' if prefix else ''}{close[0]}? " if close else ""
+    return UserError(f"unknown key '{key}'; {hint}valid keys here: {', '.join(valid)}")
+
+
 def registries() -> dict[str, Any]:
     from fwk.data import DATA
     from fwk.models import MODELS
@@ -52,8 +61,8 @@ def _merge(schema: Any, values: Any, prefix: str) -> DictConfig:
         return OmegaConf.merge(OmegaConf.structured(schema), values)
     except ConfigKeyError as exc:
         key = f"{prefix}{exc.full_key}" if exc.full_key else prefix.rstrip(".")
-        fields = ", ".join(OmegaConf.structured(schema).keys())
-        raise UserError(f"unknown key '{key}'; valid keys here: {fields}") from None
+        level = exc.parent_node if exc.parent_node is not None else OmegaConf.structured(schema)
+        raise unknown_key(key, [str(k) for k in level.keys()]) from None
     except OmegaConfBaseException as exc:
         key = f"{prefix}{exc.full_key}"
         raise UserError(f"{key}: {str(exc.msg).splitlines()[0]}") from None
