@@ -15,13 +15,16 @@ from fwk.config import recipes
 from fwk.config.grammar import HYDRA_GROUP, USER_GROUP, check_grammar, one_line, resources_root, to_hydra
 from fwk.errors import UserError
 
+# what a typed key expects, by OmegaConf's name of its type
+_EXPECTED = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "bool": "true or false"}
+
 
 def _override_error(exc: Exception) -> UserError:
     """A Hydra or OmegaConf failure to compose, as one line (with its cause, if any)."""
     from hydra.errors import HydraException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-    from fwk.config.validate import unknown_key
+    from fwk.config.validate import invalid, unknown_key
 
     recipe = re.match(r"In 'recipes/([^']+)': ConfigKeyError", str(exc))
     key = re.search(r"full_key: (\S+)", str(exc))
@@ -37,6 +40,12 @@ def _override_error(exc: Exception) -> UserError:
     if missing and str(exc).startswith("Could not override"):
         # an override of a key the config does not have (train.max_stepz=3, trainr.max_steps=3)
         return unknown_key(str(cause.full_key), [str(k) for k in parent.keys() if k != "hydra"])
+    typed = re.search(r"converted to (\w+)|is not a valid (\w+)", str(cause))
+    value = re.match(r"Value '([^']*)'", str(cause))
+    if isinstance(cause, ValidationError) and getattr(cause, "full_key", None) and typed and value:
+        # a value of the wrong type (optim.lr=abc, train.max_steps=1.5, train.deterministic=maybe)
+        kind = typed.group(1) or typed.group(2)
+        return invalid(str(cause.full_key), value.group(1), _EXPECTED.get(kind, f"a value of type {kind}"))
     if isinstance(exc, HydraException):
         detail = f": {one_line(cause)}" if cause is not None else ""
         return UserError(f"{one_line(exc)}{detail}".replace("\n", " "))

@@ -25,7 +25,7 @@ def test_overrides_are_typed() -> None:
         (["export.latency_batch=1"], "export.latency_batch=1 is not allowed: expected an integer > 1"),
         (["export.reduce_range=maybe"], "export.reduce_range='maybe' is not allowed: expected one of auto, true"),
         (["export.nope=1"], "unknown key 'export.nope'; valid keys here: name, batch_size,"),
-        (["export.iterations=many"], "export.iterations=many"),
+        (["export.iterations=many"], "export.iterations='many' is not allowed: expected an integer"),
         (["export=fast"], "unknown export 'fast'; choose one of: default"),
         (["train.max_steps=3"], "'train.max_steps=3' is not an override of the export group"),
     ],
