@@ -35,9 +35,9 @@ LAUNCHER_ENV = "FWK_LAUNCHER_PID"  # the launcher that started torchrun: the wor
 PR_SET_PDEATHSIG = 1  # prctl(2) option: a signal for this process when its parent dies
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid``, from /proc (Linux)."""
-    found = []
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process's direct children, by parent pid, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -45,8 +45,22 @@ def _children(pid: int) -> list[int]:
             except OSError:
                 continue
             # the command name (2nd field) may hold spaces: the ppid is the 2nd field after ")"
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    return children
+
+
+def _children(pid: int) -> list[int]:
+    return _children_by_parent().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """All of ``pid``'s descendants: also those in sessions of their own (fwk's launcher starts
+    torchrun in one, and torchrun its workers), which its process group misses."""
+    children, found, todo = _children_by_parent(), [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
     return found
 
 

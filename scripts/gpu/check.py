@@ -32,6 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fwk.launch.supervise import descendants
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SKIPPED = 3  # a part's exit status for "cannot run here" (it prints its "skipped: ..." line)
@@ -70,32 +72,12 @@ def _last_line(text: str, prefix: str = "") -> str:
     return (marked or lines or [""])[-1][:300]
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid``'s descendants, from /proc (Linux): also those in sessions of their own (fwk's
-    launcher starts torchrun in one, and torchrun its workers), which its process group misses."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # the command name (2nd field) may hold spaces: the ppid is the 2nd field after ")"
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def _kill(proc: subprocess.Popen) -> None:
     """The part, everything it started, and its process group: gone before the next part.
     A part that has exited (and been reaped) leaves only its group to end: its pid may
     already be another process's."""
     if proc.poll() is None:
-        for pid in [*_tree(proc.pid), proc.pid]:
+        for pid in [*descendants(proc.pid), proc.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
