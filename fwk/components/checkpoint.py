@@ -11,6 +11,7 @@ a crash leaves the previous checkpoint intact. Files are loaded with
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -281,6 +282,20 @@ def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, A
     if fsdp.is_sharded(raw):
         return fsdp.model_state(raw, optimizer)
     return {"model": raw.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def host_copy(obj: Any) -> Any:
+    """A copy of a state dict that later steps cannot change: tensors on the host (shards
+    stay sharded, on their device: a copy there keeps their placement)."""
+    if isinstance(obj, torch.Tensor):
+        if hasattr(obj, "to_local"):  # DTensor
+            return obj.detach().clone()
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return copy.deepcopy(obj)  # numbers and strings as they are; anything mutable copied
 
 
 def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fwk.components.checkpoint import load_model_state, model_state
+from fwk.components.checkpoint import host_copy, load_model_state, model_state
 from fwk.config.schema import DiagnosticsConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
@@ -70,19 +70,6 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
     elif isinstance(out, dict):
         for o in out.values():
             yield from _tensors(o)
-
-
-def _to_host(obj: Any) -> Any:
-    """A copy of a state dict that later steps cannot change: tensors on the host (shards stay sharded)."""
-    if isinstance(obj, torch.Tensor):
-        if hasattr(obj, "to_local"):  # DTensor: a copy on its device keeps its placement
-            return obj.detach().clone()
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj)
-    return obj
 
 
 @dataclass
@@ -125,8 +112,10 @@ class Diagnostics:
 
     # --- called by TrainStep ------------------------------------------------------------
 
-    def check(self, step: int, loss: torch.Tensor, rerun: Callable[[], None]) -> bool:
-        """True when the optimizer may step. Otherwise the bad step has been handled (or raises)."""
+    def check(self, step: int, loss: torch.Tensor, rerun: Callable[[], None], trial: bool = False) -> bool:
+        """True when the optimizer may step. Otherwise the bad step has been handled (or raises).
+        ``trial``: the step is a trial step (``fwk/engine/trials.py``), redone later: it is no
+        rollback point."""
         value = float(loss)  # the step's one host sync
         kind = 0.0
         if not math.isfinite(value) or not self._grads_finite():
@@ -138,7 +127,7 @@ class Diagnostics:
         if kind == 0.0:
             self.losses.append(value)
             self._stats(step)
-            if self._snapshot is None or step % self.cfg.snapshot_every == 0:
+            if not trial and (self._snapshot is None or step % self.cfg.snapshot_every == 0):
                 self._take_snapshot(step)
             return True
         self._handle(step, kind, value, rerun)
@@ -237,7 +226,7 @@ class Diagnostics:
 
     def _take_snapshot(self, step: int) -> None:
         state = model_state(self.raw, self.optimizer)
-        self._snapshot = (step, _to_host({**state, "precision": self.precision.state_dict()}))
+        self._snapshot = (step, host_copy({**state, "precision": self.precision.state_dict()}))
 
     def _restore(self) -> int:
         """Load the snapshot; returns the number of steps it had taken."""
@@ -322,5 +311,6 @@ class Diagnostics:
         return {"losses": list(self.losses), "bad_steps": self.bad_steps, "rollbacks": self.rollbacks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.losses.clear()  # also loaded mid-run: after trial steps (fwk/engine/trials.py)
         self.losses.extend(state["losses"])
         self.bad_steps, self.rollbacks = int(state["bad_steps"]), int(state["rollbacks"])

@@ -31,6 +31,13 @@ class Window:
         self.finite = torch.zeros((), device=self.device, dtype=torch.float64)
         self.steps, self.data_wait, self.start = 0, 0.0, time.perf_counter()
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the window has summed (not when it began: its rate counts all time spent)."""
+        return {"loss_sum": self.loss_sum.clone(), "finite": self.finite.clone(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loss_sum, self.finite, self.steps = state["loss_sum"], state["finite"], state["steps"]
+
     def add(self, loss: torch.Tensor, data_wait: float) -> None:
         # a step whose loss was not finite was dropped (fwk/components/diagnostics.py): it does not count
         loss = loss.detach().double()

@@ -51,14 +51,32 @@ class TrainStep:
     ) -> None:
         self.model, self.optimizer, self.precision, self.memory, self.jit = model, optimizer, precision, memory, jit
         self.kernels, self.cfg, self.dist, self.diagnostics = kernels, cfg, dist, diagnostics
+        self._begun: int | None = None
+        self._settled = False
+
+    def begin(self, step: int) -> None:
+        """Before the step: each strategy's setting for it, and whose turn it is to decide. The
+        loop calls it before drawing the step's batches (a trial's snapshot is taken then);
+        the step calls it itself when not."""
+        self.precision.begin(step)
+        self.memory.begin(step, turn=self.precision.decided)
+        # one decision at a time: precision, then memory, then jit; none counts another's trial steps
+        self._settled = self.precision.decided and not self.memory.measuring
+        self._begun = step
+
+    @property
+    def trying(self) -> bool:
+        """Whether this step is a trial step: it runs a candidate a decision is timing, which a
+        run that recalled the decision would not run (``fwk/engine/trials.py`` redoes it)."""
+        return self.precision.trying or self.memory.trying or self.jit.trying
 
     def __call__(self, step: int, batches: list[Batch]) -> torch.Tensor:
         """Run the step; returns the detached mean loss. An OOM, or a failed compilation, redoes
         it with the same data."""
-        self.precision.begin(step)
-        self.memory.begin(step, turn=self.precision.decided)
-        # one decision at a time: precision, then memory, then jit; none counts another's trial steps
-        settled = self.precision.decided and not self.memory.measuring
+        if self._begun != step:
+            self.begin(step)
+        self._begun = None
+        settled = self._settled
         while True:
             t0 = time.perf_counter()
             out_of_memory = False
@@ -103,7 +121,8 @@ class TrainStep:
                     self.precision.backward(loss if weight == 1.0 else loss * weight)
             loss_sum += loss.detach() * weight
         # a non-finite loss or gradient (or a spike) never reaches the optimizer
-        ok = self.diagnostics is None or self.diagnostics.check(step, loss_sum, lambda: self._rerun(pieces))
+        trial = self.trying  # a trial step is redone: no rollback point
+        ok = self.diagnostics is None or self.diagnostics.check(step, loss_sum, lambda: self._rerun(pieces), trial)
         with label("fwk.optimizer"):
             if ok:
                 self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)

@@ -33,6 +33,7 @@ from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import evaluate
 from fwk.engine.state import Clock, Resumable, StopSignal, seed_everything
 from fwk.engine.step import TrainStep, label
+from fwk.engine.trials import Replayable, Trials
 from fwk.methods import Methods
 from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
 from fwk.optim.schedule_free import EvalWeights
@@ -115,12 +116,15 @@ def train(
         diagnostics.reshaped(steps_taken)
 
     methods.attach(optimizer, raw, reshaped)
-    hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
     smoothing = methods.label_smoothing(cfg.train.label_smoothing)
     train_cfg = dataclasses.replace(cfg.train, label_smoothing=smoothing)
+    hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
     train_step = TrainStep(model, optimizer, *hooks, train_cfg, dist, diagnostics)
     plan = loader_plan(cfg, data, per_rank, dist, decisions, reporter.message)
-    loader = loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, reporter.message)
+    # the batches as the loop takes them: a trial's are handed out again when its steps are redone
+    loader = Replayable(
+        loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, reporter.message)
+    )
     val = OnDevice(
         loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
     )
@@ -164,11 +168,14 @@ def train(
     stop = StopSignal()
     window = Window(dist.device)
     train_time, train_samples, data_wait, final_eval = 0.0, 0, 0.0, {}
-    batches = DevicePrefetcher(iter(loader), dist.device, data.finish)
+    batches = DevicePrefetcher(loader, dist.device, data.finish)
+    trials = Trials(train_step, resumable, loader, [window], reporter.message)
     model.train()
     try:
         while step < cfg.train.max_steps and clock.reached is None:
             t0 = time.perf_counter()
+            train_step.begin(step)
+            trials.before(step)
             samples_per_step = cfg.train.batch_size * strategies.comm.accum_steps
             with label("fwk.data"):  # the data wait, for fwk profile's step split
                 step_batches = [methods.batch(step, *next(batches)) for _ in range(strategies.comm.accum_steps)]
@@ -177,12 +184,16 @@ def train(
             methods.after_step(step, raw)
             scheduler.step()
             step += 1
-            rewind.after(step, raw)
-            observe(step)
             window.add(loss, t1 - t0)
             train_samples, data_wait = train_samples + samples_per_step, data_wait + t1 - t0
             train_time += time.perf_counter() - t0
             clock.seconds += time.perf_counter() - t0
+            if trials.active:  # a trial step: redone once its decision is made, so nothing is kept of it
+                redo = trials.after(step)
+                step = step if redo is None else redo
+                continue
+            rewind.after(step, raw)
+            observe(step)
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 row = window.close(samples_per_step, dist)
                 lr = scheduler.get_last_lr()[0]
@@ -224,6 +235,9 @@ def train(
                 save()
             if ending:
                 break
+        if trials.abandon() is not None:  # the run ended inside a trial: its steps stand as they ran
+            reporter.message(f"a decision's trial steps were still running at step {step}; they were not redone")
+            save()
         if not final_eval:  # resumed from the final checkpoint: the loop had nothing left to do
             final_eval = validate()
     finally:

@@ -36,8 +36,8 @@ def report() -> list[tuple[str, str]]:
     """(key, value) lines: versions, devices, CPU features, and what fwk's auto options pick."""
     from fwk.config.schema import KernelsConfig
     from fwk.strategies import hardware
+    from fwk.strategies.hardware import choose_format
     from fwk.strategies.kernels import use_triton
-    from fwk.strategies.precision import choose_format
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     features = hardware.probe(device)

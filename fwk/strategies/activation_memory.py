@@ -11,9 +11,9 @@
 - ``auto``: on CUDA (or on CPU when ``budget_gb`` is set), once precision has decided, the
   next steps are run under each candidate plan, measured, and the fastest plan that fits
   the budget is kept; an out-of-memory step is redone with twice the micro-batches. The
-  choice is cached per machine and model (``decisions.py``): a later run switches to it
-  when its turn comes, without trials, and a replay re-runs the original's trial plans
-  step by step.
+  choice is cached per machine and model (``decisions.py``): a later run (or a replay)
+  switches to it when its turn comes, without trials. A measuring run does the same: the
+  loop redoes the trial steps under the chosen plan (``fwk/engine/trials.py``).
 
 A strategy is a ``MemoryPlan``. The checkpoint wrappers are installed once and switched on
 and off by the plan, so ``auto`` can move between plans without rebuilding the model.
@@ -171,8 +171,6 @@ class Memory:
         self._turn = False  # auto measures only once the decisions before it are made
         self._recalled = False
         self.timeline: list[tuple[int, MemoryPlan]] = []  # (step, plan) of each measured step
-        self._replay: dict[int, MemoryPlan] = {}  # fwk replay: the original's trial plans by step
-        self._final: MemoryPlan | None = None
         self.meter = SavedTensorMeter(dist.device)
         self._warmed = False
         self.plan = {
@@ -222,28 +220,20 @@ class Memory:
         if turn and self.trials is not None and not self._recalled:
             self._recalled = True
             self._recall()
-        if self._replay and self._final is not None:
-            self.plan = self._replay.get(step, self._final) if step <= max(self._replay) else self._final
 
     def _recall(self) -> None:
         record, source = self.decisions.recall("memory") if self.decisions is not None else (None, "")
         if record is None:
             return
-        self.trials, self._final = None, MemoryPlan(**record["plan"])
-        if source == "replayed":
-            self._replay = {int(step): MemoryPlan(**plan) for step, plan in record.get("timeline", [])}
-        self.plan = self._final if not self._replay else self._replay.get(self.step, self._final)
-        timeline = record.get("timeline", []) if source == "replayed" else []
-        self.decisions.keep("memory", {**record, "timeline": timeline}, source)  # type: ignore[union-attr]
+        self.trials, self.plan = None, MemoryPlan(**record["plan"])
+        self.decisions.keep("memory", {**record, "timeline": []}, source)  # type: ignore[union-attr]
         if self.dist.is_main:
             how = (
-                "re-applied from the replayed run, with its trial plans"
+                "re-applied from the replayed run"
                 if source == "replayed"
-                else (
-                    "as measured before for this model on this machine; auto.cache=false or --redecide measures again"
-                )
+                else "as measured before for this model on this machine; auto.cache=false or --redecide measures again"
             )
-            self.say(f"memory=auto chose {self._final.describe()} ({how})")
+            self.say(f"memory=auto chose {self.plan.describe()} ({how})")
 
     def saved_tensors(self) -> contextlib.AbstractContextManager:
         """Around forward and backward of one micro-batch."""
@@ -263,6 +253,17 @@ class Memory:
     @property
     def measuring(self) -> bool:
         return self.trials is not None
+
+    @property
+    def trying(self) -> bool:
+        """Whether this step runs a trial plan (its turn has come): the loop redoes it."""
+        return self.measuring and self._turn
+
+    def rewind(self, before: dict[str, Any]) -> None:
+        """Steps since ``before`` (this object's state then) are redone: under the chosen plan
+        once decided; else (another decision's trial) under the plan of then."""
+        if self.trials is not None:
+            self.plan = MemoryPlan(**before["plan"])
 
     @contextlib.contextmanager
     def measure(self) -> Iterator[None]:
@@ -382,6 +383,6 @@ class Memory:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state["deciding"]:  # decided before the checkpoint: that decision holds
-            self.plan, self.trials, self._replay = MemoryPlan(**state["plan"]), None, {}
+            self.plan, self.trials = MemoryPlan(**state["plan"]), None
             if self.decisions is not None and self.cfg.name == "auto":
                 self.decisions.keep("memory", self._decision_record({}), "checkpoint")

@@ -4,8 +4,10 @@ The hardware's prior names the one reduced format worth trying (``fast``; None: 
 only). After the range probe, ``trial_steps`` real training steps of it and of fp32 are
 timed, interleaved (``trial_order``); the reduced format is kept only if it is
 ``min_speedup`` times faster. The step times' medians are all-reduced, so every rank takes
-the same decision. A decision may instead be recalled (``decisions.py``): a cached one
-holds from step 0 without a trial; a replayed one re-runs the original's trial steps.
+the same decision. A decision may instead be recalled (``decisions.py``: cached or
+replayed), and then holds from step 0 without a trial. A measured one holds from step 0
+too: the loop redoes the probe and trial steps in the chosen format once it is made
+(``fwk/engine/trials.py``; ``rewind``), so both compute the same thing.
 ``Precision`` asks ``format_at(step)`` before each step and hands back each step's time.
 """
 
@@ -86,12 +88,11 @@ class AutoChoice:
         self.line = f"precision=auto chose {prior}: {why}"
 
     def _adopt(self, record: Record, source: str) -> None:
-        """Follow a recalled decision: a cached one from step 0; a replayed one with the
-        original's trial steps (each step in the format it ran in)."""
+        """Follow a recalled decision from step 0, without a trial."""
         self.fast = record.get("fast")
-        self.trial = record.get("trial") if source == "replayed" else None
-        self._decided({**record, "trial": self.trial}, source)  # a cached decision: no trial in this run
-        choice, ms, trial = record["choice"], record.get("ms") or {}, record.get("trial")
+        self.trial = None
+        self._decided({**record, "trial": None}, source)  # this run has no trial steps
+        choice, ms = record["choice"], record.get("ms") or {}
         if source == "cached" and self.fast and ms:
             figures = compared(self.fast, ms[self.fast], ms["fp32"])
             self.line = (
@@ -101,9 +102,7 @@ class AutoChoice:
         elif source == "cached":
             self.line = f"precision=auto chose {choice} as decided before for this model on this machine"
         else:
-            steps = f", with its trial steps {trial['start']}-{self._end(trial) - 1}" if trial else ""
-            self.line = f"precision=auto re-applies {choice}, as the {source} run decided{steps}"
-            self.line += " (--redecide decides afresh)"
+            self.line = f"precision=auto re-applies {choice}, as the {source} run decided (--redecide decides afresh)"
 
     def _decided(self, record: Record, source: str) -> None:
         self.record, self.source = record, source
@@ -141,6 +140,18 @@ class AutoChoice:
     def timing(self) -> bool:
         """Whether step times feed the decision now (a CUDA step is then synchronized)."""
         return self.trial is not None and self.record is None
+
+    @property
+    def trying(self) -> bool:
+        """Whether the steps now run a trial (its probe steps included) that a recalling run
+        would not: the loop redoes them in the chosen format once decided."""
+        return self.timing
+
+    def rewind(self) -> None:
+        """The trial's steps are redone: in the chosen format from the start, as a recalled
+        decision runs (its record keeps the trial's steps and times)."""
+        if self.record is not None:
+            self.trial, self.times = None, {}
 
     def step_done(self, step: int, seconds: float) -> str | None:
         """The trial collects each step's time (warm-ups excepted) and decides after its last

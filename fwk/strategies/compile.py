@@ -9,8 +9,9 @@
   steps are timed against the eager ones; compiled is kept, and said, only when it is
   ``min_speedup`` times faster. Steps in which another strategy still decides (precision,
   memory) do not count as stable. The measured step times are cached per machine and
-  model (``decisions.py``): a later run decides from them without a trial, and a replay
-  compiles and goes back to eager at the steps the original did.
+  model (``decisions.py``): a later run (or a replay) decides from them without a trial,
+  compiling at the same step. The trial's compiled steps are redone as decided
+  (``fwk/engine/trials.py``), so a measuring run computes what a recalling one does.
 
 A signature the compiled model has not seen is compiled anew up to ``max_recompiles``
 times, then runs eager (one warning line). A compile error, raised in forward or in the
@@ -84,8 +85,8 @@ class Jit:
         """``deterministic`` (train.deterministic): auto decides from step times, so it stays eager."""
         self.cfg, self.dist, self.max_steps, self.say, self.decisions = cfg, dist, max_steps, say, decisions
         self.record: dict[str, Any] | None = None  # auto's decision, once made or recalled
-        self.script: dict[str, Any] | None = None  # fwk replay: the original's compile and verdict steps
         self.cached: dict[str, Any] | None = None  # step times measured before for this model here
+        self.cached_source = ""  # where they come from: cached, or replayed
         self._recalled = False
         self.compiled: Callable[..., Any] | None = None
         self.state = "off" if cfg.name == "off" else "eager"  # eager -> trial -> compiled, or off
@@ -101,6 +102,7 @@ class Jit:
         self.warned = False
         self.used_compiled = False
         self.compiled_at: int | None = None
+        self._announced = False  # the first compiled step's time is said once (trial steps are redone)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """The model to train: ``model`` behind a switch between eager and compiled."""
@@ -142,19 +144,17 @@ class Jit:
         """
         sigs, self.step_sigs = tuple(self.step_sigs), []
         used, self.used_compiled = self.used_compiled, False
-        if self.script is not None:
-            self._follow(step)
-        elif self.state == "eager" and self.cfg.name == "auto":
+        if self.state == "eager" and self.cfg.name == "auto":
             self.run = self.run + 1 if sigs == self.last and settled else int(settled)
             self.last = sigs
             self.eager_times = (self.eager_times + [seconds])[-self.cfg.stable_steps :]
             if settled and not self._recalled:
                 self._recalled = True
-                if self._recall(step):
-                    return
+                self._recall()
             if self.run >= self.cfg.stable_steps:
                 self._maybe_compile(step)
-        elif self.state in ("trial", "compiled") and used and step == self.compiled_at:
+        elif self.state in ("trial", "compiled") and used and step == self.compiled_at and not self._announced:
+            self._announced = True
             if self.dist.is_main:
                 self.say(f"step {step}: compiled in {seconds:.1f} s (the first compiled step, compile included)")
         elif self.state == "trial" and used:
@@ -164,39 +164,12 @@ class Jit:
                 self._judge()
 
     # ---- auto's decision: recalled, re-applied, or measured ---------------------------
-    def _recall(self, step: int) -> bool:
-        """At the first settled step: a replayed decision is followed from here; a cached one
-        gives the step times to decide from without timing (True: nothing more to do now)."""
+    def _recall(self) -> None:
+        """At the first settled step: a recalled decision (cached, or replayed) gives the step
+        times to decide from without timing, at the step a measuring run would compile."""
         record, source = self.decisions.recall("jit") if self.decisions is not None else (None, "")
-        if record is None:
-            return False
-        if source == "replayed":
-            self.script = record
-            if self.dist.is_main:
-                after = record["decided_at"] + 1
-                if record.get("compile_at") is None:
-                    steps = f"eager from step {after}"
-                else:
-                    kept = "kept compiled" if record["choice"] == "compiled" else "eager again"
-                    steps = f"compiled from step {record['compile_at']}, {kept} from step {after}"
-                self.say(f"jit=auto re-applies the replayed run's decision: {steps} (--redecide decides afresh)")
-            self._follow(step)
-            return True
-        self.cached = record
-        return False
-
-    def _follow(self, step: int) -> None:
-        """A replay: compile where the original compiled, settle where it settled; no timing."""
-        assert self.script is not None
-        compile_at, decided_at = self.script.get("compile_at"), self.script["decided_at"]
-        if compile_at is not None and step + 1 == compile_at and self.compiled is None:
-            self._compile(compile_at, why="jit=auto, as the replayed run")
-            self.state = "trial"
-        if step == decided_at:
-            self.state = "compiled" if self.script["choice"] == "compiled" else "off"
-            self.record = self.script
-            if self.decisions is not None:
-                self.decisions.keep("jit", self.script, "replayed")
+        if record is not None:
+            self.cached, self.cached_source = record, source
 
     def _keep(self, step: int, choice: str, compiled_ms: float | None, source: str = "measured") -> None:
         eager_ms = getattr(self, "eager_step", 0.0) * 1000
@@ -225,7 +198,7 @@ class Jit:
                     f"jit=auto stays eager: {self.max_steps - step - 1} steps left x {per_step * 1000:.0f} ms = "
                     f"{left:.0f} s, less than jit.min_remaining_s={self.cfg.min_remaining_s:g} (compiling costs)"
                 )
-            self._keep(step, "eager", None, "cached" if cached is not None else "measured")
+            self._keep(step, "eager", None, self.cached_source or "measured")
             return
         why = f"jit=auto: {self.cfg.stable_steps} steps with one signature"
         if cached is not None and cached.get("compiled_ms"):
@@ -238,11 +211,11 @@ class Jit:
                         f"jit=auto stays eager, as measured before for this model on this machine ({speedup:.2f}x "
                         f"compiled, less than jit.min_speedup={self.cfg.min_speedup:g}; --redecide measures again)"
                     )
-                self._keep(step, "eager", cached["compiled_ms"], "cached")
+                self._keep(step, "eager", cached["compiled_ms"], self.cached_source)
                 return
             self._compile(step + 1, why=f"{why}; compiled was {speedup:.2f}x eager here before (cached), no trial")
             self.state = "compiled"
-            self._keep(step, "compiled", cached["compiled_ms"], "cached")
+            self._keep(step, "compiled", cached["compiled_ms"], self.cached_source)
             return
         self._compile(step + 1, why=why)
         if self.state == "compiled":  # no trial (CUDA): compiled is the decision
@@ -289,7 +262,16 @@ class Jit:
     @property
     def timing(self) -> bool:
         """Whether step times feed a decision now (then a CUDA step is synchronized to be timed)."""
-        return self.state in ("eager", "trial") and self.cfg.name == "auto" and self.script is None
+        return self.state in ("eager", "trial") and self.cfg.name == "auto"
+
+    @property
+    def trying(self) -> bool:
+        """Whether this step is a compiled trial step (redone as decided: ``fwk/engine/trials.py``)."""
+        return self.state == "trial"
+
+    def rewind(self, before: dict[str, Any]) -> None:
+        """Steps since ``before`` are redone; what was decided holds (compiled, or eager)."""
+        self.step_sigs, self.used_compiled = [], False
 
     def summary(self) -> dict[str, Any]:
         return {"jit": self.state if self.cfg.name != "off" else "off"}

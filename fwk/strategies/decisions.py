@@ -6,16 +6,17 @@ measured afresh in every run, the same command would compute different things on
 and on a quiet machine. As cuDNN's benchmark mode and Triton's autotuner do, fwk keeps
 what it measured in a per-user cache, ``$XDG_CACHE_HOME/fwk/decisions/`` (default
 ``~/.cache``). A record's key is this machine (device, CPU, threads, torch version, world
-size), the decision's name, the config sections the decision depends on, and the
+size), the decision's name, the resolved config less the keys that cannot change what a
+step costs (``IGNORED``: a new option is in the key unless it is listed there), and the
 decisions made before it (precision, then memory, then jit: ``ORDER``). A later run of
-the same model here reuses the record without trial steps, so the same command on the
-same machine computes the same thing.
+the same model here reuses the record without trial steps; a measuring run redoes its
+trial steps as decided (``fwk/engine/trials.py``), so both compute the same thing.
 
 Where a decision comes from, first found first:
 
 1. the checkpoint: a resumed run keeps what it decided (each strategy's own state);
-2. ``fwk replay``: the original run's records (``REPLAY_ENV``, JSON), trial steps
-   included, so that the replay computes what the original computed;
+2. ``fwk replay``: the original run's records (``REPLAY_ENV``, JSON), so that the replay
+   computes what the original computed on any machine;
 3. this cache, unless ``auto.cache=false`` or ``--redecide`` (``REDECIDE_ENV=1``);
 4. a measurement, whose record goes to the cache (unless ``auto.cache=false``).
 
@@ -42,15 +43,46 @@ from fwk.strategies import hardware
 from fwk.track.store import cache_root, write_atomic
 
 ORDER = ("precision", "memory", "jit")  # each decides on the result of those before it
-_SHAPE = ("model", "data", "train.batch_size", "train.accum_steps", "kernels", "parallel.name")
-# the config a decision's measurement depends on (dotted paths into the resolved config)
-CONFIG_KEYS = {
-    "precision": (*_SHAPE, "precision", "memory"),
-    "memory": (*_SHAPE, "precision", "memory"),
-    "jit": (*_SHAPE, "precision", "memory", "jit"),
-    "loader": ("data", "train.batch_size", "loader"),
-}
+# The config that cannot change what a timed step costs (dotted paths into the resolved
+# config): who and where, how long and how often the run evaluates, logs and saves, and
+# the decision cache's own switch. Everything else (model, data and its transforms, batch,
+# optimizer, schedule, methods, every strategy's settings) is in a decision's key.
+IGNORED = frozenset(
+    {
+        "recipe",  # a name: two recipes that compose the same config time the same steps
+        "seed",
+        "tags",
+        "tracking",
+        "paths",
+        "auto",
+        "checkpoint",
+        "train.max_steps",  # the schedule's length: the lr changes, not a step's cost
+        "train.eval_every",
+        "train.eval_batches",
+        "train.log_every",
+        "train.stop_at",
+        "train.early_stop_patience",
+        "parallel.nnodes",  # the world size is in the machine's part
+        "parallel.nproc_per_node",
+        "parallel.node_rank",
+        "parallel.rdzv_backend",
+        "parallel.rdzv_endpoint",
+        "parallel.max_restarts",
+    }
+)
 Record = dict[str, Any]
+
+
+def _keyed(config: Any, prefix: str = "") -> Any:
+    """``config`` less the ``IGNORED`` keys."""
+    if not isinstance(config, dict):
+        return config
+    kept = {}
+    for name, value in config.items():
+        dotted = f"{prefix}{name}"
+        if dotted not in IGNORED:
+            kept[name] = _keyed(value, f"{dotted}.")
+    return kept
 
 
 def cache_dir() -> Path:
@@ -76,13 +108,6 @@ def machine(dist: Dist) -> dict[str, Any]:
     }
 
 
-def _pick(config: dict[str, Any], dotted: str) -> Any:
-    value: Any = config
-    for part in dotted.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
 def _replayed() -> dict[str, Record]:
     text = os.environ.get(REPLAY_ENV, "").strip()
     if not text:
@@ -100,7 +125,8 @@ class Decisions:
 
     def __init__(self, cfg: Any, dist: Dist, cache: Path | None = None) -> None:
         self.dist = dist
-        self.config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+        config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+        self._keyed = _keyed(config)
         self.read_cache = bool(cfg.auto.cache) and os.environ.get(REDECIDE_ENV, "") != "1"
         self.write_cache = bool(cfg.auto.cache)
         self.cache = cache or cache_dir()
@@ -118,7 +144,7 @@ class Decisions:
         parts = {
             "machine": self._machine,
             "decision": name,
-            "config": {k: _pick(self.config, k) for k in CONFIG_KEYS[name]},
+            "config": self._keyed,
             "before": before,
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]

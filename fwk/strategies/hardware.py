@@ -77,3 +77,13 @@ def slow_here(fmt: str, features: Features, device: torch.device) -> str | None:
     if fmt == "bf16" and not features.bf16_fast:
         return f"{features.text} emulates bf16; precision=auto measures what is fastest"
     return None
+
+
+def choose_format(features: Features, device: torch.device) -> str:
+    """The hardware's prior: bf16 where it has the units, fp16 on older CUDA GPUs, else fp32.
+    precision=auto times it against fp32 before keeping it."""
+    if features.bf16_fast:
+        return "bf16"
+    if device.type == "cuda" and features.fp16_works:
+        return "fp16"
+    return "fp32"

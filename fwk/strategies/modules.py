@@ -108,3 +108,9 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     if found:
         return found
     return [(n, c) for n, c in model.named_children() if any(True for _ in c.parameters())]
+
+
+def last_linear(model: nn.Module) -> list[str]:
+    """The name of the model's last ``nn.Linear`` (its head, mostly), or none."""
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return linears[-1:]

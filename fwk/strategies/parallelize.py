@@ -20,8 +20,9 @@ hands the loop what it iterates over: their checkpoint state, metrics and summar
 
 The measured ones decide one at a time, in ``decisions.ORDER``: precision (its range probe
 and trial steps), then memory=auto, then jit=auto; each decides on the result of those
-before it, and none counts another's trial steps (``TrainStep`` tells each when it is its
-turn). What they decide is recalled from, and kept in, ``Decisions``.
+before it, and none counts another's trial steps (``TrainStep.begin`` tells each when it is
+its turn). What they decide is recalled from, and kept in, ``Decisions``; the steps one
+tries candidates on are redone once it has decided (``fwk/engine/trials.py``).
 """
 
 from __future__ import annotations

@@ -33,22 +33,13 @@ from fwk.errors import UserError
 from fwk.strategies import hardware
 from fwk.strategies.auto_precision import AutoChoice
 from fwk.strategies.decisions import Decisions
+from fwk.strategies.hardware import choose_format
 from fwk.strategies.islands import Gate, fp32_forward
-from fwk.strategies.modules import fitting, match, outermost, wrap_forward
-from fwk.strategies.ranges import RangeProbe
+from fwk.strategies.modules import fitting, last_linear, match, outermost, wrap_forward
+from fwk.strategies.ranges import RangeProbe, describe
 
 FP16_MAX = 65504.0
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def choose_format(features: hardware.Features, device: torch.device) -> str:
-    """The hardware's prior: bf16 where it has the units, fp16 on older CUDA GPUs, else fp32.
-    precision=auto times it against fp32 before keeping it."""
-    if features.bf16_fast:
-        return "bf16"
-    if device.type == "cuda" and features.fp16_works:
-        return "fp16"
-    return "fp32"
 
 
 def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device, typed: Collection[str] = ()) -> None:
@@ -63,11 +54,6 @@ def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device, ty
         raise UserError(
             f"precision fp16 is not supported on {hardware.probe(device).text}; use precision=bf16, fp32 or auto"
         )
-
-
-def _last_linear(model: nn.Module) -> list[str]:
-    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return linears[-1:]
 
 
 class Precision:
@@ -114,6 +100,7 @@ class Precision:
         self._probe: RangeProbe | None = None
         self.ranges: dict[str, tuple[float, float]] = {}
         self.probe_done = cfg.name != "auto" or cfg.probe_steps == 0
+        self._ranges_said = False
 
     @property
     def fast(self) -> str | None:
@@ -135,6 +122,23 @@ class Precision:
     def timing(self) -> bool:
         """Whether step times feed auto's decision now (a CUDA step is then synchronized)."""
         return self.auto is not None and self.auto.timing
+
+    @property
+    def trying(self) -> bool:
+        """Whether this step belongs to auto's trial (``fwk/engine/trials.py`` redoes it)."""
+        return self.auto is not None and self.auto.trying
+
+    def rewind(self, before: dict[str, Any]) -> None:
+        """Steps since ``before`` (this state then) are redone, keeping auto's decision: the
+        loss scale as it was, and the range probe again (a recalled run probes in its format)."""
+        if self.auto is not None:
+            self.auto.rewind()
+        self._skipped.fill_(int(before["skipped"]))
+        if self.scaler is not None and before["scaler"]:
+            self.scaler.load_state_dict(before["scaler"])
+        if not before["probe_done"] and self.probe_done and self._model is not None:
+            self.ranges, self.probe_done = {n: (float(a), float(g)) for n, (a, g) in before["ranges"].items()}, False
+            self._probe = RangeProbe(self._model)
 
     def step_done(self, step: int, seconds: float) -> None:
         """After each optimizer step: auto's trial takes the step's time (and may decide)."""
@@ -163,7 +167,7 @@ class Precision:
         self._keep_fp32(match(model, self.keep_patterns, "precision.keep_fp32"), self._keep)
         if self.cfg.name == "staged":
             final, final_left_out = fitting(model, self.cfg.final_fp32, "precision.final_fp32")
-            self._keep_fp32(match(model, final or _last_linear(model), "precision.final_fp32"), self._final)
+            self._keep_fp32(match(model, final or last_linear(model), "precision.final_fp32"), self._final)
             left_out = "; ".join(line for line in (left_out, final_left_out) if line) or None
         if left_out and self.dist.is_main:
             self.say(left_out)
@@ -240,10 +244,9 @@ class Precision:
 
     # ---- for sharded data parallelism ---------------------------------------------
     def sharded_param_dtype(self) -> torch.dtype | None:
-        """Parameter dtype of FSDP's mixed-precision policy: the AMP dtype when it is asked for
-        (bf16, fp16); None (fp32 parameters, autocast alone) when the format may change
-        during the run (staged phases, auto's probe and trial) or is recalled, so that the
-        sharding never depends on the cache."""
+        """FSDP's mixed-precision parameter dtype: the AMP dtype asked for (bf16, fp16); None
+        (fp32 parameters, autocast alone) when the format may change (staged, auto), so that
+        the sharding never depends on the cache."""
         if self.format == "fp32" or self.cfg.name in ("staged", "auto"):
             return None
         return _DTYPES[self.format]
@@ -333,7 +336,8 @@ class Precision:
             old = self.ranges.get(n, (0.0, 0.0))
             self.ranges[n] = (max(old[0], values[2 * i]), max(old[1], values[2 * i + 1]))
         self.probe_done = True
-        self._apply_ranges(announce=True)
+        self._apply_ranges(announce=not self._ranges_said)  # said once: a trial's probe is redone
+        self._ranges_said = True
 
     def _apply_ranges(self, announce: bool) -> None:
         """Under fp16, modules whose values come near fp16's limit join keep_fp32."""
@@ -344,13 +348,7 @@ class Precision:
         if hot:
             self._keep_fp32({n: m for n, m in self._model.named_modules() if n in hot}, self._keep)
         if announce and self.dist.is_main and self.ranges:
-            act = max(self.ranges.items(), key=lambda kv: kv[1][0])
-            grad = max(self.ranges.items(), key=lambda kv: kv[1][1])
-            moved = f"; {len(hot)} module(s) above {limit:.0f} join keep_fp32: {', '.join(hot)}" if hot else ""
-            self.say(
-                f"precision=auto ranges over {self.cfg.probe_steps} steps: largest activation {act[1][0]:.3g} "
-                f"({act[0]}), largest gradient {grad[1][1]:.3g} ({grad[0]}){moved}"
-            )
+            self.say(f"precision=auto {describe(self.ranges, self.cfg.probe_steps, hot, limit)}")
 
     # ---- reporting and checkpoint state ------------------------------------------
     def metrics(self) -> dict[str, Any]:

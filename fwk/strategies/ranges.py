@@ -60,3 +60,14 @@ class RangeProbe:
         act = torch.stack([self._act.get(n, zero).cpu() for n in names]) if names else zero
         grad = torch.stack([self._grad.get(n, zero).cpu() for n in names]) if names else zero
         return {n: (float(a), float(g)) for n, a, g in zip(names, act.tolist(), grad.tolist(), strict=False)}
+
+
+def describe(ranges: dict[str, tuple[float, float]], steps: int, hot: list[str], limit: float) -> str:
+    """``ranges over 10 steps: largest activation ... (module), largest gradient ...``."""
+    act = max(ranges.items(), key=lambda kv: kv[1][0])
+    grad = max(ranges.items(), key=lambda kv: kv[1][1])
+    moved = f"; {len(hot)} module(s) above {limit:.0f} join keep_fp32: {', '.join(hot)}" if hot else ""
+    return (
+        f"ranges over {steps} steps: largest activation {act[1][0]:.3g} ({act[0]}), "
+        f"largest gradient {grad[1][1]:.3g} ({grad[0]}){moved}"
+    )

@@ -1,5 +1,5 @@
 """Measured decisions: precision=auto from fed step times (both ways), one decision at a
-time, the per-machine cache, resume and replay re-applying what was decided."""
+time, the per-machine cache and its key, resume and replay re-applying what was decided."""
 
 from __future__ import annotations
 
@@ -207,15 +207,29 @@ def test_a_decided_checkpoint_keeps_its_choice_on_other_hardware(monkeypatch: py
     assert _train(moved, range(12, 14), {"bf16": 1.0}) == ["bf16", "bf16"]
 
 
-def test_a_replay_reruns_the_trial_steps_as_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replay_follows_the_recorded_choice_from_step_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A measured run redoes its trial steps in the chosen format (fwk/engine/trials.py), so
+    its result is that of the choice from step 0: what a replay, on any machine, runs."""
     original = _precision(monkeypatch, _config())
-    expected = _train(original, range(14), {"bf16": 188.0, "fp32": 88.0})
+    _train(original, range(14), {"bf16": 188.0, "fp32": 88.0})
     monkeypatch.setenv(REPLAY_ENV, json.dumps(original.decisions.records()))
     replay = _precision(monkeypatch, _config(), features=PLAIN_CPU)  # another machine: no bf16 units
-    assert replay.said[0].startswith(
-        "precision=auto re-applies fp32, as the replayed run decided, with its trial steps 2-9"
-    )
-    assert _train(replay, range(14), {"bf16": 1.0, "fp32": 1.0}) == expected  # no timing: the same formats
+    assert replay.said[0].startswith("precision=auto re-applies fp32, as the replayed run decided")
+    assert _train(replay, range(14), {"bf16": 1.0, "fp32": 1.0}) == ["fp32"] * 14  # no trial, no timing
+
+
+def test_after_its_trial_a_measured_choice_runs_as_a_recalled_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the loop's rewind does: the trial's steps, redone, run as a cached decision's do."""
+    ms = {"bf16": 60.0, "fp32": 90.0}
+    measured = _precision(monkeypatch, _config())
+    before = measured.state_dict()
+    assert measured.trying
+    _train(measured, range(10), ms)  # the probe (2) and the trial (8): decided
+    assert not measured.trying
+    measured.rewind(before)
+    cached = _precision(monkeypatch, _config())
+    assert _train(measured, range(14), ms) == _train(cached, range(14), ms) == ["bf16"] * 14
+    assert measured.said.count(measured.said[-1]) == 1  # the redone probe's ranges are not said again
 
 
 def _jit(decisions: Decisions, max_steps: int = 100) -> tuple[Jit, nn.Module, list[str]]:
@@ -247,20 +261,32 @@ def test_jit_reuses_cached_step_times_without_a_trial() -> None:
     ]
 
 
-def test_jit_replay_compiles_and_settles_where_the_original_did(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jit_replay_compiles_where_the_original_did_without_a_trial(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _config()
     original, model, _ = _jit(Decisions(cfg, SOLO))
-    expected = _jit_steps(original, model, [0.01, 0.01, 3.0, 0.005, 0.005])
-    assert expected == ["eager", "trial", "trial", "compiled", "compiled"]
+    assert _jit_steps(original, model, [0.01, 0.01, 3.0, 0.005, 0.005]) == [
+        "eager",
+        "trial",
+        "trial",
+        "compiled",
+        "compiled",
+    ]
     records = Decisions(cfg, SOLO)
     records.keep("jit", original.record, "measured")
     monkeypatch.setenv(REPLAY_ENV, json.dumps(records.records()))
     replay, model, said = _jit(Decisions(cfg, SOLO))
-    # timings that would decide otherwise change nothing: the replay follows the record
-    assert _jit_steps(replay, model, [0.01, 0.01, 0.01, 9.0, 9.0]) == expected
-    assert (
-        said[0] == "jit=auto re-applies the replayed run's decision: compiled from step 2, kept compiled from step 4 "
-        "(--redecide decides afresh)"
+    # timings that would decide otherwise change nothing: compiled from the same step, untimed
+    assert _jit_steps(replay, model, [0.01, 0.01, 9.0, 9.0, 9.0]) == [
+        "eager",
+        "compiled",
+        "compiled",
+        "compiled",
+        "compiled",
+    ]
+    assert replay.compiled_at == original.compiled_at == 2
+    assert said[0].endswith(
+        "compiled was 2.00x eager here before (cached), no trial; compiling from step 2 "
+        "(torch.compile aot_eager, mode default)"
     )
 
 
@@ -288,12 +314,16 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     kernels = Kernels(KernelsConfig(name="torch"), SOLO.device, [].append)
     step_fn = TrainStep(model, opt, precision, memory, jit, kernels, TrainConfig(), SOLO)
     g = torch.Generator().manual_seed(0)
+    trying = []
     for step in range(20):
+        step_fn.begin(step)
+        trying.append(step_fn.trying)
         step_fn(step, [(torch.randint(0, 32, (8, 16), generator=g), torch.randint(0, 32, (8, 16), generator=g))])
     assert precision.trial_end == 10  # probe steps 0-1, trial steps 2-9
     assert [s for s, _ in memory.timeline] == [10, 11, 12, 13]  # a warm-up, then its 3 candidate plans
     assert jit.record is not None and jit.record["decided_at"] == 15  # 2 stable steps after memory chose
     assert list(d.records()) == ["precision", "memory", "jit"]
+    assert trying == [True] * 14 + [False] * 6  # the loop redoes these (here, nothing is redone)
 
 
 def _memory(cfg: Config, d: Decisions):
@@ -314,7 +344,7 @@ def _memory_steps(memory, steps: range) -> list[str]:
     return plans
 
 
-def test_memory_reuses_its_cached_plan_and_a_replay_its_trial_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_reuses_its_cached_plan_and_so_does_a_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     from fwk.config.schema import MemoryConfig
 
     cfg = _config()
@@ -335,8 +365,8 @@ def test_memory_reuses_its_cached_plan_and_a_replay_its_trial_plans(monkeypatch:
     records.keep("memory", first._decision_record({}), "measured")
     monkeypatch.setenv(REPLAY_ENV, json.dumps(records.records()))
     replay, said = _memory(cfg, Decisions(cfg, SOLO))
-    assert _memory_steps(replay, range(8)) == plans  # the original's plan at every step
-    assert said[0].startswith(f"memory=auto chose {chosen} (re-applied from the replayed run")
+    assert _memory_steps(replay, range(8))[2:] == [chosen] * 6 and replay.timeline == []  # its turn: no trials
+    assert said == [f"memory=auto chose {chosen} (re-applied from the replayed run)"]
 
 
 @pytest.mark.parametrize(
@@ -364,3 +394,24 @@ def test_channels_last_follows_the_step_as_the_format_does(
     again = Precision(_config().precision, SOLO, 100, [].append, Decisions(_config(), SOLO))
     again.prepare(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)))
     assert again.channels_last is layout_after
+
+
+@pytest.mark.parametrize(
+    ("plain", "fast"), [("gpt_stdlib", "gpt_stdlib_fast"), ("resnet_digits", "resnet_digits_fast")]
+)
+def test_a_fast_recipe_does_not_reuse_its_plain_recipes_records(plain: str, fast: str) -> None:
+    """Muon, seq_warmup and another schedule change the timed step: every config key is in
+    the decision's key unless it is listed as one that cannot matter (IGNORED)."""
+    from fwk.config.compose import compose
+    from fwk.config.validate import to_typed
+
+    def key(*overrides: str) -> str:
+        return Decisions(to_typed(compose(list(overrides))), SOLO).key("precision")
+
+    base = key(f"recipe={plain}")
+    assert key(f"recipe={fast}") != base
+    assert key(f"recipe={plain}", "optim.lr=0.5") != base  # a new or changed option is in by default
+    unchanged = ("seed=7", "train.eval_every=3", "train.log_every=1", "checkpoint.every=5", "train.max_steps=77")
+    for override in unchanged:
+        assert key(f"recipe={plain}", override) == base, override
+    assert key(f"recipe={plain}", "train.stop_at=val_acc>=0.5", "tags=[a]", "auto.cache=false") == base

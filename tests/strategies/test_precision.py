@@ -12,8 +12,9 @@ from fwk.config.schema import PrecisionConfig
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies import hardware
+from fwk.strategies.hardware import choose_format
 from fwk.strategies.modules import match
-from fwk.strategies.precision import Precision, check_model, choose_format
+from fwk.strategies.precision import Precision, check_model
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
