@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 
@@ -46,10 +47,15 @@ def _root() -> None:
 
 def main() -> None:
     """Console entry point: a user's mistake is one line on stderr and exit 2, not a traceback."""
+    # Hydra logs each `_target_` it fails to look up at ERROR, then raises; fwk reports the
+    # raised error (the build looks a target up twice: the line would come three times)
+    logging.getLogger("hydra.utils").setLevel(logging.CRITICAL)
     try:
         app()
     except UserError as exc:
-        print(f"fwk: error: {exc}", file=sys.stderr)
+        # one line, whatever the message quotes (an ImportError's text spans three)
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"fwk: error: {text}", file=sys.stderr)
         leave(exc.exit_code)
     except SystemExit as exc:
         leave(exc.code)

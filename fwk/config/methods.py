@@ -42,6 +42,13 @@ class ProgressiveResizeConfig:
     finetune_fraction: float = doc(0.2, "share of train.max_steps at the end at the full size")
     size_increment: int = doc(4, "sides are rounded down to a multiple of this")
 
+    def first_side(self, full: int) -> int:
+        """Side of the first steps' images for ``full``-px ones, as fwk/methods/schedules.py's
+        ``ProgressiveResize.side`` rounds it (tests/config/test_effect.py holds the two equal):
+        the smallest side it trains at, since the scale only grows."""
+        side = int(full * self.initial_scale) // self.size_increment * self.size_increment
+        return min(full, max(self.size_increment, side))
+
 
 @dataclass
 class PruneGraduallyConfig:

@@ -42,7 +42,21 @@ def from_dict(config_dict: dict[str, Any]) -> Resolved:
 
 
 def check_inputs(config: Config) -> None:
-    """Cheap pre-flight checks of what the run reads (a data root exists, ...), before any run dir."""
-    for section in (config.model, config.data, config.optim):
-        if hasattr(section, "check"):
+    """Cheap pre-flight checks, before any run dir: what the run reads (a data root exists, a
+    ``_target_``'s module is there, ...), then settings it could never act on (``effect``)."""
+    from fwk.config import effect
+    from fwk.config.locate import missing_module
+    from fwk.errors import UserError
+
+    for name in ("model", "data", "optim"):
+        section = getattr(config, name)
+        if isinstance(section, dict):  # a `_target_` of the user's own
+            missing = missing_module(str(section["_target_"]))
+            if missing:
+                raise UserError(
+                    f"{name}._target_={section['_target_']}: there is no module '{missing}' to import here; "
+                    f"install it, or add the folder that holds {missing} to PYTHONPATH"
+                )
+        elif hasattr(section, "check"):
             section.check()
+    effect.check(config)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 EVAL_METRICS = {"val_loss": "min", "val_ppl": "min", "val_acc": "max"}  # what fwk's evaluation reports
+# the values each can take: a cross-entropy is >= 0, its exp >= 1, an accuracy a share
+RANGES = {"val_loss": (0.0, math.inf), "val_ppl": (1.0, math.inf), "val_acc": (0.0, 1.0)}
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
 
 
@@ -26,6 +28,15 @@ class Target:
 
     def __str__(self) -> str:
         return f"{self.metric}{self.op}{self.value:g}"
+
+    def unreachable(self) -> str | None:
+        """Why no evaluation can reach this target (its value lies beyond the metric's range
+        on the improving side), and what would work; None when one can."""
+        low, high = RANGES[self.metric]
+        if (self.value > high) if self.op == ">=" else (self.value < low):
+            span = f"[{low:g}, {high:g}]" if math.isfinite(high) else f"[{low:g}, inf)"
+            return f"can never be reached: {self.metric} lies in {span}; use a value in that range"
+        return None
 
 
 def parse_target(text: str) -> Target:

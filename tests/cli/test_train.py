@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.config.test_effect import REFUSED as EFFECTLESS
 from tests.conftest import both_cpus, run_fwk
 
 FAST = ["train.max_steps=150", "train.eval_every=75", "train.log_every=25"]
@@ -245,3 +246,33 @@ def test_stop_at_ends_at_the_first_evaluation_that_reaches_it_and_keeps_the_best
     assert (best["step"], best["value"]) == (top["step"], top["val_acc"])
     listed = {r["id"]: r for r in json.loads(run_fwk("runs", "--json", runs=runs).stdout)}
     assert listed[run.name]["metrics"]["to_target_s"] == round(summary["target"]["train_time_s"], 2)
+
+
+@pytest.mark.parametrize(("overrides", "line"), EFFECTLESS, ids=[" ".join(o) for o, _ in EFFECTLESS])
+def test_a_setting_that_cannot_take_effect_is_one_line_before_any_run_dir(
+    runs: Path, overrides: list[str], line: str
+) -> None:
+    out = run_fwk("train", *overrides, runs=runs)
+    assert (out.returncode, out.stderr, out.stdout) == (2, f"fwk: error: {line}\n", "")
+    assert not runs.exists()
+
+
+def test_a_dry_run_refuses_them_without_torch(runs: Path) -> None:
+    from tests.cli.test_fast_paths import probe
+
+    for overrides, line in EFFECTLESS:
+        out, loaded = probe("train", "--dry-run", *overrides, runs=runs)
+        assert (out.returncode, out.stderr.splitlines()[0], loaded) == (2, f"fwk: error: {line}", []), overrides
+    assert not runs.exists()
+
+
+def test_a_target_class_that_is_not_there_is_one_line(runs: Path) -> None:
+    # the module is there (torch.nn), the class is not: only the build, importing torch, can tell
+    out = run_fwk("train", "model._target_=torch.nn.NoSuchLayer", runs=runs)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (
+        "fwk: error: cannot build torch.nn.NoSuchLayer: ImportError: Error loading 'torch.nn.NoSuchLayer': "
+        """ModuleNotFoundError("No module named 'torch.nn.NoSuchLayer'") """
+        "Are you sure that 'NoSuchLayer' is importable from module 'torch.nn'?\n"
+    )
+    assert not runs.exists()

@@ -35,3 +35,19 @@ def test_a_bad_target_is_one_line_before_any_run_dir(runs, text: str, problem: s
         f"fwk: error: train.stop_at='{text}' is not allowed: expected {problem} (fix it with train.stop_at=...)"
     )
     assert not runs.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "span"),
+    [("val_acc>=1.01", "[0, 1]"), ("val_loss<=-0.1", "[0, inf)"), ("val_ppl<=0.99", "[1, inf)")],
+)
+def test_a_target_beyond_its_metrics_range_is_unreachable(text: str, span: str) -> None:
+    metric = text.partition(">")[0].partition("<")[0]
+    assert parse_target(text).unreachable() == (
+        f"can never be reached: {metric} lies in {span}; use a value in that range"
+    )
+
+
+@pytest.mark.parametrize("text", ["val_acc>=1", "val_acc>=0", "val_loss<=0", "val_ppl<=1", "val_loss<=1e9"])
+def test_a_target_at_the_edge_of_the_range_can_be_reached(text: str) -> None:
+    assert parse_target(text).unreachable() is None
