@@ -1,6 +1,7 @@
 """`make bench`: every benchmark in one command, one markdown table, one JSON file.
 
     .venv/bin/python scripts/bench/harness.py [--only overhead,auto] [--quick] [--out bench/results]
+        [--txt bench/cpu/NAME.txt]
 
 Each group (overhead, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
 channels_last, memory, jit, kernels, parallel, export) runs in its own child process with a
@@ -11,8 +12,12 @@ the same run: ``measure_pair`` warms both sides up, then interleaves them A,B,B,
 (whoever went first goes second next time), and the row shows the median of the per-rep
 ratios with their min and max, and both sides' absolute medians beside it.
 
-The table goes to stdout; bench/results/<YYYY-MM-DD>-<host>.json gets the rows with the
-machine they were measured on.
+The table goes to stdout. Every run writes a new file of its rows and the machine they were
+measured on, bench/results/<YYYY-MM-DD>-<HHMMSS>-<cpu model>.json: created, never written
+over (a name taken gets -2, -3, ...), since every machine here is called ``vm``. ``--txt``
+also writes the table, as printed, to a text file whose first line is the command that
+made it (``$ .venv/bin/python scripts/bench/harness.py --only tta --txt bench/cpu/tta.txt``):
+bench/cpu/*.txt are the harness's own output, not edited by hand.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import importlib
 import json
 import os
 import platform
+import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -228,19 +235,31 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's "model name" from /proc/cpuinfo; elsewhere platform.processor(), or the architecture."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def slug(cpu: str) -> str:
+    """A CPU model as a file name's part: "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz" ->
+    "intel-xeon-platinum-8375c" (the clock is left out: the same model at another clock is the same part)."""
+    words = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$", " ", cpu.lower())
+    return re.sub(r"[^a-z0-9]+", "-", words).strip("-")[:48].rstrip("-") or "unknown-cpu"
+
+
 def machine() -> dict:
     import torch
 
-    cpu = platform.processor()
-    try:
-        cpu = next(
-            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
     info = {
         "host": socket.gethostname(),
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -251,23 +270,81 @@ def machine() -> dict:
     return info
 
 
-def write_json(rows: list[Row], out_dir: Path, info: dict, wall_s: float, quick: bool) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{datetime.date.today().isoformat()}-{info['host']}{'-quick' if quick else ''}.json"
-    doc = {"machine": info, "quick": quick, "wall_s": wall_s, "rows": [asdict(r) for r in rows]}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
+def create_new(path: Path, text: str) -> Path:
+    """Write ``text`` to a file created by this call: ``path``, or, while that name is taken,
+    ``path`` with -2, -3, ... before its suffix. A file that exists is never written over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        try:
+            with open(candidate, "x") as f:  # "x": fails if it exists, atomically (O_EXCL)
+                f.write(text)
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path}: 9,999 results of that name already")
 
 
-def main() -> None:
+def write_json(
+    rows: list[Row],
+    out_dir: Path,
+    info: dict,
+    wall_s: float,
+    quick: bool,
+    started: datetime.datetime | None = None,
+    command: str = "",
+) -> Path:
+    """The run's rows and machine in a new file named by its start (date and time) and CPU model."""
+    started = started or datetime.datetime.now()
+    name = f"{started:%Y-%m-%d-%H%M%S}-{slug(info['cpu'])}{'-quick' if quick else ''}.json"
+    doc = {"machine": info, "command": command, "quick": quick, "wall_s": wall_s, "rows": [asdict(r) for r in rows]}
+    return create_new(out_dir / name, json.dumps(doc, indent=1) + "\n")
+
+
+def shown(path: Path | str) -> str:
+    """``path`` relative to the working folder when inside it (the command as typed there), else absolute."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return rel if not rel.startswith("..") else os.path.abspath(path)
+
+
+def command_line(argv: list[str]) -> str:
+    """The command that runs this harness with ``argv``, as a shell would take it."""
+    return shlex.join([shown(sys.executable), shown(__file__), *argv])
+
+
+def write_txt(path: Path, command: str, text: str) -> None:
+    """``text`` under a first line ``$ COMMAND``; it replaces the file (bench/cpu/ is kept in git,
+    and the text names its JSON), through a temporary file so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"$ {command}\n{text}")
+    tmp.replace(path)
+
+
+def report(rows: list[Row], info: dict, wall_s: float, quick: bool, path: Path) -> str:
+    """What the run prints to stdout, and what --txt keeps: the machine, the table, the legend."""
+    return (
+        f"fwk benchmarks{' (--quick: smoke-test sizes, not figures)' if quick else ''}: {info['cpu']}, "
+        f"{info['cores']} cores, torch {info['torch']}, device {info['device']}; load average at start "
+        f"{info['load_average'][0]:.2f}; {wall_s / 60:.1f} min\n\n"
+        f"{table(rows)}\n\n"
+        f"A, B: each side's median; ratio: median of the per-rep ratios [min, max]. Results: {shown(path)}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help=f"comma-separated groups of: {','.join(GROUPS)}")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every group (minutes)")
     parser.add_argument("--slack", type=float, default=1.0, help="multiply every group's time budget (a busy machine)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the JSON results")
+    parser.add_argument(
+        "--txt", type=Path, help="also write the table, under a first line with this command, to this file"
+    )
     parser.add_argument("--group", default="", help=argparse.SUPPRESS)  # internal: run one group here
     parser.add_argument("--rows-to", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.group:
         args.rows_to.write_text(json.dumps(run_group(args.group, args.quick)))
         return
@@ -276,6 +353,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--only {','.join(unknown)}: unknown group; choose from {','.join(GROUPS)}")
     info, started, rows = machine(), time.perf_counter(), []
+    start_time = datetime.datetime.now()
     for group in groups:
         t0 = time.perf_counter()
         print(f"[bench] {group} ...", file=sys.stderr, flush=True)
@@ -285,14 +363,12 @@ def main() -> None:
         print(f"[bench] {group}: {len(got)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         print("\n".join(table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress: this group's rows
     wall = time.perf_counter() - started
-    path = write_json(rows, args.out, info, wall, args.quick)
-    print(
-        f"fwk benchmarks{' (--quick: smoke-test sizes, not figures)' if args.quick else ''}: {info['cpu']}, "
-        f"{info['cores']} cores, torch {info['torch']}, device {info['device']}; load average at start "
-        f"{info['load_average'][0]:.2f}; {wall / 60:.1f} min\n"
-    )
-    print(table(rows))
-    print(f"\nA, B: each side's median; ratio: median of the per-rep ratios [min, max]. Results: {path}")
+    command = command_line(argv)
+    path = write_json(rows, args.out, info, wall, args.quick, start_time, command)
+    text = report(rows, info, wall, args.quick, path)
+    print(text, end="")
+    if args.txt:
+        write_txt(args.txt, command, text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The pure parts of scripts/bench/harness.py (make bench): no real benchmark runs here."""
 
+import datetime
 import json
+import platform
 import sys
 from pathlib import Path
 
@@ -50,11 +52,12 @@ def test_a_failing_group_becomes_a_failed_row_and_json_is_written(tmp_path, monk
     rows = harness.guarded("g", "boom", lambda: 1 / 0)
     assert rows[0].failed == "ZeroDivisionError: division by zero"
     ok = Row("g", "fine", "a/b", 1.0, 1.0, 1.0, Side("a", 1.0, "s"), Side("b", 1.0, "s"))
-    info = {"host": "testhost", "cpu": "x", "cores": 2}
-    path = harness.write_json([ok, *rows], tmp_path, info, 1.5, quick=False)
-    assert path.name.endswith("-testhost.json") and path.parent == tmp_path
+    info = {"host": "vm", "cpu": "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "cores": 2}
+    started = datetime.datetime(2026, 12, 1, 14, 51, 7)
+    path = harness.write_json([ok, *rows], tmp_path, info, 1.5, quick=False, started=started, command="make bench")
+    assert path == tmp_path / "2026-12-01-145107-intel-xeon-platinum-8375c.json"
     doc = json.loads(path.read_text())
-    assert doc["machine"] == info and doc["wall_s"] == 1.5
+    assert doc["machine"] == info and doc["wall_s"] == 1.5 and doc["command"] == "make bench"
     assert [r["name"] for r in doc["rows"]] == ["fine", "boom"]
     assert harness.from_dict(doc["rows"][0]) == ok
 
@@ -76,3 +79,55 @@ def test_rows_of_finished_parts_are_kept_for_the_parent(tmp_path, monkeypatch):
     assert kept[0] == ok and kept[1].failed == "ZeroDivisionError: division by zero"
     with pytest.raises(ValueError):
         measure_pair(lambda: None, lambda: None, reps=0)
+
+
+INFO = {"host": "vm", "cpu": "AMD EPYC 7B13 64-Core Processor", "cores": 2, "torch": "2.x", "device": "cpu"}
+
+
+def test_an_existing_result_is_never_written_over(tmp_path):
+    started = datetime.datetime(2026, 12, 1, 9, 0, 0)
+    taken = tmp_path / "2026-12-01-090000-amd-epyc-7b13-64-core-processor.json"
+    taken.write_text("the committed results\n")
+    first = harness.write_json([], tmp_path, INFO, 1.0, quick=False, started=started)
+    second = harness.write_json([], tmp_path, INFO, 2.0, quick=False, started=started)
+    assert (first.name, second.name) == (f"{taken.stem}-2.json", f"{taken.stem}-3.json")
+    assert taken.read_text() == "the committed results\n"
+    assert [json.loads(p.read_text())["wall_s"] for p in (first, second)] == [1.0, 2.0]
+
+
+def test_two_runs_in_a_row_make_two_files_and_the_txt_starts_with_the_command(tmp_path, monkeypatch, capsys):
+    """The whole main() with a fake group: each run its own JSON, the txt exactly what it printed."""
+    measured = iter([1.25, 0.75])
+
+    def fake_group(group, quick, budget):
+        sides = Side("fwk", 2.0, "ms"), Side("plain", 1.6, "ms")
+        return [ratio_row(group, "fake step", [next(measured)], *sides, "a/b")]
+
+    monkeypatch.setattr(harness, "run_isolated", fake_group)
+    monkeypatch.setattr(harness, "machine", lambda: {**INFO, "load_average": (0.5, 0.5, 0.5)})
+    txt = tmp_path / "cpu" / "overhead.txt"
+    argv = ["--only", "overhead", "--out", str(tmp_path / "results"), "--txt", str(txt)]
+    printed = []
+    for _ in range(2):
+        harness.main(argv)
+        printed.append(capsys.readouterr().out)
+    # each run names its file last; in the same second, the second is <name>-2.json
+    results = [Path(text.rstrip().rpartition("Results: ")[2]) for text in printed]
+    assert sorted(results) == sorted((tmp_path / "results").glob("*.json")) and results[0] != results[1]
+    assert [json.loads(p.read_text())["rows"][0]["median"] for p in results] == [1.25, 0.75]
+    first, *rest = txt.read_text().splitlines(keepends=True)
+    assert first == f"$ {harness.command_line(argv)}\n"
+    assert first.split()[1:3] == [harness.shown(sys.executable), "scripts/bench/harness.py"]
+    assert first.endswith(f"--only overhead --out {tmp_path / 'results'} --txt {txt}\n")
+    assert "".join(rest) == printed[1]  # the second run's text, verbatim
+    assert "| overhead | fake step | a/b | 0.75x | fwk 2 ms | plain 1.6 ms |" in printed[1]
+
+
+def test_cpu_model_reads_cpuinfo_else_the_platform(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    assert harness.cpu_model(cpuinfo) == "Intel(R) Xeon(R) Processor"
+    monkeypatch.setattr(platform, "processor", lambda: "arm")
+    assert harness.cpu_model(tmp_path / "none") == "arm"
+    assert harness.slug("Intel(R) Core(TM) i7-9750H CPU @ 2.60GHz") == "intel-core-i7-9750h"
+    assert harness.slug("") == "unknown-cpu"
