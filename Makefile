@@ -25,7 +25,7 @@ test: setup lint
 	@if [ "$$CI" = true ]; then bash scripts/slurm/cluster.sh install; fi
 	$(BIN)/python -m pytest -q
 
-# Every benchmark in one run: one markdown table on stdout, bench/results/<date>-<host>.json
+# Every benchmark in one run: one markdown table on stdout, a new bench/results/<date>-<time>-<cpu>.json
 # (scripts/bench/harness.py; ~1 hour on 2 CPU cores). BENCH_ARGS="--quick" for a smoke
 # test, BENCH_ARGS="--only overhead,auto" for some groups.
 bench: setup

@@ -107,11 +107,9 @@ def _reapply(original, redecide: bool) -> str:
 
 
 def _choice(name: str, record: dict) -> str:
-    if name == "precision" and record.get("trial"):
-        trial = record["trial"]
-        return f"{record['choice']} (after its trial steps {trial['start']}-{trial['start'] + len(trial['order']) - 1})"
-    if name == "jit" and record.get("compile_at") is not None:
-        return f"{record['choice']} (compiled from step {record['compile_at']}, settled at step {record['decided_at']})"
+    # a measured decision's trial steps were redone as decided: the replay runs none
+    if name == "jit" and record.get("compile_at") is not None and record["choice"] == "compiled":
+        return f"{record['choice']} (from step {record['compile_at']})"
     if name == "loader":
         return f"{record['choice']} workers"
     return str(record["choice"])
