@@ -47,3 +47,18 @@ def test_image_size_below_8_is_refused():
 
     with pytest.raises(UserError, match="data.image_size=4 must be >= 8"):
         digits(DigitsConfig(image_size=4), seed=0)
+
+
+def test_the_images_and_labels_are_scikit_learns():
+    """fwk reads scikit-learn's file itself (importing sklearn costs every run ~2 s): the
+    same pixels and labels as load_digits, in the file's order before the split."""
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()
+    b = digits(DigitsConfig(normalize=False, val_size=1), seed=0)
+    perm = torch.randperm(1797, generator=torch.Generator().manual_seed(0))  # split_seed 0: val first
+    order = torch.cat([perm[1:], perm[:1]])
+    images = torch.cat([b.train.tensors[0], b.val.tensors[0]])
+    labels = torch.cat([b.train.tensors[1], b.val.tensors[1]])
+    assert torch.equal(images, torch.as_tensor(ref.images, dtype=torch.float32)[order].unsqueeze(1) / 16.0)
+    assert torch.equal(labels, torch.as_tensor(ref.target, dtype=torch.int64)[order])
