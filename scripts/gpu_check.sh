@@ -10,7 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-if ! "$PY" -c "import hydra, omegaconf, torch_pruning, litdata, schedulefree, boto3" 2>/dev/null; then
+# found, not imported: importing torch_pruning and litdata imports torch (~3 s of CPU per check)
+if ! "$PY" -c "import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in ('hydra', 'omegaconf', 'torch_pruning', 'litdata', 'schedulefree', 'boto3')))"
+then
   if ! ls wheels/*.whl >/dev/null 2>&1; then
     echo "gpu-check: $PY lacks fwk's packages (hydra-core, omegaconf, torch-pruning, litdata, schedulefree, boto3)" \
          "and wheels/ holds none; run make gpu-wheels where pip can download, and bring wheels/ along" >&2
