@@ -96,6 +96,7 @@ def resumes_bit_exactly(
 # pytest-xdist (`-n auto --dist loadgroup`, pyproject.toml) hands out groups of tests whole:
 # a test file is a group, so a module-scoped fixture is built once; the files that share a
 # session fixture (the SLURM cluster, the served exports, the exported digits run) are one.
+# A test marked with its own xdist_group keeps it (a long test split into independent parts).
 SHARED_SESSION = {"launch/test_slurm.py": "slurm", "serve/": "serve", "export/": "export"}
 TESTS = Path(__file__).parent
 
@@ -103,6 +104,8 @@ TESTS = Path(__file__).parent
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
         rel = item.path.relative_to(TESTS).as_posix()
         group = next((g for prefix, g in SHARED_SESSION.items() if rel.startswith(prefix)), rel)
         item.add_marker(pytest.mark.xdist_group(group))
