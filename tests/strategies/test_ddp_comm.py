@@ -85,13 +85,26 @@ def _gloo() -> None:
     require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
 
 
-@pytest.mark.usefixtures("_gloo")
-def test_slow_rank_climbs_the_ladder(runs: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "fwk", *SLOW], env=_env(runs), capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    said = [line for line in out.stdout.splitlines() if "communication wait" in line]
+@pytest.fixture(scope="module")
+def adapted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """One slowed run with adapting on, Ctrl-C'd after its step-40 checkpoint (the whole
+    ladder is climbed by then) and resumed without the slow rank: what it said before the
+    stop, and its runs root. The ladder's test and the resume's read the same run."""
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+    runs = tmp_path_factory.mktemp("adapted") / "runs"
+    # a cache of decisions of its own, as conftest's decision_cache gives each test (set up after this)
+    env = {**_env(runs), "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
+    stopped = interrupt_after(SLOW, runs, "*/checkpoints/step-00000040/manifest.json", env=env)
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    env["FWK_DEBUG_SLOW_RANK"] = ""  # no slow rank now: nothing new to adapt
+    resumed = subprocess.run([sys.executable, "-m", "fwk", *SLOW], env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    return stopped.stdout, runs
+
+
+def test_slow_rank_climbs_the_ladder(adapted: tuple[str, Path]) -> None:
+    first, runs = adapted
+    said = [line for line in first.splitlines() if "communication wait" in line]
     rungs = [line for line in said if "parallel.adapt.threshold=0.15" in line]
     # fp16 compression, buckets 1 -> 4 MB (x4, the limit), accumulation 1 -> 2 (the limit); then no rung is left
     assert len(rungs) == 3, "\n".join(said)
@@ -124,16 +137,10 @@ def test_adapting_is_opt_in(runs: Path) -> None:
     assert json.loads((run / "summary.json").read_text())["comm_adaptations"] == []
 
 
-@pytest.mark.usefixtures("_gloo")
-def test_adaptations_survive_a_resume(runs: Path) -> None:
-    stopped = interrupt_after(SLOW, runs, "*/checkpoints/step-00000040/manifest.json", env=_env(runs))
-    first = stopped.stdout
-    assert stopped.returncode == 130, first + stopped.stderr
+def test_adaptations_survive_a_resume(adapted: tuple[str, Path]) -> None:
+    first, runs = adapted
     before = [line for line in first.splitlines() if "parallel.adapt.threshold" in line]
     assert len(before) == 3, first  # the whole ladder by step 40: nothing is left to adapt after the resume
-    env = {**_env(runs), "FWK_DEBUG_SLOW_RANK": ""}  # no slow rank now: nothing new to adapt
-    resumed = subprocess.run([sys.executable, "-m", "fwk", *SLOW], env=env, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     (run,) = runs.glob("*/")  # run dirs, not the index
     summary = json.loads((run / "summary.json").read_text())
     assert [c.split(": ", 1)[1] for c in summary["comm_adaptations"]] == [line.split("): ", 1)[1] for line in before]
