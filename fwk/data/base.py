@@ -35,7 +35,10 @@ class DataBundle:
     (``data.decode=gpu``: decode and augment there); None: the batch is (inputs, targets).
     ``train_loader(batch_size, world_size, loader_kwargs, collate, say)``: a data set that
     streams (``data=streaming``) makes its own endless, resumable training loader; None:
-    fwk's ``TrainLoader`` samples ``train`` by index.
+    fwk's ``TrainLoader`` samples ``train`` by index. ``trial_loader(batch_size,
+    loader_kwargs, collate)``: that data set's throwaway loader of the same kind, over its own
+    copy of the set (``loader=auto`` times it for each worker count, leaving the run's data
+    set and loader untouched); None: a DataLoader over a spread of ``train``'s items.
     """
 
     train: Dataset
@@ -48,6 +51,7 @@ class DataBundle:
     collate: Callable[[list[Any]], Any] | None = None
     finish: Callable[[Any, torch.device], Any] | None = None
     train_loader: Callable[..., Any] | None = None
+    trial_loader: Callable[..., Any] | None = None
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:

@@ -10,9 +10,14 @@ each worker with the item, not through the main process's copy (which workers ne
 
 ``loader=auto`` decides what the config leaves unset (``decide``): workers from the cores
 per rank and, for data not in memory, a short measurement of three worker counts (none,
-the cores per rank minus one, all of them) on a throwaway loader that draws nothing from
-the run's random streams; pinned memory with CUDA; a queue of at least four batches;
+the cores per rank minus one, all of them) on a throwaway loader of the kind that will
+read the data (``trial``: the data set's own, ``DataBundle.trial_loader``, where it
+streams), which draws nothing from the run's random streams and leaves the run's own
+loader where it was; pinned memory with CUDA; a queue of at least four batches;
 persistent workers when there are workers.
+
+An item that cannot be loaded is a ``LoadError``: one line, whether it was raised here or
+in a loader worker.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +37,27 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from fwk.config.schema import LoaderConfig
 from fwk.data.base import DataBundle
+from fwk.errors import UserError
 
 MAX_WORKERS = 16  # a cap per rank: each worker holds its own copy of the data set and its queued batches
 MEASURE_S = 1.5  # the whole start-up measurement (three worker counts, their start included)
+MEASURE_BATCH = 16  # at most this many items a batch: several batches fit the time of one count
 IN_PROCESS_MARGIN = 2.0  # loading in the training process wins only when this many times faster
 QUEUE = 4  # batches in flight that auto aims for: smooths one slow file or one slow step
+
+
+class LoadError(UserError):
+    """An item that cannot be loaded (a remote read that stalled), in one line.
+
+    torch re-raises a loader worker's exception in the training process as
+    ``type(exc)(text)``, the text being "Caught LoadError in DataLoader worker process N."
+    and the worker's traceback, whose last line is ``module.LoadError: <the line>``: that
+    line is kept alone, so a worker's error reads as the training process's would."""
+
+    def __init__(self, line: str) -> None:
+        if line.startswith(f"Caught {type(self).__name__} "):
+            line = line.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1]
+        super().__init__(line)
 
 
 @dataclass(frozen=True)
@@ -144,34 +165,58 @@ def for_run(
         return recalled
     measure = None
     if measures(cfg, data):
-        measure = lambda workers: measure_rate(data.train, batch_size, workers, MEASURE_S / 3, data.collate)  # noqa: E731
+        batch, make = trial(data, batch_size)
+        measure = lambda workers: measure_rate(make, workers, batch, MEASURE_S / 3)  # noqa: E731
     chosen, why = decide(cfg, Host.here(cuda), data.in_memory, measure)
     if cfg.name == "auto":
         say(why)
     return chosen
 
 
-def measure_rate(
-    dataset: Dataset, batch_size: int, workers: int, seconds: float, collate: Callable[[list[Any]], Any] | None = None
-) -> float:
-    """Items/s of a throwaway loader with ``workers`` over a fixed spread of items, timed from
-    its first batch for about ``seconds``. The run's random streams are left as they were."""
+def trial(data: DataBundle, batch_size: int) -> tuple[int, Callable[[int], Iterable[Any]]]:
+    """(batch size, workers -> a throwaway loader) for the measurement: the data set's own
+    where it makes one (a streamed set: the loader kind that reads it in the run, on its own
+    copy of the set), else a DataLoader over a fixed spread of ``train``'s items."""
+    batch = max(1, min(batch_size, MEASURE_BATCH))
+    if data.trial_loader is not None:
+        return batch, lambda workers: data.trial_loader(batch, loader_kwargs(LoaderPlan(workers)), data.collate)  # type: ignore[misc]
+    return batch, lambda workers: spread_loader(data.train, batch, workers, data.collate)
+
+
+def spread_loader(
+    dataset: Dataset, batch: int, workers: int, collate: Callable[[list[Any]], Any] | None = None
+) -> DataLoader:
+    """A DataLoader with ``workers`` over items spread evenly through ``dataset``: enough
+    batches for every worker to deliver a few."""
     n = len(dataset)  # type: ignore[arg-type]
-    batch = max(1, min(batch_size, 16))  # small batches: several of them fit the time budget
     count = min(n, batch * (2 + 4 * max(workers, 1)))
     items = Subset(dataset, [i * n // count for i in range(count)])
+    kwargs = loader_kwargs(LoaderPlan(workers))
+    return DataLoader(items, batch_size=batch, generator=torch.Generator(), collate_fn=collate, **kwargs)
+
+
+def measure_rate(make: Callable[[int], Iterable[Any]], workers: int, batch: int, seconds: float) -> float:
+    """Items/s of the throwaway loader ``make(workers)`` (batches of ``batch`` items) after
+    its first batch: its start (forking workers, a streamed set's first chunk arriving) is
+    paid once, not per item. It stops once ``seconds`` have passed since it was made, its
+    start included, and a second batch has come; a pass that ends after a single batch (a
+    tiny set) is read again. The run's random streams are left as they were."""
     states = torch.get_rng_state(), random.getstate(), np.random.get_state()  # a custom data set may draw
     start = time.perf_counter()
-    kwargs = loader_kwargs(LoaderPlan(workers))
-    loader = DataLoader(items, batch_size=batch, generator=torch.Generator(), collate_fn=collate, **kwargs)
     done, first = 0, None
     try:
-        for _ in loader:
-            if first is None:
-                first = time.perf_counter()  # the workers' start is paid once, not per item
-            else:
-                done += batch
-            if time.perf_counter() - start > seconds and done:
+        loader = make(workers)
+        while True:
+            got = 0
+            for _ in loader:
+                got += 1
+                if first is None:
+                    first = time.perf_counter()
+                else:
+                    done += batch
+                if time.perf_counter() - start > seconds and done:
+                    break
+            if done or not got:
                 break
     finally:
         torch.set_rng_state(states[0])

@@ -11,43 +11,87 @@ set): the same item gets the same crop whatever the worker that loads it.
 Resume: ``StreamLoader``'s state is litdata's, which resumes mid-epoch exactly with the
 same world size and number of workers; with other ones, the run resumes at the start of
 the next epoch and says so in one line. Validation reads ``val/`` by index, in order.
+
+Forks: litdata's reader downloads chunks in a thread of the process that made it, and a
+forked loader worker gets a copy of the reader without the thread (it would wait for
+chunks nobody fetches, then fail with litdata's ChunkWaitTimeoutError). A streamed set
+therefore reads in a process only through a reader made in that process: litdata's own
+loader makes one in each worker; a set read by index (validation, BatchNorm calibration)
+drops a reader it inherited. ``loader=auto`` times its worker counts on throwaway
+``StreamingDataLoader``s over their own copies of the set (``DataBundle.trial_loader``).
+
+A chunk that does not arrive within litdata's wait (``MAX_WAIT_TIME``, seconds; 120 by
+default), or that litdata's downloader gives up on (after the S3 client's retries), ends
+the run in one line naming the chunk and the endpoint (``LoadError``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
+import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from litdata import StreamingDataLoader, StreamingDataset
+from litdata import ChunkWaitTimeoutError, StreamingDataLoader, StreamingDataset
 from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle, item_seed
 from fwk.data.configs import ImageFolderConfig, StreamingConfig
 from fwk.data.images import decode_bytes, seeded_cpu_rng
+from fwk.data.loader import LoadError
 from fwk.data.registry import register_data
 from fwk.data.shards import is_remote, read_manifest, storage_options
+from fwk.errors import UserError
 from fwk.track.store import cache_root
 
 for _name in ("litdata", "botocore.credentials"):  # their per-worker info lines ("Found credentials ...")
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 
+_CRASHED = "Chunk prefetch thread crashed while waiting for "  # litdata's reader, when its download thread died
+
+
 class StreamingImages(StreamingDataset):
-    """Items of a prepared split as (image (3, S, S) float32 normalized, label)."""
+    """Items of a prepared split as (image (3, S, S) float32 normalized, label).
+    ``source`` and ``endpoint`` name the set and its server in messages."""
 
     def __init__(
-        self, uri: str, transform: Callable[[torch.Tensor], torch.Tensor], random: bool, seed: int, **kwargs: Any
+        self,
+        uri: str,
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        random: bool,
+        seed: int,
+        source: str,
+        endpoint: str,
+        **kwargs: Any,
     ) -> None:
         super().__init__(uri, shuffle=random, seed=seed, drop_last=random, **kwargs)
         self.image_transform, self.random, self.run_seed = transform, random, seed
+        self.source, self.endpoint, self.reader_pid = source, endpoint, os.getpid()
         self._on_demand_bytes = False  # read by index (validation): whole chunks into the cache, not byte ranges
 
+    def __iter__(self) -> StreamingImages:
+        super().__iter__()  # a reader of this process (a loader worker's own)
+        self.reader_pid = os.getpid()
+        return self
+
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
-        item = super().__getitem__(index)
+        if self.reader_pid != os.getpid():  # a forked copy of another process's reader, without its download thread
+            self.cache, self.reader_pid = None, os.getpid()  # litdata makes this process its own
+        try:
+            item = super().__getitem__(index)
+        except ChunkWaitTimeoutError as exc:
+            raise LoadError(self.stalled(exc)) from None
+        except RuntimeError as exc:  # litdata's download thread died (after its retries): it says what killed it
+            if exc.__cause__ is None or not str(exc).startswith(_CRASHED):
+                raise
+            chunk = str(exc).removeprefix(_CRASHED).split(". Original error: ")[0]
+            raise LoadError(self.failed(chunk, exc.__cause__)) from None
         image = decode_bytes(torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8))  # (3, H, W) uint8
         if self.random:
             with seeded_cpu_rng(item_seed(self.run_seed, self.current_epoch, int(item["index"]))):
@@ -55,6 +99,26 @@ class StreamingImages(StreamingDataset):
         else:
             image = self.image_transform(image)
         return image, int(item["label"])
+
+    def stalled(self, exc: ChunkWaitTimeoutError) -> str:
+        if self.input_dir.url:
+            return (
+                f"{self.source}: chunk {self.remote(exc.path)} did not arrive from {self.endpoint} in "
+                f"{exc.waited_s:.0f} s (the server stalled or is unreachable); check it, or set "
+                "MAX_WAIT_TIME=<seconds> (litdata's wait) to wait longer"
+            )
+        return f"{self.source}: chunk {exc.path} is missing; prepare the set again (fwk data prepare)"
+
+    def failed(self, path: str, cause: BaseException) -> str:
+        why = textwrap.shorten(str(cause).split("\n", 1)[0], 240)  # obstore's errors go on for pages
+        return (
+            f"{self.source}: chunk {self.remote(path)} could not be read from {self.endpoint} "
+            f"({type(cause).__name__}: {why}); check the server"
+        )
+
+    def remote(self, path: str) -> str:
+        """The chunk's address in the set: its cache ``path``'s name under the split's URI."""
+        return f"{(self.input_dir.url or self.input_dir.path or '').rstrip('/')}/{os.path.basename(path)}"
 
 
 class ByIndex(Dataset):
@@ -85,12 +149,23 @@ class StreamLoader:
         say: Callable[[str], None],
     ) -> None:
         self.world_size, self.workers, self.say = world_size, int(kwargs.get("num_workers", 0)), say
-        kwargs = {k: v for k, v in kwargs.items() if k != "persistent_workers"}  # litdata restarts them per epoch
-        self.loader = StreamingDataLoader(dataset, batch_size=batch_size, drop_last=True, collate_fn=collate, **kwargs)
+        self.batch_size, self.source = batch_size, dataset.source
+        self.loader = stream(dataset, batch_size, kwargs, collate)
 
     def __iter__(self) -> Iterator[Any]:
+        empty = 0
         while True:  # each pass over the loader is one epoch
-            yield from self.loader
+            got = 0
+            for batch in self.loader:
+                got += 1
+                yield batch
+            empty = 0 if got else empty + 1
+            if empty == 2:  # (one may be the rest of an epoch a resumed run had finished)
+                raise UserError(
+                    f"{self.source}: an epoch gives no full batch of {self.batch_size} to any of this rank's "
+                    f"{max(self.workers, 1)} readers (litdata splits a rank's items among its workers); lower "
+                    "train.batch_size or loader.num_workers"
+                )
 
     def state_dict(self) -> dict[str, Any]:
         return {"litdata": self.loader.state_dict(), "world_size": self.world_size, "num_workers": self.workers}
@@ -108,6 +183,19 @@ class StreamLoader:
         )
 
 
+def stream(
+    dataset: StreamingImages, batch_size: int, kwargs: dict[str, Any], collate: Callable[[list[Any]], Any] | None
+) -> StreamingDataLoader:
+    """litdata's loader of ``dataset``, with fwk's loader settings."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "persistent_workers"}  # litdata restarts them per epoch
+    # Its own generator seeds the workers: starting an epoch (or a resumed run) draws nothing
+    # from the run's random streams.
+    generator = torch.Generator().manual_seed(dataset.run_seed)
+    return StreamingDataLoader(
+        dataset, batch_size=batch_size, drop_last=True, collate_fn=collate, generator=generator, **kwargs
+    )
+
+
 def _cache(cfg: StreamingConfig) -> dict[str, Any]:
     """litdata's options: a remote set's endpoint and local cache; the cache's size limit."""
     limit = {"max_cache_size": f"{cfg.max_cache_gb:g}GB"}
@@ -116,6 +204,7 @@ def _cache(cfg: StreamingConfig) -> dict[str, Any]:
     options = storage_options(cfg.endpoint_url)
     if options.get("endpoint_url", "").startswith("http://"):
         _allow_http()
+    _quiet_crash_reports()
     folder = cfg.cache_dir or str(cache_root() / "streaming" / hashlib.sha256(cfg.uri.encode()).hexdigest()[:16])
     return {
         "storage_options": options,
@@ -135,8 +224,36 @@ def _allow_http() -> None:
         options["allow_http"] = "true"
 
 
+def _quiet_crash_reports() -> None:
+    """litdata's download thread, killed by an error (a server gone, after obstore's
+    retries), prints that error's traceback to stderr, for loader workers that swallow
+    logs; the reader then raises the same error where the item is read, which fwk says in
+    one line (``StreamingImages.failed``). The printed copy is left out."""
+    from litdata.streaming.reader import PrepareChunksThread
+
+    PrepareChunksThread._report_crash = _unreported  # type: ignore[method-assign]
+
+
+def _unreported(thread: Any, exc: BaseException) -> None:
+    pass
+
+
 def _split(uri: str, split: str) -> str:
     return f"{uri.rstrip('/')}/{split}" if is_remote(uri) else os.path.join(os.path.expanduser(uri), split)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(options: dict[str, Any]) -> Iterator[None]:
+    """The ranks of a machine open a remote set one after another: litdata fetches each
+    split's index.json into the shared cache under a lock it waits one second for, and a
+    rank that waits longer goes on without the file ("doesn't contain any index.json")."""
+    if "cache_dir" not in options:
+        yield
+        return
+    os.makedirs(options["cache_dir"], exist_ok=True)
+    with open(os.path.join(options["cache_dir"], ".fwk-open.lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 @register_data(StreamingConfig)
@@ -148,17 +265,23 @@ def streaming(cfg: StreamingConfig, *, seed: int) -> DataBundle:
         image_size=cfg.image_size, val_resize=cfg.val_resize, min_scale=cfg.min_scale, hflip=cfg.hflip
     )
     options = _cache(cfg)
-    train = StreamingImages(_split(cfg.uri, "train"), train_transform(like), True, seed, **options)
-    val = ByIndex(
-        StreamingImages(_split(cfg.uri, "val"), val_transform(like), False, seed, **options), manifest["counts"]["val"]
-    )
+    named = {"source": f"data.uri={cfg.uri}", "endpoint": storage_options(cfg.endpoint_url).get("endpoint_url", "AWS")}
+
+    def train_split() -> StreamingImages:
+        return StreamingImages(_split(cfg.uri, "train"), train_transform(like), True, seed, **named, **options)
+
+    with _one_at_a_time(options):
+        train = train_split()
+        val_images = StreamingImages(_split(cfg.uri, "val"), val_transform(like), False, seed, **named, **options)
     mean, std = tuple(manifest["mean"]), tuple(manifest["std"])
     return DataBundle(
         train=train,
-        val=val,
+        val=ByIndex(val_images, manifest["counts"]["val"]),
         task="classification",
         num_classes=len(manifest["classes"]),
         mean=mean,
         std=std,
         train_loader=lambda batch, world, kwargs, collate, say: StreamLoader(train, batch, world, kwargs, collate, say),
+        # a copy of the training split, read as the run reads it (its index.json is in the cache by now)
+        trial_loader=lambda batch, kwargs, collate: stream(train_split(), batch, kwargs, collate),
     )

@@ -27,7 +27,7 @@ from fwk.config.schema import Config
 from fwk.config.target import parse_target
 from fwk.data import loader as loading
 from fwk.data.prefetch import DevicePrefetcher, OnDevice
-from fwk.distributed.collectives import replicas_in_sync
+from fwk.distributed.collectives import broadcast_object, replicas_in_sync
 from fwk.distributed.group import init
 from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import evaluate
@@ -62,6 +62,8 @@ def loader_plan(
     record, source = decisions.recall("loader") if measured else (None, "")
     recalled = loading.LoaderPlan(**record["plan"]) if record is not None else None
     plan = loading.for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", say, recalled, source)
+    if measured and recalled is None:  # rank 0's, as a recalled plan is: a streamed set is split by the worker count
+        plan = broadcast_object(plan, dist)  # type: ignore[assignment]
     if measured:
         decisions.keep(
             "loader", record or {"choice": plan.num_workers, "plan": dataclasses.asdict(plan)}, source or "measured"
