@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fwk.config.schema import LoaderConfig
-from fwk.data.loader import Host, LoaderPlan, TrainLoader, decide, measure_rate, worker_candidates
+from fwk.data.loader import Host, LoaderPlan, LoadError, TrainLoader, decide, measure_rate, trial, worker_candidates
 from tests.conftest import run_fwk
 from tests.data.test_imagefolder import build, write_tree
 
@@ -78,16 +78,49 @@ def test_set_values_win_over_auto():
 
 
 def test_measurement_leaves_the_run_untouched(tmp_path):
-    train = build(write_tree(tmp_path / "t"), seed=3).train
+    bundle = build(write_tree(tmp_path / "t"), seed=3)
+    train = bundle.train
     train.set_epoch(1)
     before = [train[i][0] for i in range(3)]
     torch.manual_seed(11)
     expected = torch.rand(4)
     torch.manual_seed(11)
-    rate = measure_rate(train, batch_size=4, workers=1, seconds=0.2)
+    batch, make = trial(bundle, 4)
+    assert batch == 4 and trial(bundle, 64)[0] == 16  # small batches: several fit the time of one count
+    rate = measure_rate(make, workers=1, batch=batch, seconds=0.2)
     assert torch.equal(torch.rand(4), expected)  # no draw from the global generator
     assert rate > 0 and train.epoch == 1
     assert all(torch.equal(train[i][0], b) for i, b in enumerate(before))
+
+
+def test_a_tiny_pass_is_read_again_and_an_empty_one_measures_nothing():
+    passes = []
+
+    def make(workers):
+        class OneBatch:
+            def __iter__(self):
+                passes.append(workers)
+                yield torch.zeros(2)
+
+        return OneBatch()
+
+    assert measure_rate(make, 0, 2, seconds=0.0) > 0 and passes == [0, 0]  # the second pass's batch is counted
+    assert measure_rate(lambda workers: [], 0, 2, seconds=0.0) == 0.0
+
+
+class _Unreadable(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        raise LoadError(f"item {index}: unreadable: fix it")
+
+
+def test_a_load_error_in_a_worker_is_its_one_line():
+    loader = torch.utils.data.DataLoader(_Unreadable(), batch_size=2, num_workers=1)
+    with pytest.raises(LoadError) as err:
+        next(iter(loader))
+    assert str(err.value) == "item 0: unreadable: fix it"  # not torch's "Caught LoadError in ..." and its traceback
 
 
 def _batches(loader: TrainLoader, count: int) -> list[torch.Tensor]:

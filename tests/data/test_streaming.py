@@ -1,11 +1,11 @@
-"""fwk data prepare and data=streaming: shards written once, read locally and from a real
-S3-compatible server on loopback (moto's), resumed bit-exactly, refused in one line."""
+"""fwk data prepare and data=streaming's set: shards written once (locally and to a real
+S3-compatible server on loopback, moto's), read back, refused in one line. Training from
+them: test_streaming_loader.py."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,38 +15,11 @@ from fwk.data.configs import ImageFolderConfig, StreamingConfig
 from fwk.data.prepare import MARKER, prepare
 from fwk.data.shards import MANIFEST
 from fwk.errors import UserError
-from tests.conftest import require, resumes_bit_exactly, run_fwk
-from tests.s3server import CREDENTIALS, loopback_s3, server_path, upload
+from tests.conftest import run_fwk
+from tests.data.conftest import CLASSES, use_s3
 
-CLASSES = ("cat", "dog", "emu")
-TRAIN = ["data=streaming", "data.image_size=16", "data.val_resize=18", "model=resnet18", "model.small_input=true"]
-TRAIN += ["model.num_classes=3", "train.batch_size=8", "train.max_steps=12", "train.eval_every=6"]
-TRAIN += ["train.log_every=3", "checkpoint.every=3", "checkpoint.keep=10", "jit=off", "loader=manual"]
-AFTER_3 = "*/checkpoints/step-00000003/manifest.json"  # Ctrl-C once the first checkpoint is written
-
-
-def _folder(root: Path) -> Path:
-    from PIL import Image
-
-    gen = torch.Generator().manual_seed(0)
-    for split, count in (("train", 12), ("val", 3)):
-        for name in CLASSES:
-            (root / split / name).mkdir(parents=True)
-            for k in range(count):
-                pixels = torch.randint(0, 256, (50, 70, 3), dtype=torch.uint8, generator=gen).numpy()
-                Image.fromarray(pixels).save(root / split / name / f"{k}.JPEG", quality=95)
-    return root
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    base = tmp_path_factory.mktemp("streaming")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(base / "cache"))
-        source = _folder(base / "images")
-        line = prepare(ImageFolderConfig(root=str(source)), str(base / "shards"), 32, 90, 1, lambda s: None, 0)
-        assert line.startswith(f"prepared {base / 'shards'}: 36 train / 9 val images, shorter side <= 32 px")
-        yield source, base / "shards"
+# the refusals are decided before any training: a tiny config
+TRAIN = ["data=streaming", "model=small_cnn", "model.in_channels=3", "model.num_classes=3"]
 
 
 def test_prepare_writes_smaller_jpegs_their_labels_and_a_manifest(prepared: tuple[Path, Path]) -> None:
@@ -127,58 +100,6 @@ def test_streamed_items_are_seeded_per_item_and_validation_reads_every_image(pre
     assert torch.equal(bundle.train[5][0], bundle.train[5][0])  # the same item, epoch and seed: the same crop
 
 
-def test_a_resume_with_other_workers_starts_the_next_epoch_and_says_so(prepared: tuple[Path, Path]) -> None:
-    from fwk.data.streaming import StreamLoader, streaming
-
-    _, shards = prepared
-    bundle = streaming(StreamingConfig(uri=str(shards), image_size=16, val_resize=18), seed=3)
-    said: list[str] = []
-    loader = StreamLoader(bundle.train, 4, 1, {"num_workers": 0}, None, said.append)
-    state = {"litdata": {"current_epoch": 2}, "world_size": 2, "num_workers": 1}
-    loader.load_state_dict(state)
-    assert loader.loader.current_epoch == 2 and said == [
-        "data=streaming: the checkpoint was taken with 2 processes x 1 workers, this run has 1 x 0; resuming at "
-        "the start of epoch 3 (the rest of epoch 2 is skipped)"
-    ]
-
-
-def test_training_from_local_shards_resumes_bit_exactly(prepared: tuple[Path, Path], tmp_path: Path) -> None:
-    _, shards = prepared
-    resumes_bit_exactly(["train", *TRAIN, f"data.uri={shards}", "loader.num_workers=1"], tmp_path, 12, AFTER_3)
-
-
-# --- a real S3-compatible server on loopback ------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3(prepared: tuple[Path, Path]) -> Iterator[dict[str, str]]:
-    """moto's S3 server on loopback with the prepared set uploaded by the normal S3 client."""
-    require(server_path().is_file(), "moto_server is needed (pip install 'moto[server]')")
-    with loopback_s3() as endpoint:
-        upload(endpoint, prepared[1], "data", "sets/toy")
-        yield {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
-
-
-def _use(s3: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The test's processes talk to the loopback server only: its credentials, no AWS files, no instance metadata."""
-    for key, value in s3.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-def test_two_processes_stream_from_s3_and_resume_bit_exactly(
-    s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import torch.distributed as dist
-
-    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
-    _use(s3, monkeypatch, tmp_path)
-    args = ["train", *TRAIN, "data.uri=s3://data/sets/toy", "parallel=ddp", "parallel.nproc_per_node=2"]
-    resumes_bit_exactly([*args, "loader.num_workers=0", "train.batch_size=4"], tmp_path, 12, AFTER_3)
-
-
 @pytest.mark.parametrize(
     ("uri", "setting", "line"),
     [
@@ -195,7 +116,7 @@ def test_two_processes_stream_from_s3_and_resume_bit_exactly(
 def test_a_set_that_cannot_be_read_is_one_line_before_any_run_dir(
     s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uri: str, setting: dict[str, str], line: str
 ) -> None:
-    _use(s3, monkeypatch, tmp_path)
+    use_s3(s3, monkeypatch, tmp_path)
     for key, value in setting.items():
         if value:
             monkeypatch.setenv(key, value)
@@ -235,7 +156,7 @@ def test_prepare_to_s3_uploads_then_finds_it_and_refuses_other_settings(
     from fwk.data.publish import staging_dir
     from fwk.data.shards import read_manifest
 
-    _use(s3, monkeypatch, tmp_path)
+    use_s3(s3, monkeypatch, tmp_path)
     source, _ = prepared
     args = ["data", "prepare", "data=imagefolder", f"data.root={source}", "--max-side", "32", "--workers", "1"]
     uri = "s3://data/sets/direct"
@@ -248,11 +169,11 @@ def test_prepare_to_s3_uploads_then_finds_it_and_refuses_other_settings(
     keys = {o["Key"] for o in client.list_objects_v2(Bucket="data", Prefix="sets/direct/")["Contents"]}
     assert {"sets/direct/fwk-manifest.json", "sets/direct/train/index.json", "sets/direct/val/index.json"} <= keys
     assert "sets/direct/.fwk-preparing" not in keys and not staging_dir(uri).exists()  # done: nothing left behind
-    again = run_fwk(*args, "--out", uri, runs=tmp_path / "runs")
-    assert again.returncode == 0 and again.stdout.strip().startswith(f"already prepared: {uri} (36 train / 9 val")
-    other = run_fwk(*args[:-4], "--max-side", "48", "--workers", "1", "--out", uri, runs=tmp_path / "runs")
-    assert other.returncode == 2 and other.stderr.startswith(f"fwk: error: --out {uri} holds another prepared set")
-    assert len(other.stderr.strip().splitlines()) == 1
+    # again, in this process (the command's path is the one above): found; other settings refused
+    cfg = ImageFolderConfig(root=str(source))
+    assert prepare(cfg, uri, 32, 90, 1, print).startswith(f"already prepared: {uri} (36 train / 9 val")
+    with pytest.raises(UserError, match=f"^--out {uri} holds another prepared set"):
+        prepare(cfg, uri, 48, 90, 1, print)
 
 
 def test_an_upload_cut_short_leaves_no_manifest_and_a_rerun_uploads_without_encoding_again(
@@ -263,7 +184,7 @@ def test_an_upload_cut_short_leaves_no_manifest_and_a_rerun_uploads_without_enco
     from fwk.data import shards
     from fwk.data.publish import staging_dir
 
-    _use(s3, monkeypatch, tmp_path)
+    use_s3(s3, monkeypatch, tmp_path)
     cfg, uri = ImageFolderConfig(root=str(prepared[0])), "s3://data/sets/cut"
     real, sent = shards.s3_client, []
 
@@ -298,7 +219,7 @@ def test_a_second_prepare_to_the_same_prefix_on_this_machine_is_refused_while_th
 
     from fwk.data.publish import staging_dir
 
-    _use(s3, monkeypatch, tmp_path)
+    use_s3(s3, monkeypatch, tmp_path)
     uri = "s3://data/sets/busy"
     staging_dir(uri).parent.mkdir(parents=True, exist_ok=True)
     with open(staging_dir(uri).with_suffix(".lock"), "w") as held:
