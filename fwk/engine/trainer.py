@@ -118,9 +118,9 @@ def train(
         diagnostics.reshaped(steps_taken)
 
     methods.attach(optimizer, raw, reshaped)
+    hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
     smoothing = methods.label_smoothing(cfg.train.label_smoothing)
     train_cfg = dataclasses.replace(cfg.train, label_smoothing=smoothing)
-    hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
     train_step = TrainStep(model, optimizer, *hooks, train_cfg, dist, diagnostics)
     plan = loader_plan(cfg, data, per_rank, dist, decisions, reporter.message)
     # the batches as the loop takes them: a trial's are handed out again when its steps are redone
