@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,22 +95,42 @@ def resumes_bit_exactly(
     return straight, first, second
 
 
-# pytest-xdist (`-n auto --dist loadgroup`, pyproject.toml) hands out groups of tests whole:
-# a test file is a group, so a module-scoped fixture is built once; the files that share a
-# session fixture (the SLURM cluster, the served exports, the exported digits run) are one.
-# A test marked with its own xdist_group keeps it (a long test split into independent parts).
+# pytest-xdist (`-n auto --dist loadgroup`, pyproject.toml) hands out units of work whole. A
+# test is a unit of its own, so that the two workers share the long ones; the tests of a file
+# that builds a fixture once per module (or whose conftest.py does) are one unit, so that it is
+# built once; the files that share a session fixture (the SLURM cluster, the served exports,
+# the exported digits run) are one. The units are made here, in the controller, from the test
+# ids: xdist's own way (an `@group` suffix it writes into the id on each worker) does nothing
+# since pytest 9.2 (pytest-dev/pytest-xdist#1386).
 SHARED_SESSION = {"launch/test_slurm.py": "slurm", "serve/": "serve", "export/": "export"}
 TESTS = Path(__file__).parent
+BUILT_ONCE = re.compile(r"""@pytest\.fixture\(scope=["'](module|package|session)["']""")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        rel = item.path.relative_to(TESTS).as_posix()
-        group = next((g for prefix, g in SHARED_SESSION.items() if rel.startswith(prefix)), rel)
-        item.add_marker(pytest.mark.xdist_group(group))
+@functools.cache
+def _builds_once(rel: str) -> bool:
+    """Whether the test file ``rel`` (relative to tests/) uses fixtures built once per module:
+    one defined in the file or in a conftest.py of its folders."""
+    files = [TESTS / rel] + [TESTS / parent / "conftest.py" for parent in Path(rel).parents if parent.parts]
+    return any(f.is_file() and BUILT_ONCE.search(f.read_text()) for f in files)
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test id belongs to (see above)."""
+    rel = nodeid.split("::", 1)[0].removeprefix("tests/")
+    shared = next((g for prefix, g in SHARED_SESSION.items() if rel.startswith(prefix)), None)
+    return shared or (rel if _builds_once(rel) else nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return Units(config, log)
 
 
 @pytest.fixture

@@ -107,12 +107,10 @@ def test_the_parts_fit_eight_minutes_on_a_gpu_and_every_speed_part_has_a_dry_for
     assert cuda_only == {"cuda-tests", "kernels"}
 
 
-# The dry run a part at a time (--only), each its own xdist group (tests/conftest.py): its
-# ~4 minutes on 2 cores are shared by the workers instead of ending one worker's queue.
+# The dry run a part at a time (--only), each a test of its own: its ~4 minutes on 2 cores are
+# shared by the xdist workers instead of ending one worker's queue.
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "part", [pytest.param(p, id=p.name, marks=pytest.mark.xdist_group(f"gpu-dry-{p.name}")) for p in PARTS]
-)
+@pytest.mark.parametrize("part", [pytest.param(p, id=p.name) for p in PARTS])
 def test_the_dry_run_runs_every_part_on_the_cpu_and_writes_its_report(tmp_path: Path, part: Part) -> None:
     env = {**os.environ, "PYTHON": PY}
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry", "--out", str(tmp_path), "--only", part.name],
