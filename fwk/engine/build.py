@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fwk.config.asks import asks
 from fwk.data import DATA, DataBundle
 from fwk.errors import UserError
 from fwk.models import MODELS
@@ -104,7 +105,8 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     """
     from fwk.strategies import activation_memory, hardware, kernels, precision
 
-    if isinstance(cfg.model, dict):
+    asked = asks(cfg, typed)
+    if asked.arguments:
         section, dropped = model_arguments(cfg.model)
         typed_here = [k for k in dropped if f"model.{k}" in typed]
         if typed_here:
@@ -115,13 +117,9 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
     kernels.check_available(cfg.kernels, device)
-    p, m = cfg.precision, cfg.memory
-    wants_fp16 = p.name == "fp16" or (p.name == "staged" and p.dtype == "fp16")
-    asked = p.name if p.name in ("bf16", "fp16") else p.dtype if p.name == "staged" and p.dtype != "auto" else None
-    slow = hardware.slow_here(asked, hardware.probe(device), device) if asked else None
-    notes = [f"precision={p.name} is slow here: {slow}"] if slow else []
-    muon = getattr(cfg.optim, "name", None) == "muon" and "optim" in typed  # a recipe's muon falls back (trainer)
-    if not (p.keep_fp32 or p.final_fp32 or m.modules or wants_fp16 or muon):
+    slow = hardware.slow_here(asked.format, hardware.probe(device), device) if asked.format else None
+    notes = [f"precision={asked.format} is slow here: {slow}"] if slow else []
+    if not asked.meta:
         return notes
     with torch.device("meta"):
         model = (
@@ -129,9 +127,9 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
             if isinstance(cfg.model, dict)
             else MODELS.get(cfg.model.name).builder(cfg.model)
         )
-    precision.check_model(p, model, device, typed)
-    activation_memory.check_model(m, model, typed)
-    if muon:
+    precision.check_model(cfg.precision, model, device, typed)
+    activation_memory.check_model(cfg.memory, model, typed)
+    if asked.muon:
         from fwk.optim.muon import check_model as check_muon
 
         check_muon(model)

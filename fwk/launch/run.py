@@ -58,17 +58,22 @@ def plan_run(resolved: Resolved, salt: str = "", checks: bool = True) -> LaunchP
 
 def preflight(job: Job) -> list[str]:
     """The model and device checks, and the tracking server: before any run dir exists.
-    Imports torch (seconds): only for a run that will train. Returns the lines to say
-    first (a recipe's settings left out for an option picked over it, an asked format
-    that is slow on this device)."""
+    Imports torch (seconds) only for a run that will train and whose config asks something
+    of the model or the device (``fwk.config.asks``). Returns the lines to say first (a
+    recipe's settings left out for an option picked over it, an asked format that is slow
+    on this device)."""
     from fwk.components import sinks
     from fwk.config import recipes
+    from fwk.config.asks import asks
     from fwk.config.grammar import resources_root, typed_keys
-    from fwk.engine.build import preflight as check_model
 
     left_out = recipes.dropped(job.overrides or [], resources_root())
     notes = [d.line() for d in left_out if d.by_user]  # a recipe's settings for an optimizer not in use
-    notes += check_model(job.resolved.config, typed_keys(job.overrides or []))
+    config, typed = job.resolved.config, typed_keys(job.overrides or [])
+    if asks(config, typed).anything:
+        from fwk.engine.build import preflight as check_model
+
+        notes += check_model(config, typed)
     sinks.check_server(job.resolved.config.tracking)
     return notes
 

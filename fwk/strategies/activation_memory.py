@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from fwk.config.asks import MODULES
 from fwk.config.schema import MemoryConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
@@ -153,7 +154,7 @@ def _tried(plan: MemoryPlan, peak: float, seconds: float, budget: float) -> str:
 def check_model(cfg: MemoryConfig, model: nn.Module, typed: Collection[str] = ()) -> None:
     """Pre-flight: ``modules`` patterns the user typed match (UserError naming the closest names
     if not); a recipe's default patterns apply where they match (``modules.fitting``)."""
-    if cfg.name in ("checkpoint", "auto") and "memory.modules" in typed:
+    if cfg.name in MODULES and "memory.modules" in typed:
         checkpoint_targets(model, cfg, cfg.modules)
 
 

@@ -88,6 +88,28 @@ def test_sweep_cfg_and_dry_run_import_no_torch(runs: Path) -> None:
     assert not runs.exists()  # a dry run creates nothing, not even the sweep's record
 
 
+# The launcher of a run of several workers, torchrun replaced by a stand-in that starts nothing.
+LAUNCHER = PROBE.replace(
+    "from fwk.cli import main\n",
+    "from fwk.cli import main\nimport fwk.launch.launcher as launcher\n"
+    "launcher.run_torchrun = lambda argv, logs, n: print('torchrun', *argv[1:3]) or 0\n",
+)
+
+
+def test_the_launcher_of_several_workers_imports_torch_only_for_a_check_that_needs_it(runs: Path) -> None:
+    """torchrun's agent and each worker import torch anyway: the launcher does only for a
+    check the config asks for (fwk/config/asks.py), such as a module pattern typed."""
+    two = ["train", "parallel=ddp", "parallel.nproc_per_node=2"]
+    env = {**os.environ, "FWK_RUNS": str(runs)}
+    out = subprocess.run([sys.executable, "-c", LAUNCHER, *two], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "torchrun -m torch.distributed.run" in out.stdout and "LOADED []" in out.stderr
+    typed = [*two, "precision.keep_fp32=[head.9]"]
+    out = subprocess.run([sys.executable, "-c", LAUNCHER, *typed], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "torchrun" not in out.stdout
+    assert "precision.keep_fp32: 'head.9' matches no module of the model" in out.stderr.splitlines()[0]
+
+
 def test_already_complete_imports_no_torch_and_tags_keep_the_run(runs: Path) -> None:
     first = run_fwk("train", "train.max_steps=2", "train.eval_every=0", "tags=[baseline,lr-sweep]", runs=runs)
     assert first.returncode == 0, first.stderr

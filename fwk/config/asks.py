@@ -1,0 +1,36 @@
+"""What a resolved config asks of the model and the device before a launch: which of the
+pre-flight checks (``fwk.engine.build.preflight``) have anything to check. Torch-free, so
+that a launch of several workers skips importing torch in the launcher (seconds) when the
+config asks nothing of either: torchrun's agent and the workers import it anyway."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+MODULES = ("checkpoint", "auto")  # the memory strategies whose memory.modules is checked
+
+
+@dataclass(frozen=True)
+class Asks:
+    format: str | None  # a format named (bf16, fp16): is it slow on this device?
+    kernels: bool  # kernels=triton: is Triton there, and a GPU or its interpreter?
+    arguments: bool  # a ``_target_`` model: does its class take the model keys the user typed?
+    muon: bool  # optim=muon typed: has the model hidden matrices for it?
+    meta: bool  # the model built on the meta device: module patterns typed, fp16, Muon
+
+    @property
+    def anything(self) -> bool:
+        return self.format is not None or self.kernels or self.arguments or self.meta
+
+
+def asks(cfg: Any, typed: Collection[str] = ()) -> Asks:
+    """``typed``: the keys of the command's overrides (a recipe's Muon falls back in the trainer)."""
+    p, m = cfg.precision, cfg.memory
+    named = p.name if p.name in ("bf16", "fp16") else p.dtype if p.name == "staged" and p.dtype != "auto" else None
+    muon = getattr(cfg.optim, "name", None) == "muon" and "optim" in typed
+    # a recipe's own patterns apply where they match (fwk.strategies.modules.fitting): only typed ones are checked
+    patterns = {"precision.keep_fp32", "precision.final_fp32"} | ({"memory.modules"} if m.name in MODULES else set())
+    meta = bool(patterns & set(typed)) or named == "fp16" or muon
+    return Asks(named, cfg.kernels.name == "triton", isinstance(cfg.model, dict), muon, meta)
