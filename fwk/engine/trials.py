@@ -94,7 +94,7 @@ class Trials:
         """``counters``: the loop's own accumulators (e.g. the logging window), restored too."""
         self.step_fn, self.resumable, self.batches, self.say = step_fn, resumable, batches, say
         self.counters = list(counters)
-        self._held: tuple[int, dict[str, Any], dict[str, Any], list[Any]] | None = None
+        self._held: tuple[int, dict[str, Any], dict[str, Any], list[Any], bool] | None = None
 
     @property
     def active(self) -> bool:
@@ -104,9 +104,13 @@ class Trials:
     def before(self, step: int) -> None:
         """Before ``step`` (after ``TrainStep.begin``): a strategy starts trying: snapshot."""
         if self._held is None and self.step_fn.trying:
+            # before the first step the optimizer has no state, and must have none again when
+            # the trial is redone: torch.distributed.checkpoint's get_state_dict (FSDP) makes
+            # one by a step at lr 0 that counts a step (Adam's bias correction then differs)
+            fresh = not self.resumable.optimizer.state
             state = {k: v for k, v in self.resumable.state_dict(step).items() if k not in KEPT}
             counters = [copy.deepcopy(c.state_dict()) for c in self.counters]
-            self._held = (step, host_copy(state), rng_state(), counters)
+            self._held = (step, host_copy(state), rng_state(), counters, fresh)
             self.batches.record()
 
     def after(self, done: int) -> int | None:
@@ -114,9 +118,11 @@ class Trials:
         the snapshot and return the step to go on from (the trial's first); None otherwise."""
         if self._held is None or self.step_fn.trying:
             return None
-        step, state, rng, counters = self._held
+        step, state, rng, counters, fresh = self._held
         self._held = None
         load_model_state(self.resumable.raw, self.resumable.optimizer, state)
+        if fresh:
+            self.resumable.optimizer.state.clear()
         for name, part in self.resumable.parts.items():
             if name in state:
                 rewind = getattr(part, "rewind", None)  # a strategy keeps what it decided meanwhile
