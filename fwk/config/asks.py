@@ -16,9 +16,9 @@ MODULES = ("checkpoint", "auto")  # the memory strategies whose memory.modules i
 class Asks:
     format: str | None  # a format named (bf16, fp16): is it slow on this device?
     kernels: bool  # kernels=triton: is Triton there, and a GPU or its interpreter?
-    arguments: bool  # a ``_target_`` model: does its class take the model keys the user typed?
+    arguments: bool  # a ``_target_`` model: does its class take the model keys the user typed, and build?
     muon: bool  # optim=muon typed: has the model hidden matrices for it?
-    meta: bool  # the model built on the meta device: module patterns typed, fp16, Muon
+    meta: bool  # the model built on the meta device: a ``_target_`` class, module patterns typed, fp16, Muon
 
     @property
     def anything(self) -> bool:
@@ -32,5 +32,6 @@ def asks(cfg: Any, typed: Collection[str] = ()) -> Asks:
     muon = getattr(cfg.optim, "name", None) == "muon" and "optim" in typed
     # a recipe's own patterns apply where they match (fwk.strategies.modules.fitting): only typed ones are checked
     patterns = {"precision.keep_fp32", "precision.final_fp32"} | ({"memory.modules"} if m.name in MODULES else set())
-    meta = bool(patterns & set(typed)) or named == "fp16" or muon
-    return Asks(named, cfg.kernels.name == "triton", isinstance(cfg.model, dict), muon, meta)
+    target = isinstance(cfg.model, dict)
+    meta = target or bool(patterns & set(typed)) or named == "fp16" or muon
+    return Asks(named, cfg.kernels.name == "triton", target, muon, meta)

@@ -110,6 +110,26 @@ def test_the_launcher_of_several_workers_imports_torch_only_for_a_check_that_nee
     assert "precision.keep_fp32: 'head.9' matches no module of the model" in out.stderr.splitlines()[0]
 
 
+# The real CLI; at exit (fwk skips the interpreter's teardown, not the atexit handlers) it
+# says whether the process imported litdata.
+LITDATA_PROBE = """
+import atexit, sys
+atexit.register(lambda: print(f"litdata imported: {'litdata' in sys.modules}", file=sys.stderr))
+from fwk.cli import main
+sys.argv = ["fwk", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_run_that_streams_nothing_does_not_import_litdata(runs: Path) -> None:
+    """litdata costs every process ~0.4 s to import: only a streamed set's does (fwk/data/registry.py)."""
+    env = {**os.environ, "FWK_RUNS": str(runs)}
+    argv = [sys.executable, "-c", LITDATA_PROBE, "train", "train.max_steps=2", "train.eval_every=0"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert " complete: step 2" in out.stdout and "litdata imported: False" in out.stderr, out.stderr
+
+
 def test_already_complete_imports_no_torch_and_tags_keep_the_run(runs: Path) -> None:
     first = run_fwk("train", "train.max_steps=2", "train.eval_every=0", "tags=[baseline,lr-sweep]", runs=runs)
     assert first.returncode == 0, first.stderr
