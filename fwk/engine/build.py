@@ -118,7 +118,7 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     device = torch.device("cuda" if cuda else "cpu")
     kernels.check_available(cfg.kernels, device)
     slow = hardware.slow_here(asked.format, hardware.probe(device), device) if asked.format else None
-    notes = [f"precision={asked.format} is slow here: {slow}"] if slow else []
+    notes = [f"precision={cfg.precision.name} is slow here: {slow}"] if slow else []
     if not asked.meta:
         return notes
     with torch.device("meta"):
