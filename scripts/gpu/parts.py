@@ -3,9 +3,9 @@
 On one GPU the budgets add up to 8 minutes (the issue's ceiling): correctness first, since a
 wrong kernel makes every speed figure after it meaningless, then the speed and memory
 ratios, then the whole ``fwk train`` against a plain loop. Each part names its ``--dry``
-form: the same code on the CPU at tiny sizes (precision and jit on the digits CNN, the GPU's
-ResNet-50 and GPT being minutes there), or None where the part means nothing without CUDA
-(the compiled Triton kernels' tests and timings); ``--dry`` reports those as skipped, by
+form: the same code on the CPU at tiny sizes (precision and jit on the digits CNN, memory on
+the 8-layer GPT: the GPU's ResNet-50 takes minutes there), or None where the part means
+nothing without CUDA (the compiled Triton kernels' tests and timings); ``--dry`` reports those as skipped, by
 name, and nvjpeg's dry form reports itself skipped (the OOM and fp16 checks run on the CPU).
 The budgets are estimates until a GPU run measures them.
 """
@@ -51,7 +51,7 @@ PARTS = [
          25, [PY, f"{BENCH}/kernels.py"], None),
     Part("memory", "speed", "activation checkpointing and micro-batches: peak memory against step time", 25,
          [PY, f"{BENCH}/memory.py", *FULL, "--rounds", "3", "--workloads", "resnet50,gpt8"],
-         [PY, f"{BENCH}/memory.py", *TINY, "--batch", "8", "--workloads", "resnet50"], 120),
+         [PY, f"{BENCH}/memory.py", *TINY, "--gpt-batch", "4", "--workloads", "gpt8"], 120),
     Part("ddp-fsdp", "speed", "DDP against FSDP on one device: samples/s and peak memory", 25,
          [PY, f"{GPU}/ddp_fsdp.py"], [PY, f"{GPU}/ddp_fsdp.py", "--dry", "--reps", "1"], 120),
     Part("decode", "speed", "the 224 px image pipeline: torchvision, fwk folder, shards; data.decode=gpu", 25,
