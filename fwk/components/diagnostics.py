@@ -190,6 +190,10 @@ class Diagnostics:
         if action == "skip":
             self.say(f"{line}; skipped that batch (diagnostics.on_nan=skip)")
             return
+        if self._snapshot is None:  # taken at the first good step: the model as built (or resumed) is bad
+            raise TrainingDiverged(
+                f"{line}; stopped: no good step of this launch to roll back to (diagnostics.on_nan=rollback)"
+            )
         restored = self._restore()
         self.rollbacks += 1
         lr = ""
@@ -230,7 +234,7 @@ class Diagnostics:
 
     def _restore(self) -> int:
         """Load the snapshot; returns the number of steps it had taken."""
-        assert self._snapshot is not None  # taken at the first good step; a first step that is bad has none
+        assert self._snapshot is not None  # _handle stops a launch whose first step is bad
         step, state = self._snapshot
         load_model_state(self.raw, self.optimizer, {k: v for k, v in state.items() if k != "precision"})
         self.precision.load_state_dict(state["precision"])

@@ -116,6 +116,18 @@ def test_too_many_bad_steps_stop_the_run() -> None:
         diag.check(0, _backward(model, torch.randn(2, 4)), lambda: None)
 
 
+def test_a_bad_first_step_under_rollback_stops_in_one_line() -> None:
+    """Nothing good to go back to: the snapshot is taken at the first good step."""
+    model = nn.Sequential(nn.Linear(4, 2), Poison(at=1))
+    diag = _diagnostics(model, [])  # on_nan=rollback, the default
+    x = torch.randn(2, 4)
+    with pytest.raises(TrainingDiverged) as err:
+        diag.check(0, _backward(model, x), lambda: _backward(model, x))
+    line = str(err.value)
+    assert line.startswith("non-finite loss or gradient at step 1 (loss nan): first non-finite output in module 1")
+    assert line.endswith("stopped: no good step of this launch to roll back to (diagnostics.on_nan=rollback)")
+
+
 def test_a_spike_is_a_bad_step() -> None:
     model = nn.Linear(2, 1)
     said: list[str] = []
@@ -164,6 +176,15 @@ def test_a_run_that_emits_nan_stops_under_stop(runs: Path) -> None:
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("fwk: error: non-finite loss or gradient at step 12")
     assert line.endswith("stopped (diagnostics.on_nan=stop)")
+
+
+def test_a_run_whose_first_step_is_bad_stops_in_one_line(runs: Path) -> None:
+    poisoned = [*POISONED[:2], "+model.at=1"]
+    out = run_fwk("train", *poisoned, *SHORT, runs=runs)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("fwk: error: non-finite loss or gradient at step 1 (loss nan)")
+    assert line.endswith("no good step of this launch to roll back to (diagnostics.on_nan=rollback)")
 
 
 def test_both_ddp_ranks_roll_back_together(runs: Path) -> None:
