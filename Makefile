@@ -26,7 +26,7 @@ test: setup lint
 	$(BIN)/python -m pytest -q
 
 # Every benchmark in one run: one markdown table on stdout, a new bench/results/<date>-<time>-<cpu>.json
-# (scripts/bench/harness.py; 45 min to 2.5 hours on 2 CPU cores). BENCH_ARGS="--quick" for a smoke
+# (scripts/bench/harness.py; 45 min to over 2 hours on 2 CPU cores). BENCH_ARGS="--quick" for a smoke
 # test, BENCH_ARGS="--only overhead,auto" for some groups.
 bench: setup
 	$(BIN)/python scripts/bench/harness.py $(BENCH_ARGS)
