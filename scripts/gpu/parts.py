@@ -51,7 +51,7 @@ PARTS = [
          25, [PY, f"{BENCH}/kernels.py"], None),
     Part("memory", "speed", "activation checkpointing and micro-batches: peak memory against step time", 25,
          [PY, f"{BENCH}/memory.py", *FULL, "--rounds", "3", "--workloads", "resnet50,gpt8"],
-         [PY, f"{BENCH}/memory.py", *TINY, "--gpt-batch", "4", "--workloads", "gpt8"], 120),
+         [PY, f"{BENCH}/memory.py", *TINY, "--gpt-batch", "4", "--workloads", "gpt8"], 120),  # 4: 4 micro-batches
     Part("ddp-fsdp", "speed", "DDP against FSDP on one device: samples/s and peak memory", 25,
          [PY, f"{GPU}/ddp_fsdp.py"], [PY, f"{GPU}/ddp_fsdp.py", "--dry", "--reps", "1"], 120),
     Part("decode", "speed", "the 224 px image pipeline: torchvision, fwk folder, shards; data.decode=gpu", 25,

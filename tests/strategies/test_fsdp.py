@@ -30,7 +30,7 @@ HSDP = ["parallel=hsdp", "parallel.shard_size=2", "parallel.reshard_after_forwar
 
 
 # HSDP's 4 processes run once, as on a CPU with bf16 units: precision=auto's trial steps
-# under HSDP, then redone in the format it chose (fp32 on the digits CNN, as the other CPU runs).
+# under HSDP, then redone in whichever format this CPU measured faster.
 @pytest.mark.parametrize(
     ("strategy", "mesh", "ranks", "cpu_bf16"),
     [
