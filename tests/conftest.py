@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,6 +33,8 @@ os.environ.setdefault("FWK_CPU_BF16", "0")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests import zygote  # noqa: E402  (its fork server starts with the variables above)
+
 
 @pytest.fixture(autouse=True)
 def decision_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -48,10 +49,10 @@ def decision_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 def run_fwk(*args: str, runs: Path, timeout: float = 300, **popen: object) -> subprocess.CompletedProcess:
+    """``fwk ARGS`` with its own runs root, as ``subprocess.run`` with output captured. The
+    command is forked from a process that imported torch and fwk once (tests/zygote.py)."""
     env = {**os.environ, "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "fwk", *args], capture_output=True, text=True, timeout=timeout, env=env, **popen
-    )
+    return zygote.run(list(args), env, timeout, **popen)
 
 
 def interrupt_after(
@@ -60,9 +61,7 @@ def interrupt_after(
     """Start ``fwk ARGS``, Ctrl-C it once a file matching ``pattern`` appears under ``runs``
     (e.g. a checkpoint's manifest), and return what it printed and its exit code."""
     env = {**(env or os.environ), "FWK_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fwk", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = zygote.popen(args, env)
     deadline = time.monotonic() + timeout
     while not list(runs.glob(pattern)):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

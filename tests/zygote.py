@@ -1,0 +1,265 @@
+"""`fwk` commands forked from a process that has imported torch and fwk once.
+
+A test that runs the real `fwk` command pays ~4 s of CPU before the command does anything:
+the interpreter, torch (~2.7 s) and fwk's own modules. The suite runs ~250 such commands,
+so on 2 cores that was a third of `make test`. Here each pytest worker starts one server
+process that imports them once (``PRELOAD``) and then forks a child per command. The child
+takes the command's argv, environment, working directory and standard streams, and runs
+``python -m fwk``'s code from there: ``fwk.cli.main``, its exit status, its signals (the
+test gets the child's pid: Ctrl-C and SIGKILL reach the command itself), and whatever the
+command starts (torchrun, its workers) as separate processes as before.
+
+What a fork does not show is what a fresh interpreter would import, and what reads the
+environment at import time. So:
+
+- the preloaded modules are those a `fwk` command imports anyway, none of them reads a
+  variable a test sets (litdata, MLflow and boto are not preloaded: each reads its own
+  variables on import);
+- the paths that must not import torch are tested in fresh processes
+  (tests/cli/test_help.py, test_fast_paths.py, test_runs.py), as are the launcher's own
+  signal and process-group tests (tests/launch/test_supervise.py);
+- ``FWK_TEST_FORK=0`` runs every command in a fresh interpreter instead.
+
+The server is single-threaded (forking a process with other threads can copy a held lock),
+and is started with ``OMP_NUM_THREADS`` set (tests/conftest.py) so that importing numpy and
+torch starts no thread pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+# What every `fwk train` imports: torch, TorchDynamo (every optimizer's first step imports it),
+# TensorBoard (the default sink), Hydra and fwk's own modules.
+PRELOAD = ("torch", "torch._dynamo", "torch.utils.tensorboard", "hydra", "fwk.cli", "fwk.launch.worker", "fwk.engine.trainer")
+ENABLED = os.environ.get("FWK_TEST_FORK", "1") != "0"
+
+
+def _child(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: become ``python -m fwk ARGS`` and never return."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        if request["new_session"]:
+            os.setsid()
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if "OMP_NUM_THREADS" in request["env"]:
+            import torch
+
+            torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+        import runpy
+
+        import fwk
+
+        sys.argv = [str(Path(fwk.__file__).parent / "__main__.py"), *request["args"]]
+        runpy.run_module("fwk", run_name="__main__", alter_sys=True)
+        code = 0  # fwk.cli.main ends in sys.exit / os._exit: this is a return without either
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        # as the interpreter does with an uncaught Ctrl-C: die of SIGINT
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(path: str) -> None:
+    """The server: import ``PRELOAD``, then fork a child per request on the socket at ``path``.
+
+    A request is one message: a JSON object and three file descriptors (stdin, stdout,
+    stderr). The answers are two messages: the child's pid, then, once it is reaped, its
+    return code (``-N``: killed by signal N)."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    waiting: dict[int, socket.socket] = {}  # child pid -> the connection to answer
+    while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [], 0.02)
+        if sys.stdin in readable and not sys.stdin.readline():  # the pytest worker is gone
+            break
+        if listener in readable:
+            conn, _ = listener.accept()
+            data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+            request = json.loads(data)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in waiting.values():
+                    other.close()
+                conn.close()
+                _child(request, fds)
+            for fd in fds:
+                os.close(fd)
+            conn.send(str(pid).encode())
+            waiting[pid] = conn
+        while waiting:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = waiting.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.send(str(os.waitstatus_to_exitcode(status)).encode())
+                except OSError:
+                    pass  # the test stopped waiting
+                conn.close()
+
+
+MAX_REQUEST = 1 << 20
+
+
+class Server:
+    """The client side: one server per pytest worker, started on first use."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._env = {**env, "PYTHONUNBUFFERED": "1"}  # the test session's, before any test changed it
+        self._proc: subprocess.Popen | None = None
+        self._path = ""
+
+    def _start(self) -> str:
+        if self._proc is None or self._proc.poll() is not None:
+            self._path = tempfile.mktemp(prefix="fwk-zygote-", suffix=".sock")
+            root = str(Path(__file__).parents[1])
+            code = f"import sys; sys.path.insert(0, {root!r}); from tests.zygote import serve; serve({self._path!r})"
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=self._env,
+                text=True,
+            )
+            line = self._proc.stdout.readline()
+            assert line.strip() == "ready", f"the fork server did not start: {line!r}"
+        return self._path
+
+    def popen(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | None = None,
+        start_new_session: bool = False,
+        stdin: Any = None,
+    ) -> Forked:
+        path = self._start()
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        request = {"args": args, "env": env, "cwd": str(cwd or os.getcwd()), "new_session": start_new_session}
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.connect(path)
+        with open(os.devnull, "rb") if stdin is None else nullcontext(stdin) as source:
+            socket.send_fds(conn, [json.dumps(request).encode()], [source.fileno(), out.fileno(), err.fileno()])
+        return Forked(conn, out, err, args)
+
+
+class Forked:
+    """What ``subprocess.Popen`` offers the tests, for a command the server forked."""
+
+    def __init__(self, conn: socket.socket, out: Any, err: Any, args: list[str]) -> None:
+        self.args = [sys.executable, "-m", "fwk", *args]
+        self._conn, self._out, self._err = conn, out, err
+        self.pid = int(conn.recv(64))
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self._finish()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._finish()
+        return self.returncode
+
+    def _finish(self) -> None:
+        answer = self._conn.recv(64)
+        assert answer, "the fork server closed the connection before the command ended"
+        self.returncode = int(answer)
+        self._conn.close()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return self._read(self._out), self._read(self._err)
+
+    @staticmethod
+    def _read(f: Any) -> str:
+        f.seek(0)
+        text = f.read().decode(errors="replace")
+        f.close()
+        return text
+
+
+SERVER = Server(dict(os.environ))  # imported by tests/conftest.py once it has set the session's variables
+
+
+def popen(args: list[str], env: dict[str, str], **kw: Any) -> Forked | subprocess.Popen:
+    """``python -m fwk ARGS`` started as a fork of the server, or as a fresh interpreter
+    (``FWK_TEST_FORK=0``); stdout and stderr captured as text."""
+    if ENABLED:
+        return SERVER.popen(args, env, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fwk", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )
+
+
+def run(
+    args: list[str], env: dict[str, str], timeout: float, input: str | None = None, **kw: Any
+) -> subprocess.CompletedProcess:
+    """``subprocess.run(..., capture_output=True, text=True)`` of ``python -m fwk ARGS`` (see ``popen``)."""
+    argv = [sys.executable, "-m", "fwk", *args]
+    with tempfile.TemporaryFile() as stdin:
+        if input is not None:
+            stdin.write(input.encode())
+            stdin.seek(0)
+        proc = popen(args, env, stdin=stdin if input is not None else None, **kw)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
