@@ -41,7 +41,15 @@ from typing import Any
 
 # What every `fwk train` imports: torch, TorchDynamo (every optimizer's first step imports it),
 # TensorBoard (the default sink), Hydra and fwk's own modules.
-PRELOAD = ("torch", "torch._dynamo", "torch.utils.tensorboard", "hydra", "fwk.cli", "fwk.launch.worker", "fwk.engine.trainer")
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch.utils.tensorboard",
+    "hydra",
+    "fwk.cli",
+    "fwk.launch.worker",
+    "fwk.engine.trainer",
+)
 ENABLED = os.environ.get("FWK_TEST_FORK", "1") != "0"
 
 
