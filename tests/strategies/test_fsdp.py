@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from fwk.components.checkpoint import model_weights
 from tests.conftest import both_cpus, interrupt_after, require, run_fwk
+from tests.strategies.test_ddp import trained_in_sync
 
 
 @pytest.fixture(autouse=True)
@@ -110,11 +111,15 @@ def test_fsdp_with_bf16_and_channels_last(runs: Path, recipe: list[str], size: l
 
 
 def test_fsdp_matches_ddp(tmp_path: Path) -> None:
-    """The same run sharded or replicated: the same losses up to reduction order."""
-    args = ["train", "parallel.nproc_per_node=2", "train.max_steps=30", "train.eval_every=30", "train.log_every=10"]
-    for name in ("ddp", "fsdp"):
-        out = run_fwk(*args, f"parallel={name}", runs=tmp_path / name, timeout=600)
+    """The same run sharded or replicated: the same losses up to reduction order. The
+    replicated one is what two processes get by default (parallel=auto chooses DDP), checked
+    as every DDP case of tests/strategies/test_ddp.py is."""
+    args = ["train", "parallel.nproc_per_node=2", "train.max_steps=40", "train.eval_every=40", "train.log_every=10"]
+    for name, choice in (("ddp", []), ("fsdp", ["parallel=fsdp"])):
+        out = run_fwk(*args, *choice, runs=tmp_path / name, timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
+        if name == "ddp":
+            trained_in_sync(out, tmp_path / name)
     ddp, fsdp = _summary(tmp_path / "ddp"), _summary(tmp_path / "fsdp")
     assert fsdp["eval"]["val_loss"] == pytest.approx(ddp["eval"]["val_loss"], rel=1e-3)
 
