@@ -65,7 +65,8 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGUSR1):
+        # as a fresh interpreter has them (it ignores SIGPIPE, as the server still does)
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if "OMP_NUM_THREADS" in request["env"]:
