@@ -51,6 +51,7 @@ PRELOAD = (
     "fwk.engine.trainer",
 )
 ENABLED = os.environ.get("FWK_TEST_FORK", "1") != "0"
+MAX_REQUEST = 1 << 20  # bytes of one request: its argv and environment
 
 
 def _child(request: dict[str, Any], fds: list[int]) -> None:
@@ -149,9 +150,6 @@ def serve(path: str) -> None:
                 except OSError:
                     pass  # the test stopped waiting
                 conn.close()
-
-
-MAX_REQUEST = 1 << 20
 
 
 class Server:

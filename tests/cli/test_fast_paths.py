@@ -39,6 +39,36 @@ def probe(*args: str, runs: Path) -> tuple[subprocess.CompletedProcess, list[str
     return out, json.loads(line.removeprefix("LOADED "))
 
 
+# The real CLI entry point once per command line (a JSON list), in one process: each one's
+# exit status and stderr, then the torch modules the process imported.
+PROBE_EACH = """
+import contextlib, io, json, sys
+from fwk.cli import main
+said = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv, err, code = ["fwk", *argv], io.StringIO(), 0
+    with contextlib.redirect_stderr(err):
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code or 0
+    said.append([code, err.getvalue()])
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+print(json.dumps({"said": said, "loaded": loaded}))
+"""
+
+
+def probe_each(commands: list[list[str]], runs: Path) -> tuple[list[tuple[int, str]], list[str]]:
+    """``probe`` for many command lines in one process (each a command's own ~1 s of startup
+    otherwise): their (exit status, stderr), and the torch modules imported by all of them."""
+    env = {**os.environ, "FWK_RUNS": str(runs)}
+    argv = [sys.executable, "-c", PROBE_EACH, json.dumps(commands)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    return [tuple(x) for x in got["said"]], got["loaded"]
+
+
 def test_config_modules_import_no_torch() -> None:
     code = (
         "import sys\n"

@@ -257,36 +257,12 @@ def test_a_setting_that_cannot_take_effect_is_one_line_before_any_run_dir(
     assert not runs.exists()
 
 
-# The real CLI entry point once per command line given (a JSON list), in one process: each
-# one's exit status and stderr, then which torch modules the process imported.
-EACH = """
-import contextlib, io, json, sys
-from fwk.cli import main
-said = []
-for argv in json.loads(sys.argv[1]):
-    sys.argv, err, code = ["fwk", *argv], io.StringIO(), 0
-    with contextlib.redirect_stderr(err):
-        try:
-            main()
-        except SystemExit as exc:
-            code = exc.code or 0
-    said.append([code, err.getvalue()])
-print(json.dumps({"said": said, "torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch")}))
-"""
-
-
 def test_a_dry_run_refuses_them_without_torch(runs: Path) -> None:
-    import os
-    import subprocess
-    import sys
+    from tests.cli.test_fast_paths import probe_each
 
-    commands = [["train", "--dry-run", *overrides] for overrides, _ in EFFECTLESS]
-    env = {**os.environ, "FWK_RUNS": str(runs)}
-    out = subprocess.run([sys.executable, "-c", EACH, json.dumps(commands)], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.splitlines()[-1])
-    assert got["torch"] == []
-    for (overrides, line), (code, err) in zip(EFFECTLESS, got["said"], strict=True):
+    said, loaded = probe_each([["train", "--dry-run", *overrides] for overrides, _ in EFFECTLESS], runs=runs)
+    assert loaded == []
+    for (overrides, line), (code, err) in zip(EFFECTLESS, said, strict=True):
         assert (code, err.splitlines()[0]) == (2, f"fwk: error: {line}"), overrides
     assert not runs.exists()
 

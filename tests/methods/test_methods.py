@@ -74,13 +74,8 @@ CASES = {
     "label_smoothing": ["methods=[label_smoothing]"],
     "progressive_resize": ["methods=[progressive_resize]"],  # the digits' 8 px: 4 px, then 8
     # 16 KB of val text: its two evaluations a run take 128 windows, not 2,048 (~1 s each)
-    "seq_warmup": [
-        "methods=[seq_warmup]",
-        "recipe=gpt_stdlib",
-        "model.n_embd=32",
-        "model.n_head=2",
-        "data.val_max_bytes=16384",
-    ],
+    "seq_warmup": ["methods=[seq_warmup]", "recipe=gpt_stdlib", "model.n_embd=32", "model.n_head=2",
+                   "data.val_max_bytes=16384"],
     "prune_gradually": ["methods=[prune_gradually]"],  # stages after steps 2, 5, 8, 10: the resume replays two
 }
 

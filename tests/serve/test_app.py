@@ -175,13 +175,8 @@ def test_bad_requests_are_json_4xx_naming_what_was_expected(server, path, body, 
 def test_bad_binary_input_and_tritonclient_errors(server: Server) -> None:
     client = _client(server)
     x = _images(1)
-    head = json.dumps(
-        {
-            "inputs": [
-                {"name": "input", "shape": [2, 1, 8, 8], "datatype": "FP32", "parameters": {"binary_data_size": 512}}
-            ]
-        }
-    ).encode()
+    head = json.dumps({"inputs": [{"name": "input", "shape": [2, 1, 8, 8], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 512}}]}).encode()
     headers = {"Inference-Header-Content-Length": str(len(head))}
     status, body = get(server, "/v2/models/digits_cnn/infer", head + x.tobytes(), headers)
     assert status == 400 and "needs 512" in json.loads(body)["error"]
