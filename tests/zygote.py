@@ -6,8 +6,9 @@ so on 2 cores that was a third of `make test`. Here each pytest worker starts on
 process that imports them once (``PRELOAD``) and then forks a child per command. The child
 takes the command's argv, environment, working directory and standard streams, and runs
 ``python -m fwk``'s code from there: ``fwk.cli.main``, its exit status, its signals (the
-test gets the child's pid: Ctrl-C and SIGKILL reach the command itself), and whatever the
-command starts (torchrun, its workers) as separate processes as before.
+test gets the child's pid: Ctrl-C and SIGKILL reach the command itself), and the processes
+it starts: torchrun's agent and workers as forks of the command (tests/forked_ranks.py), any
+other command as before.
 
 What a fork does not show is what a fresh interpreter would import, and what reads the
 environment at import time. So:
@@ -27,6 +28,7 @@ torch starts no thread pool.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -35,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -54,32 +57,57 @@ ENABLED = os.environ.get("FWK_TEST_FORK", "1") != "0"
 MAX_REQUEST = 1 << 20  # bytes of one request: its argv and environment
 
 
-def _child(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: become ``python -m fwk ARGS`` and never return."""
+def become(
+    module: str,
+    args: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    fds: list[int],
+    new_session: bool,
+    close_fds: bool = False,
+) -> None:
+    """In a forked child: become ``python -m MODULE ARGS`` and never return.
+
+    ``fds`` become the child's stdin, stdout and stderr (-1: keep the one it has); with
+    ``close_fds`` every other descriptor is closed, as ``subprocess.Popen`` does. Signals
+    are as a fresh interpreter has them: those with a handler back to the default, those
+    ignored still ignored (as exec(2) leaves them), SIGINT raising KeyboardInterrupt."""
     code = 1
     try:
         for target, fd in enumerate(fds):
-            os.dup2(fd, target)
+            if fd != -1 and fd != target:
+                os.dup2(fd, target)
+        for fd in set(fds) - {-1, 0, 1, 2}:
             os.close(fd)
-        if request["new_session"]:
+        if close_fds:
+            # the parent's file objects stay open in memory: none may be collected and close a
+            # descriptor number that this process has since opened anew
+            gc.freeze()
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        if new_session:
             os.setsid()
-        os.chdir(request["cwd"])
+        if cwd:
+            os.chdir(cwd)
         os.environ.clear()
-        os.environ.update(request["env"])
-        # as a fresh interpreter has them (it ignores SIGPIPE, as the server still does)
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
+        os.environ.update(env)
+        for sig in signal.valid_signals():
+            handler = signal.getsignal(sig)
+            if callable(handler) and sig != signal.SIGINT:
+                signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if "OMP_NUM_THREADS" in request["env"]:
+        if "OMP_NUM_THREADS" in env:
             import torch
 
-            torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        import importlib.util
         import runpy
 
-        import fwk
-
-        sys.argv = [str(Path(fwk.__file__).parent / "__main__.py"), *request["args"]]
-        runpy.run_module("fwk", run_name="__main__", alter_sys=True)
+        # runpy warns that the module it runs as __main__ was imported already: it was preloaded
+        warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
+        spec = importlib.util.find_spec(module)
+        main = spec.submodule_search_locations and Path(spec.origin).parent / "__main__.py"
+        sys.argv = [str(main or spec.origin), *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0  # fwk.cli.main ends in sys.exit / os._exit: this is a return without either
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -134,7 +162,11 @@ def serve(path: str) -> None:
                 for other in waiting.values():
                     other.close()
                 conn.close()
-                _child(request, fds)
+                if request["env"].get("FWK_TEST_FORK_RANKS", "1") != "0":
+                    from tests import forked_ranks
+
+                    forked_ranks.install()
+                become("fwk", request["args"], request["env"], request["cwd"], fds, request["new_session"])
             for fd in fds:
                 os.close(fd)
             conn.send(str(pid).encode())
