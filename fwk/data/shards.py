@@ -29,6 +29,9 @@ MARKER = ".fwk-preparing"  # written first by a prepare, removed once its manife
 # written in a shuffled order (format 1's were sorted by class, which litdata's chunk-local
 # shuffle cannot mix: whole epochs' halves of a few classes each)
 FORMAT = 2
+# The serializers of the fields fwk data prepare writes (fwk/data/prepare.py: the image's bytes, its
+# label and its index): a set that declares any other is refused before anything reads it
+SERIALIZERS = ("bytes", "int")
 
 
 def is_remote(uri: str) -> bool:
@@ -117,7 +120,53 @@ def read_manifest(uri: str, endpoint_url: str = "") -> dict[str, Any]:
             f"data.uri={uri} was prepared by fwk {manifest.get('fwk', '?')} in format {manifest.get('format')}, "
             f"this fwk reads format {FORMAT}; prepare it again with this fwk (fwk data prepare)"
         )
+    for split in ("train", "val"):
+        check_fields(uri, split, _index(uri, endpoint_url, split))
     return manifest
+
+
+def _index(uri: str, endpoint_url: str, split: str) -> dict[str, Any]:
+    """The litdata ``index.json`` of one split of the set at ``uri``."""
+    where = f"data.uri={uri}: {split}/index.json"
+    if is_remote(uri):
+        from botocore.exceptions import ClientError
+
+        client, bucket, prefix, endpoint = s3_client(uri, endpoint_url)
+        with s3_errors("data.uri", uri, bucket, endpoint):
+            try:
+                body = client.get_object(Bucket=bucket, Key=f"{prefix}/{split}/index.json".lstrip("/"))["Body"].read()
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code", "") not in ("NoSuchKey", "404"):
+                    raise
+                body = None
+    else:
+        path = Path(os.path.expanduser(uri)) / split / "index.json"
+        body = path.read_bytes() if path.is_file() else None
+    if body is None:
+        raise UserError(f"{where} is missing: prepare the set again (fwk data prepare)")
+    try:
+        index = json.loads(body)
+        index["config"]["data_format"]  # noqa: B018  (a KeyError or TypeError: not litdata's index)
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{where} is not a litdata index: prepare the set again (fwk data prepare)") from None
+    return index
+
+
+def check_fields(uri: str, split: str, index: dict[str, Any]) -> None:
+    """Refuse a split whose items are read with any serializer that fwk data prepare does not
+    write: litdata picks the serializer a field names in index.json, and "pickle" (also inside
+    another's name, as "graph:pickle") would run, in every loader worker, whatever code whoever
+    can write the set's folder or bucket put there."""
+    config = index["config"]
+    types = config.get("types") if isinstance(config.get("types"), dict) else {}  # field name -> serializer
+    for k, fmt in enumerate(config["data_format"]):
+        if fmt not in SERIALIZERS:
+            name = next((n for n, f in types.items() if f == fmt), f"#{k}")
+            raise UserError(
+                f"data.uri={uri}: {split}/index.json reads field {name!r} with litdata's {fmt!r} serializer, which "
+                f"fwk does not read (it could run code: only {', '.join(SERIALIZERS)}, as fwk data prepare writes); "
+                "prepare the set again with fwk data prepare"
+            )
 
 
 def describe(manifest: dict[str, Any]) -> str:

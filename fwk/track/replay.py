@@ -9,6 +9,7 @@ between any two runs and are not compared.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from fwk.track.run_id import _CODE_DIRS
 from fwk.track.store import RunDir
 
 # Row keys that measure time, not what was computed: they differ between any two runs.
+COMMIT_ID = re.compile(r"[0-9a-f]{4,64}")  # what fwk records after "git:" (run_id.code_version)
 TIMING_KEYS = frozenset({"samples_per_s", "data_wait", "comm_wait", "train_s"})
 
 
@@ -103,10 +105,12 @@ def compare(a: RunDir, b: RunDir) -> Comparison:
 
 
 def _commit(code: str) -> str | None:
-    """The commit of a code version `git:<commit>[+dirty.<hash>]`, else None."""
+    """The commit of a code version `git:<commit>[+dirty.<hash>]`, else None: also when what
+    meta.json holds there is not a hex commit id (the file is text anyone may have edited)."""
     if not code.startswith("git:"):
         return None
-    return code[4:].split("+", 1)[0]
+    commit = code[4:].split("+", 1)[0]
+    return commit if COMMIT_ID.fullmatch(commit) else None
 
 
 def check_code(recorded: str, current: str, force: bool) -> list[str]:
@@ -123,19 +127,21 @@ def check_code(recorded: str, current: str, force: bool) -> list[str]:
             "or pass --force to replay it on this code"
         )
     lines = [f"replaying on other code (--force): run trained on {recorded}, this checkout is {current}"]
-    if commit:
-        lines += code_diff(commit)
+    if recorded.startswith("git:"):
+        lines += code_diff(recorded[4:].split("+", 1)[0])  # which says so when it is not a commit id
     if "+dirty." in recorded:
         lines.append("the run's uncommitted changes were not recorded, only their hash: they are not in this diff")
     return lines
 
 
 def code_diff(commit: str) -> list[str]:
-    """`git diff --stat` of the code folders from ``commit`` to this work tree."""
+    """`git diff --stat` of the code folders from ``commit`` (a hex id) to this work tree."""
+    if not COMMIT_ID.fullmatch(commit):  # never an option, a range or a ref: git would read it as one
+        return [f"code diff unavailable: {commit[:40]!r} is not a commit id (4 to 64 hex digits)"]
     repo = Path(fwk.__file__).resolve().parents[1]
     try:
         out = subprocess.run(
-            ["git", "-C", str(repo), "diff", "--stat", commit, "--", *_CODE_DIRS],
+            ["git", "-C", str(repo), "diff", "--stat", "--end-of-options", commit, "--", *_CODE_DIRS],
             capture_output=True,
             text=True,
             timeout=30,

@@ -17,6 +17,7 @@ from fwk.data.shards import MANIFEST
 from fwk.errors import UserError
 from tests.conftest import run_fwk
 from tests.data.conftest import CLASSES, use_s3
+from tests.s3server import upload
 
 # the refusals are decided before any training: a tiny config
 TRAIN = ["data=streaming", "model=small_cnn", "model.in_channels=3", "model.num_classes=3"]
@@ -138,6 +139,39 @@ def test_a_local_set_of_another_format_is_refused(prepared: tuple[Path, Path], t
         f"fwk: error: data.uri={old} was prepared by fwk 0.1.0 in format 1, this fwk reads format 2; prepare it "
         "again with this fwk (fwk data prepare)"
     )
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_set_whose_index_declares_a_pickled_field_is_refused_before_any_run_dir(
+    prepared: tuple[Path, Path],
+    moto: str,
+    s3: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """litdata unpickles a field that index.json declares "pickle" in every loader worker:
+    whoever can write the set's folder or bucket would run code on every node."""
+    _, shards = prepared
+    bad = tmp_path / "pickled"
+    shutil.copytree(shards, bad)
+    index = json.loads((bad / "train" / "index.json").read_text())
+    config = index["config"]
+    assert config["types"] == {"image": "bytes", "index": "int", "label": "int"}  # what fwk data prepare writes
+    config["types"]["label"] = "pickle"
+    config["data_format"][json.loads(json.loads(config["data_spec"])[1]["context"]).index("label")] = "pickle"
+    (bad / "train" / "index.json").write_text(json.dumps(index))
+    uri = str(bad)
+    if where == "s3":
+        use_s3(s3, monkeypatch, tmp_path)
+        uri = upload(moto, bad, "data", "sets/pickled")
+    out = run_fwk("train", *TRAIN, f"data.uri={uri}", "train.max_steps=2", runs=tmp_path / "runs")
+    assert out.returncode == 2 and out.stderr == (
+        f"fwk: error: data.uri={uri}: train/index.json reads field 'label' with litdata's 'pickle' serializer, "
+        "which fwk does not read (it could run code: only bytes, int, as fwk data prepare writes); prepare the "
+        "set again with fwk data prepare\n"
+    ), out.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_prepare_leaves_the_processs_start_method_as_it_was(prepared: tuple[Path, Path], tmp_path: Path) -> None:

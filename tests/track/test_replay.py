@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -76,10 +77,25 @@ def test_other_code_is_refused_unless_forced() -> None:
 
 
 def test_code_diff_of_a_real_commit_lists_changed_files() -> None:
-    lines = rp.code_diff("HEAD~1")
-    assert lines[0] in ("code changes since HEAD~1:", "no code changes in fwk, conf, recipes since HEAD~1") or (
-        "unavailable" in lines[0]  # a shallow clone has no parent commit
+    repo = Path(rp.__file__).parents[2]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = rp.code_diff(head[:12])
+    assert lines == [f"no code changes in fwk, conf, recipes since {head[:12]}"] or lines[0] == (
+        f"code changes since {head[:12]}:"  # the work tree has uncommitted changes
     )
+
+
+@pytest.mark.parametrize("recorded", ["--output=OUT", "HEAD~1", "0123abc..HEAD", "-p", "0123abcz"])
+def test_a_recorded_commit_reaches_git_only_as_a_hex_id(tmp_path: Path, recorded: str) -> None:
+    """meta.json is text anyone may edit: an option (git diff --output=FILE writes a file), a
+    ref or a range is never passed to git."""
+    recorded = recorded.replace("OUT", str(tmp_path / "written"))
+    lines = rp.check_code(f"git:{recorded}", "git:fffffffffff0", force=True)
+    assert lines[1] == f"code diff unavailable: {recorded[:40]!r} is not a commit id (4 to 64 hex digits)"
+    assert not (tmp_path / "written").exists()
+    with pytest.raises(UserError) as refused:
+        rp.check_code(f"git:{recorded}", "git:fffffffffff0", force=False)
+    assert "git checkout" not in str(refused.value)  # no advice to check out what is not a commit
 
 
 def test_other_data_is_refused_unless_forced() -> None:
