@@ -12,6 +12,7 @@ a crash leaves the previous checkpoint intact. Files are loaded with
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -29,6 +30,8 @@ from fwk.distributed.group import Dist
 from fwk.errors import UserError
 
 _PREFIX = "step-"
+_TMP = ".tmp-"  # a checkpoint being written
+_ASIDE = ".old-"  # the previous copy of a step being written again
 
 
 def _fsync_file(path: Path) -> None:
@@ -146,7 +149,23 @@ class Checkpointer:
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Collective: every rank calls it at the same step. Returns the checkpoint dir."""
         final = self._final(step)
-        tmp = self.root / f".tmp-{final.name}"
+        tmp = self.root / f"{_TMP}{final.name}"
+        try:
+            return self._save(step, state, final, tmp)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            free = shutil.disk_usage(self.root).free if self.root.exists() else 0
+            last = self.latest()
+            kept = f"{last.name} is intact" if last is not None else "there is no earlier checkpoint"
+            raise UserError(
+                f"no space left on the device of {self.root} while saving {final.name} "
+                f"({os.strerror(exc.errno)}; {free / 2**20:.0f} MiB free now): the unfinished copy is removed and "
+                f"{kept}; free some space, then run the same command to resume"
+            ) from None
+
+    def _save(self, step: int, state: dict[str, Any], final: Path, tmp: Path) -> Path:
         if self.dist.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -176,13 +195,46 @@ class Checkpointer:
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             _fsync_file(tmp / "manifest.json")
             _fsync_dir(tmp)
-            if final.exists():  # a re-save of the same step (e.g. the final one): replace it
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.root)
+            self._swap_in(tmp, final)
             self._prune()
         self.dist.barrier()
         return final
+
+    def _swap_in(self, tmp: Path, final: Path) -> None:
+        """Rename the finished ``tmp`` to ``final``. A re-save of a step (the final one, after a
+        stop) moves the old copy aside first and deletes it only once the new one is in place:
+        a crash in between leaves ``.old-step-N``, which ``tidy`` puts back."""
+        aside = self.root / f"{_ASIDE}{final.name}"
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(final, aside)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def tidy(self) -> list[str]:
+        """Rank 0, before a run looks for its checkpoint: what a save cut short left behind.
+        An old copy moved aside whose new copy never arrived goes back in place; unfinished
+        copies (``.tmp-step-N``) are removed. Returns what was done, one phrase each."""
+        done = []
+        if not self.root.is_dir():
+            return done
+        for aside in sorted(self.root.glob(f"{_ASIDE}{_PREFIX}*")):
+            final = self.root / aside.name[len(_ASIDE) :]
+            if final.exists():
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.rename(aside, final)
+                done.append(f"put back {final.name} (its re-save was cut short)")
+        for tmp in sorted(self.root.glob(f"{_TMP}*")):
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+            done.append(f"removed {tmp.name} (a save cut short)")
+        if done:
+            _fsync_dir(self.root)
+        return done
 
     def _prune(self) -> None:
         for old in self.all()[: -self.keep]:
@@ -256,6 +308,10 @@ class Checkpointer:
         intact one, with one warning naming both; nothing is deleted. A restarted worker
         (torchrun elastic, SLURM requeue) thus resumes without anyone moving files by hand.
         """
+        if self.dist.is_main:
+            for done in self.tidy():
+                warn(f"checkpoints: {done}")
+        self.dist.barrier()
         found = self.all()
         if not found or self.on_corrupt == "error":
             return (found[-1], *self.load(found[-1], template)) if found else None

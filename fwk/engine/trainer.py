@@ -150,8 +150,8 @@ def train(
         latest, state, rng = found
         step = resumable.load_state_dict(state)
         set_rng_state(rng)
-        if dist.is_main:
-            run.truncate_metrics(after_step=step)
+        if dist.is_main and (dropped := run.truncate_metrics(after_step=step)):
+            reporter.message(dropped)
     else:
         seed_everything(cfg.seed + dist.rank)  # per-rank streams for dropout and the like
     averaged.start()

@@ -34,6 +34,11 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a power loss once its folder is synced
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -77,16 +82,40 @@ class RunDir:
         write_atomic(self.summary, json.dumps(summary, indent=2) + "\n")
 
     def metrics_rows(self) -> Iterator[dict[str, Any]]:
-        if self.metrics.exists():
-            for line in self.metrics.read_text().splitlines():
-                if line.strip():
-                    yield json.loads(line)
+        yield from self._metrics()[0]
 
-    def truncate_metrics(self, after_step: int) -> None:
-        """Drop rows logged after ``after_step``: a resumed run logs them again."""
-        if self.metrics.exists():
-            kept = [json.dumps(r) for r in self.metrics_rows() if r.get("step", 0) <= after_step]
-            write_atomic(self.metrics, "".join(line + "\n" for line in kept))
+    def _metrics(self) -> tuple[list[dict[str, Any]], str]:
+        """(the rows of metrics.jsonl, its torn last line or ""): a run cut off mid-write (power
+        loss, a full disk) can leave half a line at the end, never in the middle."""
+        if not self.metrics.exists():
+            return [], ""
+        lines = [line for line in self.metrics.read_text(errors="replace").splitlines() if line.strip()]
+        rows = []
+        for k, line in enumerate(lines):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                if k < len(lines) - 1:
+                    raise UserError(
+                        f"{self.metrics}: line {k + 1} of {len(lines)} is not JSON ({line[:60]!r}); only the last line "
+                        "can be torn by a crash: move the file away to resume without its history"
+                    ) from None
+                return rows, line
+        return rows, ""
+
+    def truncate_metrics(self, after_step: int) -> str | None:
+        """Drop rows logged after ``after_step`` (a resumed run logs them again) and a torn last
+        line; returns one line saying so when there was one."""
+        if not self.metrics.exists():
+            return None
+        rows, torn = self._metrics()
+        kept = [json.dumps(r) for r in rows if r.get("step", 0) <= after_step]
+        write_atomic(self.metrics, "".join(line + "\n" for line in kept))
+        if torn:
+            return (
+                f"metrics.jsonl: dropped its torn last line ({len(torn)} characters, cut off mid-write): {torn[:60]!r}"
+            )
+        return None
 
 
 # The packages whose version can change what a run computes or how it is launched.

@@ -1,5 +1,7 @@
 """Checkpoints: round trip, RNG restore, last-K pruning, corruption: fallback or a clear error."""
 
+import errno
+import os
 import random
 from pathlib import Path
 
@@ -128,3 +130,72 @@ def test_rewind_point_saves_weights_once(tmp_path: Path) -> None:
 def test_rewind_point_off_and_at_least_step_one(tmp_path: Path) -> None:
     assert RewindPoint(tmp_path, SOLO, rewind_at=0.0, max_steps=500).step is None
     assert RewindPoint(tmp_path, SOLO, rewind_at=0.02, max_steps=10).step == 1
+
+
+# ---- storage faults: a save cut short, a full disk ---------------------------------------
+def _weights(path: Path) -> torch.Tensor:
+    return torch.load(path / "state.pt", weights_only=True)["model"]["weight"]
+
+
+def test_a_resave_cut_between_its_renames_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-saving a step (the final one, after a stop) moves the old copy aside and deletes it
+    only once the new one is in: a crash in between leaves the old copy, put back at start."""
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
+    old = _weights(ckpt.save(7, _state(7)))
+    renames = []
+    real_rename = os.rename
+
+    def crash_on_second(src: Path, dst: Path) -> None:
+        renames.append((Path(src).name, Path(dst).name))
+        if len(renames) == 2:  # the old copy is aside, the new one not yet in
+            raise KeyboardInterrupt("killed")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(7, _state(7))
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert renames == [("step-00000007", ".old-step-00000007"), (".tmp-step-00000007", "step-00000007")]
+    assert ckpt.all() == []  # what a resume would have found before: nothing
+    said = []
+    path, state, _ = Checkpointer(tmp_path, SOLO, keep=2).load_latest(said.append)
+    assert path.name == "step-00000007" and torch.equal(state["model"]["weight"], old)
+    assert said == [
+        "checkpoints: put back step-00000007 (its re-save was cut short)",
+        "checkpoints: removed .tmp-step-00000007 (a save cut short)",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000007"]
+    new = _weights(ckpt.save(7, _state(7)))  # and a re-save that completes replaces it
+    assert not torch.equal(new, old) and torch.equal(_weights(ckpt.latest()), new)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000007"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_disk_that_fills_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2)
+    kept = _weights(ckpt.save(4, _state(4)))
+    real_save = torch.save
+
+    def fills(obj: object, f: Path, *args: object, **kwargs: object) -> None:
+        if Path(f).name == "state.pt":
+            Path(f).write_bytes(b"\0" * 100)  # part of the file made it to disk
+            raise OSError(code, os.strerror(code))
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", fills)
+    with pytest.raises(UserError) as err:
+        ckpt.save(8, _state(8))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(
+        f"no space left on the device of {tmp_path} while saving step-00000008 ({os.strerror(code)};"
+    )
+    assert message.endswith(
+        "the unfinished copy is removed and step-00000004 is intact; free some space, then run the same command "
+        "to resume"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004"]
+    monkeypatch.setattr(torch, "save", real_save)
+    path, state, _ = Checkpointer(tmp_path, SOLO, keep=2).load_latest(print)
+    assert path.name == "step-00000004" and torch.equal(state["model"]["weight"], kept)

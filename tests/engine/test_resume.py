@@ -75,10 +75,20 @@ def test_resume_is_bit_identical(straight: Path, tmp_path: Path, sig: signal.Sig
     if sig == signal.SIGINT:
         assert proc.returncode == 0, err
         assert "checkpoint saved" in out
+    else:  # what else a kill (or a power loss) can leave: a torn last metrics line, a save cut short
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write('{"kind": "train", "step": 9')
+        (run / "checkpoints" / ".tmp-step-00000099").mkdir()
+        (run / "checkpoints" / ".tmp-step-00000099" / "state.pt").write_bytes(b"\0" * 10)
 
     resumed = run_fwk(*ARGS, runs=runs)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed run" in resumed.stdout
+    if sig == signal.SIGKILL:
+        assert "metrics.jsonl: dropped its torn last line" in resumed.stdout, resumed.stdout
+        assert "checkpoints: removed .tmp-step-00000099 (a save cut short)" in resumed.stdout
+        assert not list((run / "checkpoints").glob(".tmp-*"))
+        assert all(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())
     got = _final_weights(runs)
     assert got.keys() == expected.keys()
     for name in expected:

@@ -40,8 +40,21 @@ def test_lock_refuses_a_second_launch_naming_the_holder(tmp_path: Path) -> None:
 def test_truncate_metrics(tmp_path: Path) -> None:
     run = open_run(tmp_path, "r", "x: 1\n", "git:x", 1)
     run.metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in (5, 10, 15)))
-    run.truncate_metrics(after_step=10)
+    assert run.truncate_metrics(after_step=10) is None
     assert [r["step"] for r in run.metrics_rows()] == [5, 10]
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_one_line_and_a_torn_middle_is_refused(tmp_path: Path) -> None:
+    run = open_run(tmp_path, "r", "x: 1\n", "git:x", 1)
+    whole = "".join(json.dumps({"step": s}) + "\n" for s in (5, 10))
+    run.metrics.write_text(whole + '{"step": 15, "lo')  # the disk filled, or the power went, mid-write
+    assert [r["step"] for r in run.metrics_rows()] == [5, 10]  # fwk runs, replay: read what is whole
+    said = run.truncate_metrics(after_step=10)
+    assert said == 'metrics.jsonl: dropped its torn last line (16 characters, cut off mid-write): \'{"step": 15, "lo\''
+    assert run.metrics.read_text() == whole
+    run.metrics.write_text('{"step": 5}\n{"st\n{"step": 10}\n')
+    with pytest.raises(UserError, match=r"line 2 of 3 is not JSON .*only the last line can be torn by a crash"):
+        run.truncate_metrics(after_step=10)
 
 
 def test_reopened_on_another_rendezvous_host(tmp_path: Path) -> None:
