@@ -10,7 +10,8 @@ imported, instead of exec-ing a new interpreter (torchrun does the same for a fu
 point with ``start_method=fork``). Everything else about the launch is as before:
 
 - torchrun runs its own main with the same arguments, as the launcher's child in a session
-  of its own, stderr to the run's torchrun.log, every other descriptor closed;
+  of its own, stderr to the run's torchrun.log, every other descriptor closed but the run
+  lock's, its parent-death signal set (the launcher's ``preexec_fn``);
 - each worker is the agent's child in a session of its own, with the environment torchrun
   gave it, running ``python -m fwk.launch.worker RUN_DIR``; signals, exit codes and
   ``subprocess.Popen``'s bookkeeping (pid, poll, wait) are those of real child processes.
@@ -49,7 +50,7 @@ class ForkingPopen(_Popen):
         command = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
         at = command.index("-m") if "-m" in command else -1
         ours = at > 0 and command[0] == sys.executable and set(command[1:at]) <= {"-u"}
-        if not ours or command[at + 1] not in FORKED or preexec_fn is not None:
+        if not ours or command[at + 1] not in FORKED:
             return super()._execute_child(args, executable, preexec_fn, close_fds, *rest)
         # Python 3.11's order after close_fds: pass_fds, cwd, env, startupinfo, creationflags,
         # shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid,
@@ -64,7 +65,17 @@ class ForkingPopen(_Popen):
 
             env = dict(os.environ if env is None else env)
             fds = [p2cread, c2pwrite, errwrite]
-            become(command[at + 1], command[at + 2 :], env, cwd, fds, new_session=rest[-2], close_fds=close_fds)
+            become(
+                command[at + 1],
+                command[at + 2 :],
+                env,
+                cwd,
+                fds,
+                new_session=rest[-2],
+                close_fds=close_fds,
+                pass_fds=tuple(rest[0]),
+                preexec_fn=preexec_fn,
+            )
         self.pid = pid
         self._child_created = True
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)

@@ -29,6 +29,7 @@ torch starts no thread pool.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import select
@@ -65,11 +66,14 @@ def become(
     fds: list[int],
     new_session: bool,
     close_fds: bool = False,
+    pass_fds: tuple[int, ...] = (),
+    preexec_fn: Any = None,
 ) -> None:
     """In a forked child: become ``python -m MODULE ARGS`` and never return.
 
     ``fds`` become the child's stdin, stdout and stderr (-1: keep the one it has); with
-    ``close_fds`` every other descriptor is closed, as ``subprocess.Popen`` does. Signals
+    ``close_fds`` every other descriptor but ``pass_fds`` is closed, and ``preexec_fn`` is
+    called after the new session is made, as ``subprocess.Popen`` does. Signals
     are as a fresh interpreter has them: those with a handler back to the default, those
     ignored still ignored (as exec(2) leaves them), SIGINT raising KeyboardInterrupt."""
     code = 1
@@ -83,9 +87,13 @@ def become(
             # the parent's file objects stay open in memory: none may be collected and close a
             # descriptor number that this process has since opened anew
             gc.freeze()
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            bounds = [2, *sorted(fd for fd in pass_fds if fd > 2), os.sysconf("SC_OPEN_MAX")]
+            for low, high in itertools.pairwise(bounds):
+                os.closerange(low + 1, high)
         if new_session:
             os.setsid()
+        if preexec_fn is not None:
+            preexec_fn()
         if cwd:
             os.chdir(cwd)
         os.environ.clear()

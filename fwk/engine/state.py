@@ -39,7 +39,7 @@ class Clock:
 
 
 class StopSignal:
-    """SIGTERM/SIGINT/SIGUSR1 ask the loop to save a checkpoint and stop at the next step boundary.
+    """SIGTERM/SIGINT/SIGUSR1/SIGHUP ask the loop to save a checkpoint and stop at the next step boundary.
 
     SIGUSR1 is a batch system's preemption notice (scripts/slurm/train.sbatch). SLURM signals
     every process of a job step and fwk's launcher forwards it as well, so it may come twice:
@@ -48,7 +48,7 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.requested = False
-        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # SIGHUP: the terminal closed
         self._previous = {s: signal.signal(s, self._handle) for s in signals}
 
     def _handle(self, signum: int, frame: Any) -> None:

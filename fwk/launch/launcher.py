@@ -73,7 +73,7 @@ def launch(
     first = {**(lineage or {}), "data": p.data}
     run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
     # Each node's launcher opens the same shared run dir in a multi-node run: lock one-node runs only.
-    with RunLock(run) if nnodes == 1 else nullcontext():
+    with RunLock(run) if nnodes == 1 else nullcontext() as lock:
         index.record_quietly(run, "running")
         status, outcome = 1, "failed"
         try:
@@ -82,7 +82,8 @@ def launch(
 
                 status = run_worker(run.path)
             else:
-                status = run_torchrun(p.argv, run.path / "logs", p.nproc_per_node)
+                keep = (lock.fileno(),) if lock is not None else ()  # torchrun's agent holds the lock too
+                status = run_torchrun(p.argv, run.path / "logs", p.nproc_per_node, keep)
             # a clean exit without a summary is a run stopped at a step boundary (Ctrl-C, SIGTERM);
             # 128 + N: the launcher or torchrun's agent got signal N, and the run resumes from its checkpoint
             if status == 0:

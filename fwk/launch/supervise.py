@@ -1,12 +1,12 @@
 """Run torchrun so that the terminal sees fwk's lines, not torchrun's.
 
 - torchrun starts in its own session: a Ctrl-C in the terminal reaches this launcher
-  only. The launcher passes SIGINT / SIGTERM / SIGUSR1 on to the workers themselves (each
-  saves a checkpoint at its next log step and exits 0), waits, and exits 128 + the signal
-  number: 130 for Ctrl-C, 143 for SIGTERM, 138 for SIGUSR1 (a batch system's preemption
-  notice, see fwk/launch/slurm.py). A second signal kills the workers at once, except a
-  repeated SIGUSR1: SLURM may deliver it to every process of the job step, which is also
-  why torchrun itself ignores SIGUSR1.
+  only. The launcher passes SIGINT / SIGTERM / SIGUSR1 / SIGHUP on to the workers themselves
+  (each saves a checkpoint at its next log step and exits 0), waits, and exits 128 + the
+  signal number: 130 for Ctrl-C, 143 for SIGTERM, 138 for SIGUSR1 (a batch system's
+  preemption notice, see fwk/launch/slurm.py), 129 when the terminal closes. A second
+  signal kills the workers at once, except a repeated SIGUSR1: SLURM may deliver it to
+  every process of the job step, which is also why torchrun itself ignores SIGUSR1.
 - torchrun's own stderr (banner, elastic warnings, its ChildFailedError report) goes to
   ``runs/<id>/logs/torchrun.log``; each worker sends its stderr, and every rank but 0 also
   its stdout, to ``runs/<id>/logs/rank<R>.log`` (``redirect_worker_output``).
@@ -18,6 +18,10 @@
   dies (``die_with_agent``). When the agent is killed (the OOM killer, a node problem) the
   launcher waits for the run's workers to be gone, says so in one line and exits 128 + the
   signal: the run is interrupted at its last checkpoint, and holds its lock until then.
+- Nor does a run outlive its launcher unlocked: torchrun's agent gets SIGTERM when the
+  launcher dies (SIGKILL, a crash) and passes it on, so the workers save a checkpoint and
+  exit as on SIGTERM; and the agent holds the run lock's descriptor, so the lock is released
+  only once the agent, and with it every worker, has exited.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 LOG_DIR_ENV = "FWK_LOG_DIR"
@@ -68,8 +73,11 @@ def threads_per_rank(nproc_per_node: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc_per_node)
 
 
-def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
-    """Run torchrun's command line; returns the exit status fwk should exit with."""
+def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int, keep_fds: tuple[int, ...] = ()) -> int:
+    """Run torchrun's command line; returns the exit status fwk should exit with.
+
+    ``keep_fds`` stay open in torchrun's agent: the run lock's, so that the lock is held
+    until the agent, which outlives its workers, has exited (fwk.track.store.RunLock)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     threads = threads_per_rank(nproc_per_node)
     env = {**os.environ, LOG_DIR_ENV: str(log_dir), "OMP_NUM_THREADS": str(threads), LAUNCHER_ENV: str(os.getpid())}
@@ -81,7 +89,14 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
         # end torchrun and orphan its workers in the middle of their checkpoint.
         usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         try:
-            proc = subprocess.Popen(argv, env=env, stderr=torchrun_log, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stderr=torchrun_log,
+                start_new_session=True,
+                pass_fds=keep_fds,
+                preexec_fn=_stop_with(os.getpid()),
+            )
         except BaseException:
             signal.signal(signal.SIGUSR1, usr1)
             raise
@@ -99,7 +114,8 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int) -> int:
             for pid in workers:
                 _kill(pid, signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        stops = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)  # SIGHUP: the terminal closed
+        previous = {s: signal.signal(s, forward) for s in stops}
         previous[signal.SIGUSR1] = usr1  # as it was before torchrun started
         try:
             status = proc.wait()
@@ -151,16 +167,32 @@ def _stop_workers(run_dir: Path, grace_s: float = 10.0) -> str:
     return f"; {len(left)} worker(s) still alive were killed" if left else "; its workers were stopped with it"
 
 
+def _parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux); whether it took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+
+
+def _stop_with(launcher: int) -> Callable[[], None]:
+    """torchrun's agent, between fork and exec: SIGTERM when the launcher dies (SIGKILL, a
+    crash), which torchrun passes on to the workers, who save a checkpoint and exit as on
+    Ctrl-C; the agent holds the run lock until they have. A launcher already gone: exit."""
+
+    def preexec() -> None:
+        if _parent_death_signal(signal.SIGTERM) and os.getppid() != launcher:
+            os._exit(128 + signal.SIGTERM)
+
+    return preexec
+
+
 def die_with_agent() -> None:
     """In a worker under fwk's torchrun: SIGKILL when the agent (the parent) dies, and exit at
     once if it died already (the worker's parent is then no longer a child of the launcher)."""
     launcher = os.environ.get(LAUNCHER_ENV)
-    if launcher is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if launcher is None or not _parent_death_signal(signal.SIGKILL):
         return  # no parent-death signal here: the launcher's scan (_stop_workers) still ends the worker
     try:
         grandparent = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -251,6 +251,22 @@ def _process(pid: int) -> str:
     return f"process {pid} ({' '.join(os.fsdecode(a) for a in argv if a)[:120]})"
 
 
+def _lock_users(path: Path) -> list[int]:
+    """Live processes that hold the flock on ``path``: the one that took it (/proc/locks), or,
+    once that one is gone, those that inherited it (torchrun's agent: its descriptor is open)."""
+    alive = [pid for pid in flock_holders(path) or [] if Path(f"/proc/{pid}").exists()]
+    if alive:
+        return alive
+    users = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == str(path) for fd in fd_dir.iterdir()):
+                users.append(int(fd_dir.parent.name))
+        except OSError:
+            continue
+    return sorted(users)
+
+
 class RunLock:
     """An exclusive lock on a run dir, so two launches of one run cannot interleave. The
     launcher holds it until no process of the run is left (fwk/launch/supervise.py)."""
@@ -265,7 +281,7 @@ class RunLock:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._file.close()
-            holders = flock_holders(self.run.path / ".lock") or []
+            holders = _lock_users(self.run.path / ".lock")
             who = _process(holders[0]) if holders else "another process"
             raise UserError(
                 f"run {self.run.id} is already running in {who} ({self.run.path}); "
@@ -273,7 +289,11 @@ class RunLock:
             ) from None
         return self
 
+    def fileno(self) -> int:
+        """The locked descriptor: a process that inherits it holds the lock until it exits."""
+        assert self._file is not None, "not entered"
+        return self._file.fileno()
+
     def __exit__(self, *exc: object) -> None:
         assert self._file is not None
-        fcntl.flock(self._file, fcntl.LOCK_UN)
-        self._file.close()
+        self._file.close()  # not LOCK_UN: that would release it for a process that inherited it too

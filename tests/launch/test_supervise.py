@@ -74,7 +74,11 @@ def _weights(runs: Path, step: int = 160) -> dict[str, torch.Tensor]:
     return torch.load(run / f"checkpoints/step-{step:08d}/state.pt", weights_only=True)["model"]
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    "sig,code",
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+    ids=["ctrl-c", "sigterm", "terminal-closed"],
+)
 def test_stop_shows_fwk_line_and_exit_code(tmp_path: Path, sig: signal.Signals, code: int) -> None:
     proc = _start(tmp_path)
     _wait_for(tmp_path, proc, 40)
