@@ -259,10 +259,12 @@ class Checkpointer:
             manifest = json.loads((path / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return "manifest.json unreadable"
-        if manifest.get("world_size") != self.dist.world_size:
+        written = manifest.get("world_size")
+        if written != self.dist.world_size and self.sharded:
             raise UserError(
-                f"checkpoint {path} was written by {manifest.get('world_size')} processes, this run has "
-                f"{self.dist.world_size}; resume with the same parallel settings"
+                f"checkpoint {path} holds FSDP/HSDP shards of {written} processes, this run has "
+                f"{self.dist.world_size}; a sharded run resumes on the process count that wrote it "
+                f"(parallel.nproc_per_node x parallel.nnodes = {written})"
             )
         if bool(manifest.get("sharded", False)) != self.sharded:
             kinds = {True: "sharded (parallel=fsdp/hsdp)", False: "unsharded (parallel=none/ddp)"}
@@ -270,7 +272,7 @@ class Checkpointer:
                 f"checkpoint {path} is {kinds[not self.sharded]} but this run is {kinds[self.sharded]}; "
                 "resume with the parallel setting that wrote it (parallel.name=...)"
             )
-        names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(self.dist.world_size))]
+        names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(int(written or 0)))]
         if self.sharded:
             shard_files = [f for f in manifest.get("sha256", {}) if f.startswith(f"{_SHARDED}/")]
             names += shard_files or [f"{_SHARDED}/.metadata"]
@@ -280,8 +282,9 @@ class Checkpointer:
                 return f"{name}: missing or checksum mismatch"
         return None
 
-    def load(self, path: Path, template: Template | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(state, this rank's RNG state), after checking every checksum.
+    def load(self, path: Path, template: Template | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(state, this rank's RNG state), after checking every checksum. The RNG state is None
+        when another world size wrote it (fwk/engine/resize.py derives the rank's streams).
 
         Sharded: ``template()`` gives this rank's model and optimizer state to load into."""
         damage = self._damage(path)
@@ -289,7 +292,9 @@ class Checkpointer:
             hint = f"move {path} out of {self.root} to resume from the checkpoint before it"
             raise UserError(f"checkpoint {path} is corrupt ({damage}); {hint}")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-        rng = torch.load(path / f"rng-rank{self.dist.rank}.pt", map_location="cpu", weights_only=True)
+        rng_file = path / f"rng-rank{self.dist.rank}.pt"
+        same_size = json.loads((path / "manifest.json").read_text()).get("world_size") == self.dist.world_size
+        rng = torch.load(rng_file, map_location="cpu", weights_only=True) if same_size else None
         if self.sharded:
             import torch.distributed.checkpoint as dcp
 

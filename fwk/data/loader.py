@@ -226,17 +226,17 @@ def measure_rate(make: Callable[[int], Iterable[Any]], workers: int, batch: int,
 
 
 class _Keys(Sampler[tuple[int, int]]):
-    """``(epoch, index)`` for the sampler's indices of ``epoch`` from the ``start``-th on."""
+    """``(epoch, index)`` for the sampler's indices of ``epoch`` from the ``start``-th to the ``end``-th."""
 
-    def __init__(self, sampler: DistributedSampler) -> None:
-        self.sampler, self.epoch, self.start = sampler, 0, 0
+    def __init__(self, sampler: DistributedSampler, end: int) -> None:
+        self.sampler, self.epoch, self.start, self.end = sampler, 0, 0, end
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         self.sampler.set_epoch(self.epoch)
-        return ((self.epoch, i) for i in itertools.islice(iter(self.sampler), self.start, None))
+        return ((self.epoch, i) for i in itertools.islice(iter(self.sampler), self.start, self.end))
 
     def __len__(self) -> int:
-        return max(0, len(self.sampler) - self.start)
+        return max(0, self.end - self.start)
 
 
 class _ByEpoch(Dataset):
@@ -268,7 +268,14 @@ def loader_kwargs(plan: LoaderPlan) -> dict[str, Any]:
 
 
 class TrainLoader:
-    """An endless iterator of training batches for this rank, resumable by state_dict."""
+    """An endless iterator of training batches for this rank, resumable by state_dict.
+
+    The order is defined globally, whatever the world size: each epoch is one permutation of
+    the sample ids (seed, epoch), each optimizer step takes its next ``global batch`` of them
+    (per-rank batch x world size x accumulation), each rank its strided part, and an epoch ends
+    at the last whole step. So the same global batch on another number of processes (or
+    split into another number of micro-batches) sees the same samples at every step, and a
+    checkpoint's position (samples into the epoch) resumes under any of them."""
 
     def __init__(
         self,
@@ -279,27 +286,28 @@ class TrainLoader:
         seed: int,
         plan: LoaderPlan,
         collate: Callable[[list[Any]], Any] | None = None,
+        accum_steps: int = 1,
     ) -> None:
         self.dataset, self.batch_size, self.seed, self.collate = dataset, batch_size, seed, collate
+        self.world_size = world_size
         self.sampler = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
         self.kwargs = loader_kwargs(plan)
         self.epoch, self.batch_in_epoch = 0, 0
+        step = batch_size * world_size * accum_steps  # the global batch
+        # whole steps only: the permutation's first len // step global batches, as this rank's batches
+        self.batches_per_epoch = len(dataset) // step * accum_steps  # type: ignore[arg-type]
         if self.batches_per_epoch == 0:
             from fwk.errors import UserError
 
             raise UserError(
-                f"train.batch_size gives {batch_size} samples per rank but each rank has only "
-                f"{len(self.sampler)} training samples; lower train.batch_size"
+                f"a step takes {step} training samples (train.batch_size={batch_size} x {world_size} process(es) x "
+                f"{accum_steps} accumulated) but the training set has {len(dataset)}; lower train.batch_size"  # type: ignore[arg-type]
             )
 
-    @property
-    def batches_per_epoch(self) -> int:
-        return len(self.sampler) // self.batch_size
-
     def __iter__(self) -> Iterator[Any]:
-        keys = _Keys(self.sampler)
+        keys = _Keys(self.sampler, self.batches_per_epoch * self.batch_size)
         # The loader's own generator seeds its workers, so creating the loader on resume
         # draws nothing from the global RNG. Re-seeded per epoch: workers that are started
         # anew each epoch (persistent_workers=false) get the seeds of an uninterrupted run.
@@ -322,10 +330,16 @@ class TrainLoader:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+        samples = self.batch_in_epoch * self.batch_size * self.world_size  # global: any world size resumes it
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "samples_in_epoch": samples}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        if "samples_in_epoch" in state:  # written on another world size, or with another per-rank batch
+            per_batch = self.batch_size * self.world_size
+            samples = int(state["samples_in_epoch"])
+            assert samples % per_batch == 0, f"{samples} samples into the epoch is not a whole batch of {per_batch}"
+            self.batch_in_epoch = samples // per_batch
 
 
 def train_loader(
@@ -336,12 +350,13 @@ def train_loader(
     seed: int,
     plan: LoaderPlan,
     say: Callable[[str], None],
+    accum_steps: int = 1,
 ) -> Any:
     """This rank's endless, resumable training batches: the data set's own loader where it
     streams (``DataBundle.train_loader``), else a ``TrainLoader`` over its items."""
     if data.train_loader is not None:
         return data.train_loader(batch_size, world_size, loader_kwargs(plan), data.collate, say)
-    return TrainLoader(data.train, batch_size, rank, world_size, seed, plan, data.collate)
+    return TrainLoader(data.train, batch_size, rank, world_size, seed, plan, data.collate, accum_steps)
 
 
 def val_loader(

@@ -31,9 +31,11 @@ from fwk.distributed.collectives import broadcast_object, replicas_in_sync
 from fwk.distributed.group import init
 from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import evaluate
+from fwk.engine.resize import derived_seed, split, written_world_size
 from fwk.engine.state import Clock, Resumable, StopSignal, seed_everything
 from fwk.engine.step import TrainStep, label
 from fwk.engine.trials import Replayable, Trials
+from fwk.errors import UserError
 from fwk.methods import Methods
 from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
 from fwk.optim.schedule_free import EvalWeights
@@ -95,7 +97,17 @@ def train(
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
-    per_rank = cfg.train.batch_size // dist.world_size
+    written = written_world_size(run.checkpoints)  # another process count may resume (fwk/engine/resize.py)
+    if written not in (None, dist.world_size) and data.train_loader is not None:
+        raise UserError(
+            f"run {run.id} was written by {written} processes and streamed data resumes on that many only "
+            f"(this launch has {dist.world_size}); set parallel.nproc_per_node / nnodes to make {written}"
+        )
+    per_rank, accum_factor = split(cfg.train.batch_size, dist.world_size, written)
+    if accum_factor > 1:  # fewer processes than wrote it: each keeps its batch, accumulated
+        cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, accum_steps=cfg.train.accum_steps * accum_factor)
+        )
     reporter = Reporter(run.metrics, dist, cfg.train.max_steps, tracking)
     decisions = Decisions(cfg, dist)
     decisions.on_change = lambda records: record_decisions(run, records)
@@ -125,7 +137,9 @@ def train(
     plan = loader_plan(cfg, data, per_rank, dist, decisions, reporter.message)
     # the batches as the loop takes them: a trial's are handed out again when its steps are redone
     loader = Replayable(
-        loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, reporter.message)
+        loading.train_loader(
+            data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, reporter.message, cfg.train.accum_steps
+        )
     )
     val = OnDevice(
         loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
@@ -149,7 +163,11 @@ def train(
     if found is not None:
         latest, state, rng = found
         step = resumable.load_state_dict(state)
-        set_rng_state(rng)
+        strategies.comm.accum_steps *= accum_factor  # the written run's (adapted) accumulation, on fewer processes
+        if rng is not None:
+            set_rng_state(rng)
+        else:  # written on another world size: no RNG file for this rank
+            seed_everything(derived_seed(cfg.seed, step, dist.rank))
         if dist.is_main and (dropped := run.truncate_metrics(after_step=step)):
             reporter.message(dropped)
     else:
@@ -167,6 +185,13 @@ def train(
     reporter.start(step)
     if found is not None:
         reporter.message(f"resumed run {run.id} from {latest.name} (step {step})")
+        if written != dist.world_size:
+            accum = strategies.comm.accum_steps
+            reporter.message(
+                f"resuming step {step} of run {run.id} on {dist.world_size} process{'es' * (dist.world_size > 1)} "
+                f"(written by {written}): same global batch {per_rank * dist.world_size * accum}"
+                + (f", as {accum} micro-batches" if accum > 1 else "")
+            )
     stop = StopSignal()
     window = Window(dist.device)
     train_time, train_samples, data_wait, final_eval = 0.0, 0, 0.0, {}

@@ -17,10 +17,12 @@ _CODE_DIRS = ("fwk", "conf", "recipes")
 # the tags of its first launch); with another tracking it is the same run, tracked as this
 # launch says.
 _NOT_HASHED = ("paths", "tags", "tracking")
-# Parallel fields that say where a run's processes meet, not what they compute: a SLURM job
-# requeued onto other nodes gets another rendezvous host and must find its run again, and
-# with rdzv_backend=static every node has its own node_rank but all share one run.
-_NOT_HASHED_PARALLEL = ("rdzv_endpoint", "node_rank")
+# Parallel fields that say where and on how many processes a run computes, not what: a SLURM
+# job requeued onto other nodes gets another rendezvous host and must find its run again; with
+# rdzv_backend=static every node has its own node_rank but all share one run; and the same
+# training (train.batch_size is the global batch) on another process count is the same run,
+# which resumes there (fwk/engine/resize.py).
+_NOT_HASHED_PARALLEL = ("rdzv_endpoint", "node_rank", "nproc_per_node", "nnodes")
 
 
 def _git(repo: Path, *args: str) -> str | None:

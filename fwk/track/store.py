@@ -147,20 +147,28 @@ def _same_run(stored_yaml: str, config_yaml: str) -> bool:
     return isinstance(stored, dict) and identity(stored) == identity(yaml.safe_load(config_yaml))
 
 
-def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:
-    """The stored config with this launch's ``tracking`` section, or None when they agree.
+# What the workers read from config.yaml that the run id leaves out and a relaunch may change
+_AS_LAUNCHED_PARALLEL = ("nproc_per_node", "nnodes")
 
-    The run id leaves tracking out, so a run interrupted under one tracking resumes under
-    another: the workers read config.yaml, and must send the results where this launch says.
+
+def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:
+    """The stored config with this launch's ``tracking`` section and process counts, or None
+    when they agree.
+
+    The run id leaves both out, so a run interrupted under one tracking resumes under
+    another, and on another number of processes: the workers read config.yaml, and must send
+    the results where this launch says, on as many processes as it starts.
     """
     if stored_yaml == config_yaml:
         return None
     stored, launched = yaml.safe_load(stored_yaml), yaml.safe_load(config_yaml)
-    if stored.get("tracking") == launched.get("tracking"):
+    parallel = dict(stored.get("parallel") or {})
+    parallel.update({k: v for k, v in (launched.get("parallel") or {}).items() if k in _AS_LAUNCHED_PARALLEL})
+    if stored.get("tracking") == launched.get("tracking") and parallel == (stored.get("parallel") or {}):
         return None
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml({**stored, "tracking": launched.get("tracking")})
+    return OmegaConf.to_yaml({**stored, "tracking": launched.get("tracking"), "parallel": parallel})
 
 
 def open_run(

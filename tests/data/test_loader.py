@@ -209,3 +209,46 @@ def test_loader_group_defaults_to_auto_and_the_recipe_sets_no_workers():
     cfg = to_typed(compose(["recipe=resnet50_imagenet", "loader.num_workers=4"]))
     assert cfg.loader == LoaderConfig(num_workers=4)  # auto, with the one value set
     assert to_typed(compose(["recipe=resnet50_imagenet"])).loader == AUTO
+
+
+class _Ids(torch.utils.data.Dataset):
+    """Items that are their own sample ids."""
+
+    def __len__(self) -> int:
+        return 27  # 27 // 8 = 3 steps an epoch of a global batch of 8, 3 samples left out
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor(index), 0
+
+
+def _steps(ranks: list[TrainLoader], accum: int, count: int) -> list[list[int]]:
+    """The sample ids of ``count`` optimizer steps: every rank's ``accum`` batches, sorted."""
+    its = [iter(r) for r in ranks]
+    return [sorted(int(i) for it in its for _ in range(accum) for i in next(it)[0]) for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    "before,after",
+    [((2, 4, 1), (1, 4, 2)), ((1, 8, 1), (2, 4, 1)), ((1, 4, 2), (4, 2, 1))],
+    ids=["2-to-1-as-2-micro-batches", "1-to-2", "1-to-4-smaller-per-rank"],
+)
+def test_the_global_batch_sees_the_same_samples_at_every_step_on_any_world_size(
+    before: tuple[int, int, int], after: tuple[int, int, int]
+) -> None:
+    """(processes, per-rank batch, accumulation) with one global batch of 8: the same sample
+    ids at every step, and a position saved under one resumes under the other, mid-epoch
+    and across epochs."""
+
+    def loaders(world: int, batch: int, accum: int) -> list[TrainLoader]:
+        return [TrainLoader(_Ids(), batch, r, world, 5, LoaderPlan(), accum_steps=accum) for r in range(world)]
+
+    straight = _steps(loaders(*before), before[2], 8)  # 3 steps an epoch: through epoch 2
+    assert sorted(sum(straight[:3], [])) != list(range(24)) and len(set(sum(straight[:3], []))) == 24
+    assert straight[:3] != straight[3:6]  # each epoch its own permutation
+    assert _steps(loaders(*after), after[2], 8) == straight
+    first = loaders(*before)
+    head = _steps(first, before[2], 4)  # stopped at step 4, one step into epoch 1
+    resumed = loaders(*after)
+    for r in resumed:
+        r.load_state_dict(first[0].state_dict())
+    assert head + _steps(resumed, after[2], 4) == straight

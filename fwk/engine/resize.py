@@ -1,0 +1,47 @@
+"""Resuming a run on another number of processes than wrote its checkpoint.
+
+``train.batch_size`` is the global batch, so the same command on another world size is the
+same run (its id leaves the process count out) and computes the same steps: the training
+order is defined globally (fwk/data/loader.py ``TrainLoader``). On fewer processes each
+keeps the per-process batch of the run that wrote the checkpoint and makes the global batch
+up with accumulation (memory stays as it was); on more, each takes its smaller share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from fwk.errors import UserError
+
+
+def written_world_size(checkpoints: Path) -> int | None:
+    """The process count that wrote the newest complete checkpoint under ``checkpoints``."""
+    manifests = sorted(checkpoints.glob("step-*/manifest.json")) if checkpoints.is_dir() else []
+    for manifest in reversed(manifests):
+        try:
+            return int(json.loads(manifest.read_text())["world_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged one: Checkpointer decides what to do with it
+    return None
+
+
+def split(global_batch: int, world: int, written: int | None) -> tuple[int, int]:
+    """(per-process batch, accumulation factor) that keep ``global_batch`` on ``world``
+    processes, for a checkpoint written by ``written`` (None: a new run)."""
+    if written is None or written <= world:
+        return global_batch // world, 1
+    if written % world:
+        raise UserError(
+            f"the run's checkpoint was written by {written} processes, each with a batch of {global_batch // written}; "
+            f"{world} processes cannot share that out evenly: resume on a number of processes that divides {written}"
+        )
+    return global_batch // written, written // world
+
+
+def derived_seed(seed: int, step: int, rank: int) -> int:
+    """A rank's RNG seed at a step, from the run's seed alone: a resume on another world size
+    has no RNG file for some of its ranks, and needs none."""
+    digest = hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")  # 32 bits: numpy's legacy seeding takes no more
