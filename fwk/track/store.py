@@ -168,7 +168,10 @@ def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:
         return None
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml({**stored, "tracking": launched.get("tracking"), "parallel": parallel})
+    relaunched = {**stored, "tracking": launched.get("tracking")}
+    if parallel:
+        relaunched["parallel"] = parallel
+    return OmegaConf.to_yaml(relaunched)
 
 
 def open_run(

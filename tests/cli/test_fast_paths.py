@@ -122,7 +122,7 @@ def test_sweep_cfg_and_dry_run_import_no_torch(runs: Path) -> None:
 LAUNCHER = PROBE.replace(
     "from fwk.cli import main\n",
     "from fwk.cli import main\nimport fwk.launch.launcher as launcher\n"
-    "launcher.run_torchrun = lambda argv, logs, n: print('torchrun', *argv[1:3]) or 0\n",
+    "launcher.run_torchrun = lambda argv, logs, n, keep_fds=(): print('torchrun', *argv[1:3]) or 0\n",
 )
 
 

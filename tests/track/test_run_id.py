@@ -37,9 +37,10 @@ def test_rendezvous_location_does_not_change_the_id() -> None:
     cfg = {**CFG, "parallel": {"nnodes": 2, "rdzv_endpoint": "node0:15001", "node_rank": 0}}
     moved = {**CFG, "parallel": {"nnodes": 2, "rdzv_endpoint": "node7:15001", "node_rank": 1}}
     assert run_id(moved, "git:abc") == run_id(cfg, "git:abc")
-    assert run_id({**CFG, "parallel": {"nnodes": 4, "rdzv_endpoint": "node0:15001"}}, "git:abc") != run_id(
-        cfg, "git:abc"
-    )
+    # nor do the node and process counts: the global batch is the same on any, and a run resumes on another
+    resized = {**CFG, "parallel": {"nnodes": 4, "nproc_per_node": 8, "rdzv_endpoint": "node0:15001"}}
+    assert run_id(resized, "git:abc") == run_id(cfg, "git:abc")
+    assert run_id({**CFG, "parallel": {"nnodes": 2, "name": "fsdp"}}, "git:abc") != run_id(cfg, "git:abc")
 
 
 def test_tracking_does_not_change_the_id() -> None:

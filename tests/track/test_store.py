@@ -63,8 +63,11 @@ def test_reopened_on_another_rendezvous_host(tmp_path: Path) -> None:
     run = open_run(tmp_path, "abc123", first, "git:x", 4)
     open_run(tmp_path, "abc123", first.replace("node0", "node3"), "git:x", 4)
     assert run.config.read_text() == first
+    # requeued onto fewer nodes: the same run, and its workers read the node count as launched
+    open_run(tmp_path, "abc123", first.replace("nnodes: 2", "nnodes: 1"), "git:x", 2)
+    assert yaml.safe_load(run.config.read_text())["parallel"] == {"nnodes": 1, "rdzv_endpoint": "node0:15001"}
     with pytest.raises(UserError, match="differs"):
-        open_run(tmp_path, "abc123", first.replace("nnodes: 2", "nnodes: 3"), "git:x", 6)
+        open_run(tmp_path, "abc123", first.replace("seed: 0", "seed: 1"), "git:x", 4)
 
 
 def test_reopened_with_another_tracking_tracks_as_launched(tmp_path: Path) -> None:
