@@ -4,7 +4,8 @@ Layout of one checkpoint: ``checkpoints/step-00000400/`` holding ``state.pt`` (m
 optimizer, scheduler, data position, step), ``rng-rank<R>.pt`` (every rank's RNG
 states) and ``manifest.json`` (step, world size, sha256 of each file). Under FSDP the
 model and optimizer go to ``sharded/`` instead, written by every rank with
-``torch.distributed.checkpoint``. It is written into a temp dir, fsynced, then renamed:
+``torch.distributed.checkpoint``, which reshards them when another number of processes
+loads them (fwk/engine/resize.py). It is written into a temp dir, fsynced, then renamed:
 a crash leaves the previous checkpoint intact. Files are loaded with
 ``weights_only=True``: a checkpoint cannot run code.
 """
@@ -260,20 +261,14 @@ class Checkpointer:
         except (OSError, json.JSONDecodeError):
             return "manifest.json unreadable"
         written = manifest.get("world_size")
-        if written != self.dist.world_size and self.sharded:
+        sharded = bool(manifest.get("sharded", False))
+        if self.sharded and not sharded and written != 1:  # one process's whole tensors shard
             raise UserError(
-                f"checkpoint {path} holds FSDP/HSDP shards of {written} processes, this run has "
-                f"{self.dist.world_size}; a sharded run resumes on the process count that wrote it "
-                f"(parallel.nproc_per_node x parallel.nnodes = {written})"
-            )
-        if bool(manifest.get("sharded", False)) != self.sharded:
-            kinds = {True: "sharded (parallel=fsdp/hsdp)", False: "unsharded (parallel=none/ddp)"}
-            raise UserError(
-                f"checkpoint {path} is {kinds[not self.sharded]} but this run is {kinds[self.sharded]}; "
+                f"checkpoint {path} is unsharded (parallel=none/ddp) but this run is sharded (parallel=fsdp/hsdp); "
                 "resume with the parallel setting that wrote it (parallel.name=...)"
             )
         names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(int(written or 0)))]
-        if self.sharded:
+        if sharded:
             shard_files = [f for f in manifest.get("sha256", {}) if f.startswith(f"{_SHARDED}/")]
             names += shard_files or [f"{_SHARDED}/.metadata"]
         for name in names:
@@ -293,12 +288,14 @@ class Checkpointer:
             raise UserError(f"checkpoint {path} is corrupt ({damage}); {hint}")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         rng_file = path / f"rng-rank{self.dist.rank}.pt"
-        same_size = json.loads((path / "manifest.json").read_text()).get("world_size") == self.dist.world_size
+        manifest = json.loads((path / "manifest.json").read_text())
+        same_size = manifest.get("world_size") == self.dist.world_size
         rng = torch.load(rng_file, map_location="cpu", weights_only=True) if same_size else None
-        if self.sharded:
+        if manifest.get("sharded", False):
             import torch.distributed.checkpoint as dcp
 
-            assert template is not None, "a sharded checkpoint loads into the model's own shards"
+            # this rank's shards, or the whole tensors of a run on one process: resharded as read
+            assert template is not None, "a sharded checkpoint loads into the model's own state"
             shards = template()
             dcp.load(shards, checkpoint_id=path / _SHARDED)
             state.update(shards)
@@ -345,6 +342,22 @@ def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, A
     return {"model": raw.state_dict(), "optimizer": optimizer.state_dict()}
 
 
+def named_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Model and optimizer state keyed by parameter names: this rank's shards, or whole
+    tensors when the model is not sharded. What a sharded checkpoint loads into, on any
+    number of processes: torch.distributed.checkpoint reshards as it reads."""
+    from fwk.strategies import fsdp
+
+    return fsdp.model_state(raw, optimizer)
+
+
+def _by_name(optimizer_state: dict[str, Any]) -> bool:
+    """True for an optimizer state keyed by parameter names (torch.distributed.checkpoint's
+    layout), False for ``Optimizer.state_dict()``'s parameter indices."""
+    groups = optimizer_state.get("param_groups") or [{}]
+    return any(isinstance(p, str) for p in groups[0].get("params", []))
+
+
 def host_copy(obj: Any) -> Any:
     """A copy of a state dict that later steps cannot change: tensors on the host (shards
     stay sharded, on their device: a copy there keeps their placement)."""
@@ -362,7 +375,9 @@ def host_copy(obj: Any) -> Any:
 def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     from fwk.strategies import fsdp
 
-    if fsdp.is_sharded(raw):
+    if fsdp.is_sharded(raw) and not _by_name(state["optimizer"]):  # written unsharded, by one process
+        fsdp.load_whole_state(raw, optimizer, state)
+    elif fsdp.is_sharded(raw) or _by_name(state["optimizer"]):
         fsdp.load_model_state(raw, optimizer, state)
     else:
         raw.load_state_dict(state["model"])

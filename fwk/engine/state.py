@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fwk.components.checkpoint import load_model_state, model_state
+from fwk.components.checkpoint import load_model_state, model_state, named_model_state
 from fwk.distributed.collectives import all_reduce_sum
 from fwk.distributed.group import Dist
 
@@ -73,7 +73,8 @@ class Resumable:
         self.raw, self.optimizer, self.parts = raw, optimizer, parts
 
     def template(self) -> dict[str, Any]:
-        return model_state(self.raw, self.optimizer)
+        """What a sharded checkpoint loads into, on this run's number of processes."""
+        return named_model_state(self.raw, self.optimizer)
 
     def state_dict(self, step: int) -> dict[str, Any]:
         parts = {name: part.state_dict() for name, part in self.parts.items()}

@@ -119,7 +119,8 @@ def _check_distinct(members: list[Member]) -> None:
         if first is not m:
             raise UserError(
                 f"sweep runs {first.number} ({first.combination.label()}) and {m.number} ({m.combination.label()}) "
-                f"are the same run {m.plan.run_id} (only tags, paths or process counts differ); sweep a key that changes training"
+                f"are the same run {m.plan.run_id} (only tags, paths or process counts differ); "
+                "sweep a key that changes training"
             )
 
 

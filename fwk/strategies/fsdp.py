@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -118,3 +118,20 @@ def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, A
 
 def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     set_state_dict(raw, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def load_whole_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Shard the whole tensors of an unsharded checkpoint (``Module.state_dict()`` and
+    ``Optimizer.state_dict()``, as a run on one process writes them) into this rank's part.
+
+    The optimizer's state is keyed by parameter index, in the order it was built over the
+    same model's parameters; the names let ``set_state_dict`` place it."""
+    names = {id(p): name for name, p in raw.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    whole = state["optimizer"]
+    by_name = {
+        "state": {order[i]: value for i, value in whole["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in whole["param_groups"]],
+    }
+    options = StateDictOptions(full_state_dict=True)
+    set_state_dict(raw, optimizer, model_state_dict=state["model"], optim_state_dict=by_name, options=options)

@@ -1,6 +1,7 @@
 """Checkpoints: round trip, RNG restore, last-K pruning, corruption: fallback or a clear error."""
 
 import errno
+import json
 import os
 import random
 from pathlib import Path
@@ -99,8 +100,11 @@ def test_an_unsharded_checkpoint_loads_on_another_world_size(tmp_path: Path) -> 
 
 
 def test_layout_mismatch_is_one_line_error(tmp_path: Path) -> None:
-    """A checkpoint of an unsharded run does not load into a sharded one (and back)."""
+    """A checkpoint of a DDP run does not load into a sharded one. (One process's whole
+    tensors do, and a sharded checkpoint loads into any run: tests/engine/test_resize.py.)"""
     path = Checkpointer(tmp_path, SOLO, keep=1).save(1, _state(1))
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**manifest, "world_size": 2}))  # as 2 DDP processes write it
     sharded = Checkpointer(tmp_path, SOLO, keep=1, sharded=True)
     with pytest.raises(UserError, match=r"is unsharded \(parallel=none/ddp\) but this run is sharded") as err:
         sharded.load_latest(print)

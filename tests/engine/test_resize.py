@@ -34,17 +34,23 @@ def _final(runs: Path) -> tuple[str, dict[str, float]]:
     return run.name, json.loads((run / "summary.json").read_text())["eval"]
 
 
-@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
+@pytest.mark.parametrize(
+    "before,after,parallel",
+    [(2, 1, "auto"), (1, 2, "auto"), (2, 1, "fsdp"), (1, 2, "fsdp")],
+    # fsdp on 2: torch.distributed.checkpoint reshards its state; on 1 the model is whole
+    ids=["2-to-1", "1-to-2", "fsdp-2-to-1", "fsdp-1-to-2"],
+)
 def test_a_run_stopped_on_one_process_count_resumes_on_another_and_ends_as_a_straight_run(
-    tmp_path: Path, before: int, after: int
+    tmp_path: Path, before: int, after: int, parallel: str
 ) -> None:
     require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
-    straight = run_fwk(*ARGS, f"parallel.nproc_per_node={before}", runs=tmp_path / "straight")
+    args = [*ARGS, f"parallel={parallel}"]
+    straight = run_fwk(*args, f"parallel.nproc_per_node={before}", runs=tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr
     runs = tmp_path / "moved"
-    stopped = interrupt_after([*ARGS, f"parallel.nproc_per_node={before}"], runs, "*/checkpoints/step-*/manifest.json")
+    stopped = interrupt_after([*args, f"parallel.nproc_per_node={before}"], runs, "*/checkpoints/step-*/manifest.json")
     assert stopped.returncode in (0, 130), stopped.stderr
-    resumed = run_fwk(*ARGS, f"parallel.nproc_per_node={after}", runs=runs)
+    resumed = run_fwk(*args, f"parallel.nproc_per_node={after}", runs=runs)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     (expected_id, expected), (got_id, got) = _final(tmp_path / "straight"), _final(runs)
     assert got_id == expected_id  # the same run, whatever the process count
