@@ -292,11 +292,11 @@ def rm(
 
     from fwk.track.index import forget
     from fwk.track.lookup import find_run
-    from fwk.track.status import lock_holder, row_from_dir
+    from fwk.track.status import row_from_dir, running
 
     run = find_run(_root(root), run_id)
-    if lock_holder(run):
-        raise UserError(f"run {run.id} is running; stop it (Ctrl-C in its terminal) before removing it")
+    if who := running(run):
+        raise UserError(f"run {run.id} is running ({who}); stop it (Ctrl-C in its terminal) before removing it")
     row = row_from_dir(run)
     what = f"run {run.id} ({row['recipe']}, {row['status']}, step {row['step']}) at {run.path}"
     if not yes and not typer.confirm(f"Remove {what}?", default=False, err=True):

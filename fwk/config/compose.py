@@ -62,10 +62,13 @@ def _forgive(overrides: list[str], root: Path) -> list[str]:
 
     - ``+key=value`` on a key the config already has (``+tags=[a,b]``, ``+train.max_steps=5``)
       sets it: ``++key=value``. Hydra's ``+`` only adds a key that is not there yet.
+    - ``parallel.nnodes=MIN:MAX`` (torchrun's elastic range) sets ``parallel.min_nnodes=MIN``
+      and ``parallel.nnodes=MAX``.
     - ``model._target_=pkg.Class`` without ``model=custom`` picks ``model=custom`` (any group
       with a conf/<group>/custom.yaml); ``model.KEY=value`` then adds KEY, the class's argument.
       With another option (``model=gpt model._target_=...``) it says what to write instead.
     """
+    overrides = [part for override in overrides for part in _elastic_range(override)]
     groups = _groups(root)
     chosen = {}
     for override in overrides:
@@ -98,6 +101,15 @@ def _forgive(overrides: list[str], root: Path) -> list[str]:
         else:
             out.append(override)
     return out
+
+
+def _elastic_range(override: str) -> list[str]:
+    """``parallel.nnodes=1:2`` -> ``parallel.nnodes=2``, ``parallel.min_nnodes=1``; others as they are."""
+    head, sep, value = override.partition("=")
+    found = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value)
+    if not (sep and head.lstrip("+") == "parallel.nnodes" and found):
+        return [override]
+    return [f"{head}={found[2]}", f"{head.replace('nnodes', 'min_nnodes')}={found[1]}"]
 
 
 def _reject_sweeps(overrides: list[str]) -> None:

@@ -48,16 +48,17 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init(backend: str, device_choice: str) -> Dist:
+def init(backend: str, device_choice: str, timeout_s: float = 600) -> Dist:
     """Join the process group torchrun set up (RANK/WORLD_SIZE in the environment), if any.
 
-    ``backend``: ``parallel.backend`` (auto: nccl on CUDA, gloo on CPU)."""
+    ``backend``: ``parallel.backend`` (auto: nccl on CUDA, gloo on CPU); ``timeout_s``: how
+    long a collective waits for a peer (``parallel.collective_timeout_s``)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_choice, local_rank)
     if world > 1 and not dist.is_initialized():
         backend = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-        timeout = timedelta(minutes=10)
+        timeout = timedelta(seconds=timeout_s)
         dist.init_process_group(
             backend, store=_attempt_store(rank, world, timeout), rank=rank, world_size=world, timeout=timeout
         )

@@ -92,7 +92,7 @@ def train(
     """
     started = time.perf_counter()
     make_deterministic(cfg.train.deterministic)
-    dist = init(cfg.parallel.backend, cfg.train.device)
+    dist = init(cfg.parallel.backend, cfg.train.device, cfg.parallel.collective_timeout_s)
     if dist.device.type == "cuda":  # this run's peak, not an earlier train() in the same process
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights

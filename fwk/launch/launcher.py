@@ -3,9 +3,10 @@ then the run dir opened and the workers run in this process or under torchrun.""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
-from contextlib import nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,10 @@ from fwk.config.resolve import Resolved
 from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
 from fwk.track import index
+from fwk.track.lease import Lease, launch_key
 from fwk.track.run_id import code_version, run_id
 from fwk.track.status import record_outcome
-from fwk.track.store import RunDir, RunLock, open_run
+from fwk.track.store import RunDir, RunLock, make_run_dir, open_run
 
 
 @dataclass
@@ -30,6 +32,7 @@ class LaunchPlan:
     nproc_per_node: int
     argv: list[str] | None  # torchrun's command line, or None for one in-process worker
     data: dict[str, str]  # the data's fingerprint (sources.Fingerprint), or why there is none
+    lease_key: str | None = None  # several machines: the launch that holds the run's lease (fwk/track/lease.py)
 
     def describe(self) -> str:
         how = shlex.join(self.argv) if self.argv else "in this process (1 worker)"
@@ -58,7 +61,8 @@ def plan(resolved: Resolved, salt: str = "") -> LaunchPlan:
     rid = run_id(resolved.as_dict, code, data["digest"], salt)
     run_dir = Path(cfg.paths.runs).expanduser().resolve() / rid
     argv = torchrun_argv(cfg.parallel, run_dir, rid) if cfg.world_size > 1 else None
-    return LaunchPlan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv, data)
+    key = launch_key(cfg.parallel.rdzv_endpoint, os.environ) if cfg.parallel.nnodes > 1 else None
+    return LaunchPlan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv, data, key)
 
 
 def launch(
@@ -67,13 +71,18 @@ def launch(
     nnodes: int,
     lineage: dict[str, str] | None = None,
     overrides: list[str] | None = None,
+    say: Callable[[str], None] = print,
 ) -> tuple[int, RunDir]:
     """Run the plan; returns (exit status, run dir). torchrun's status is passed through.
     ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``)."""
     first = {**(lineage or {}), "data": p.data}
-    run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
-    # Each node's launcher opens the same shared run dir in a multi-node run: lock one-node runs only.
-    with RunLock(run) if nnodes == 1 else nullcontext() as lock:
+    run = make_run_dir(p.run_dir.parent, p.run_id)
+    # Each machine's launcher opens the same shared run dir in a multi-node run: their guard
+    # is a lease in that dir; a run on one machine is locked there. A launch that is refused
+    # writes nothing.
+    guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "", say)
+    with guard as held:
+        run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
         index.record_quietly(run, "running")
         status, outcome = 1, "failed"
         try:
@@ -82,7 +91,8 @@ def launch(
 
                 status = run_worker(run.path)
             else:
-                keep = (lock.fileno(),) if lock is not None else ()  # torchrun's agent holds the lock too
+                # torchrun's agent holds the lock too
+                keep = (held.fileno(),) if isinstance(held, RunLock) else ()
                 status = run_torchrun(p.argv, run.path / "logs", p.nproc_per_node, keep)
             # a clean exit without a summary is a run stopped at a step boundary (Ctrl-C, SIGTERM);
             # 128 + N: the launcher or torchrun's agent got signal N, and the run resumes from its checkpoint

@@ -99,7 +99,9 @@ def run(
     for line in preflight(job) if not checked else []:
         say(line)
     config = job.resolved.config
-    status, run_dir = launch(job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides)
+    status, run_dir = launch(
+        job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides, say=say
+    )
     summary = run_dir.read_summary()
     if status == 0 and summary is not None:
         say(finished(summary, run_dir.path))

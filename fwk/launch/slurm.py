@@ -65,6 +65,15 @@ def rdzv_port(env: Mapping[str, str]) -> int:
     return RDZV_PORT_BASE + int(env["SLURM_JOB_ID"]) % RDZV_PORT_SPAN
 
 
+def _allows(nnodes: str, allocated: int) -> bool:
+    """``parallel.nnodes`` as typed (``2``, or an elastic range ``1:2``) admits this allocation."""
+    low, sep, high = nnodes.partition(":")
+    try:
+        return int(low) <= allocated <= int(high) if sep else int(nnodes) == allocated
+    except ValueError:
+        return False  # not a count: the config check names it
+
+
 def overrides(env: Mapping[str, str], args: Sequence[str], host: Callable[[str], str] = first_host) -> list[str]:
     """`fwk train` overrides for this allocation: nodes, processes per node, rendezvous.
 
@@ -74,10 +83,11 @@ def overrides(env: Mapping[str, str], args: Sequence[str], host: Callable[[str],
     """
     given = {_key(a): a.partition("=")[2] for a in args}
     nnodes = num_nodes(env)
-    if "parallel.nnodes" in given and given["parallel.nnodes"] != str(nnodes):
+    if "parallel.nnodes" in given and not _allows(given["parallel.nnodes"], nnodes):
         raise UserError(
             f"parallel.nnodes={given['parallel.nnodes']} but the job has {nnodes} node(s); "
-            f"drop parallel.nnodes (it is read from SLURM) or submit with sbatch --nodes={given['parallel.nnodes']}"
+            f"drop parallel.nnodes (it is read from SLURM) or submit with "
+            f"sbatch --nodes={given['parallel.nnodes'].replace(':', '-')}"
         )
     out = [f"parallel.nnodes={nnodes}"] if "parallel.nnodes" not in given else []
     if "parallel.nproc_per_node" not in given:

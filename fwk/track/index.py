@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fwk.track.status import last_train, lock_holder, row_from_dir
+from fwk.track.status import last_train, row_from_dir, running
 from fwk.track.store import RunDir
 
 SCHEMA_VERSION = 1  # PRAGMA user_version; another number means "rebuild from the run dirs"
@@ -235,7 +235,7 @@ def query(
             if run.summary.is_file():  # finished, though its launcher's last word was lost
                 fresh.append(row_from_dir(run))
             elif r["status"] == "running":
-                if (run.path / ".lock").exists() and not lock_holder(run):  # multi-node runs hold no lock
+                if not running(run):  # its launcher is gone (a lock on this machine, a lease on many)
                     fresh.append(row_from_dir(run))
                 else:
                     r["step"] = last_train(run)[0] or r["step"]  # live progress, not written to the index

@@ -22,7 +22,15 @@ _NOT_HASHED = ("paths", "tags", "tracking")
 # rdzv_backend=static every node has its own node_rank but all share one run; and the same
 # training (train.batch_size is the global batch) on another process count is the same run,
 # which resumes there (fwk/engine/resize.py).
-_NOT_HASHED_PARALLEL = ("rdzv_endpoint", "node_rank", "nproc_per_node", "nnodes")
+_NOT_HASHED_PARALLEL = (
+    "rdzv_endpoint",
+    "node_rank",
+    "nproc_per_node",
+    "nnodes",
+    "min_nnodes",
+    "rdzv_last_call_s",
+    "collective_timeout_s",
+)
 
 
 def _git(repo: Path, *args: str) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from fwk.track import lease
 from fwk.track.store import RunDir, flock_holders
 
 STATUSES = ("running", "complete", "failed", "interrupted")
@@ -34,6 +35,15 @@ def lock_holder(run: RunDir) -> bool:
         return False
     holders = flock_holders(lock)
     return _probe(lock) if holders is None else bool(holders)
+
+
+def running(run: RunDir) -> str | None:
+    """Who runs it right now, or None: a launcher holding its lock on this machine, or the
+    fresh lease of a multi-node launch on any machine (fwk/track/lease.py)."""
+    if lock_holder(run):
+        return "a launcher on this machine"
+    held = lease.fresh(run.path)
+    return lease.describe(held) if held is not None else None
 
 
 def _probe(lock: Path) -> bool:
@@ -107,11 +117,12 @@ def _parse_time(text: Any) -> float | None:
 
 
 def derive_status(run: RunDir, meta: dict[str, Any] | None = None) -> str:
-    """complete: summary.json; running: a launcher holds the lock; failed: the launcher
-    recorded a failed launch last in meta.json; interrupted: anything else (stopped, killed)."""
+    """complete: summary.json; running: a launcher holds the lock, or a multi-node launch
+    its lease; failed: the launcher recorded a failed launch last in meta.json; interrupted:
+    anything else (stopped, killed)."""
     if run.summary.is_file():
         return "complete"
-    if lock_holder(run):
+    if running(run):
         return "running"
     meta = read_json(run.meta) if meta is None else meta
     launches = (meta or {}).get("launches") or [{}]

@@ -174,6 +174,16 @@ def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:
     return OmegaConf.to_yaml(relaunched)
 
 
+def make_run_dir(root: Path, run_id: str) -> RunDir:
+    """The run dir, created if new (empty: ``open_run`` fills it)."""
+    run = RunDir(root / run_id)
+    try:
+        run.path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create run dir {run.path}: {exc.strerror}; set paths.runs=... or FWK_RUNS") from None
+    return run
+
+
 def open_run(
     root: Path,
     run_id: str,
@@ -190,11 +200,7 @@ def open_run(
     ``kind``: replay, sweep) and ``data``: its data's fingerprint. ``overrides`` are this
     launch's command-line overrides as typed.
     """
-    run = RunDir(root / run_id)
-    try:
-        run.path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create run dir {run.path}: {exc.strerror}; set paths.runs=... or FWK_RUNS") from None
+    run = make_run_dir(root, run_id)
     if run.config.exists() and not _same_run(run.config.read_text(), config_yaml):
         raise UserError(
             f"{run.config} differs from this command's config though the run id matches; "

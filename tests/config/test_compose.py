@@ -84,6 +84,12 @@ def test_plus_on_an_existing_key_sets_it() -> None:
     assert (cfg.train.max_steps, cfg.model.channels1) == (7, 8)
 
 
+def test_an_elastic_node_range_sets_the_fewest_and_the_most() -> None:
+    parallel = to_typed(compose(["parallel.nnodes=1:2"])).parallel
+    assert (parallel.min_nnodes, parallel.nnodes) == (1, 2)
+    assert to_typed(compose(["parallel.nnodes=2"])).parallel.min_nnodes == 0  # no range
+
+
 def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FWK_RUNS", str(tmp_path))
     assert to_typed(compose([])).paths.runs == str(tmp_path)
@@ -142,6 +148,16 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["precision.backoff_factor=1.5"], "precision.backoff_factor=1.5 is not allowed: expected a number in (0, 1)"),
         (["train.accum_steps=0"], "train.accum_steps=0 is not allowed"),
         (["memory.budget_gb=-1"], "memory.budget_gb=-1.0 is not allowed"),
+        (
+            ["parallel.nnodes=1:2", "parallel.rdzv_backend=static"],
+            "parallel.rdzv_backend='static' is not allowed: expected c10d with an elastic range",
+        ),
+        (
+            ["parallel.nnodes=2:4", "train.batch_size=64"],  # 16 each on 4; 3 machines cannot hold 64 that way
+            "train.batch_size=64 is not allowed: expected a global batch that 1 x 3 processes share evenly, each with "
+            "at most 16 samples (after losing machines, parallel.nnodes=2:4)",
+        ),
+        (["parallel.nnodes=3:2"], "parallel.min_nnodes=3 is not allowed: expected an integer in [0, 2]"),
         (
             ["train.deterministic=true", "parallel.adapt.enabled=true"],
             "parallel.adapt.enabled=True is not allowed: expected false with train.deterministic=true",

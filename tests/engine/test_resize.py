@@ -60,10 +60,15 @@ def test_a_run_stopped_on_one_process_count_resumes_on_another_and_ends_as_a_str
     assert line.endswith(f"of run {got_id} on {processes} (written by {before}): same global batch 64{micro}"), line
     # the same samples at every step; the gradients summed in another order
     assert abs(got["val_loss"] - expected["val_loss"]) < 0.01 and abs(got["val_acc"] - expected["val_acc"]) <= 0.01
-    print(f"{before} -> {after}: val_loss {got['val_loss']:.4f} vs {expected['val_loss']:.4f} straight")
+    print(f"{parallel} {before} -> {after}: val_loss {got['val_loss']:.6f} vs {expected['val_loss']:.6f} straight")
 
 
-def test_a_process_count_that_cannot_keep_the_per_process_batch_is_refused() -> None:
+def test_fewer_processes_accumulate_what_they_cannot_hold() -> None:
     assert split(64, 2, None) == (32, 1) and split(64, 1, 2) == (32, 2) and split(64, 4, 2) == (16, 1)
-    with pytest.raises(UserError, match=r"written by 6 processes, each with a batch of 16; 4 processes cannot share"):
-        split(96, 4, 6)
+    assert split(96, 4, 6) == (12, 2)  # 6 processes of 16 -> 4: 16 does not divide 96 / 4, 12 twice does
+    with pytest.raises(
+        UserError,
+        match=r"^a global batch of 64 cannot be shared out evenly on 3 processes with at most "
+        r"16 samples each \(as the 4 that wrote the checkpoint had\); set train.batch_size to a multiple",
+    ):
+        split(64, 3, 4)

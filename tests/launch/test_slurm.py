@@ -72,6 +72,10 @@ def test_nnodes_must_match_the_allocation() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "vm"}
     with pytest.raises(UserError, match=r"parallel.nnodes=2 but the job has 1 node.*sbatch --nodes=2"):
         slurm.overrides(env, ["parallel.nnodes=2"], host=_no_host)
+    # an elastic range admits any allocation within it: a job requeued onto fewer nodes goes on
+    assert slurm.overrides(env, ["parallel.nnodes=1:2"], host=_no_host) == ["parallel.nproc_per_node=1"]
+    with pytest.raises(UserError, match=r"parallel.nnodes=2:4 but the job has 1 node.*sbatch --nodes=2-4"):
+        slurm.overrides(env, ["parallel.nnodes=2:4"], host=_no_host)
 
 
 def test_outside_a_job_is_one_line() -> None:

@@ -55,10 +55,10 @@ def test_query_filters_newest_first(tmp_path: Path) -> None:
 
 def test_record_upserts_and_keeps_created(tmp_path: Path) -> None:
     run = make_run(tmp_path, "aaa")
-    index.record(run, "running")
-    first = index.query(tmp_path)[0]
-    with RunLock(run):  # still running: the lock says so
-        assert index.query(tmp_path)[0]["status"] == "running"
+    with RunLock(run):  # a launcher records its run as running once it holds the lock
+        index.record(run, "running")
+        first = index.query(tmp_path)[0]
+        assert index.query(tmp_path)[0]["status"] == "running"  # still running: the lock says so
     run.write_summary({"final_step": 10, "eval": {"val_acc": 0.8}})
     index.record(run, "complete")
     [row] = index.query(tmp_path)
