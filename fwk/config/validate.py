@@ -112,7 +112,7 @@ def _target_problem(text: str) -> str | None:
 
 def _splits(global_batch: int, nproc: int, nodes: int, written: int) -> bool:
     """True when ``nodes`` machines can go on with a run that ``written`` processes wrote."""
-    from fwk.engine.resize import split
+    from fwk.distributed.shares import split
     from fwk.errors import UserError
 
     try:

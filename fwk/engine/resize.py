@@ -4,7 +4,8 @@
 same run (its id leaves the process count out) and computes the same steps: the training
 order is defined globally (fwk/data/loader.py ``TrainLoader``). On fewer processes each
 keeps the per-process batch of the run that wrote the checkpoint and makes the global batch
-up with accumulation (memory stays as it was); on more, each takes its smaller share.
+up with accumulation (memory stays as it was); on more, each takes its smaller share
+(fwk/distributed/shares.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-
-from fwk.errors import UserError
 
 
 def written_world_size(checkpoints: Path) -> int | None:
@@ -25,24 +24,6 @@ def written_world_size(checkpoints: Path) -> int | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a damaged one: Checkpointer decides what to do with it
     return None
-
-
-def split(global_batch: int, world: int, written: int | None) -> tuple[int, int]:
-    """(per-process batch, accumulation steps) that keep ``global_batch`` on ``world``
-    processes, for a checkpoint written by ``written`` (None: a new run).
-
-    The fewest accumulation steps whose per-process batch divides the global batch evenly
-    and is no larger than the written run's (its memory fitted): on half the processes,
-    each keeps its batch and accumulates twice."""
-    most = global_batch // written if written else global_batch
-    for steps in range(1, global_batch + 1):
-        if global_batch % (world * steps) == 0 and global_batch // (world * steps) <= most:
-            return global_batch // (world * steps), steps
-    raise UserError(
-        f"a global batch of {global_batch} cannot be shared out evenly on {world} processes"
-        + (f" with at most {most} samples each (as the {written} that wrote the checkpoint had)" if written else "")
-        + f"; set train.batch_size to a multiple of {world}, or resume on a number of processes that divides it"
-    )
 
 
 def derived_seed(seed: int, step: int, rank: int) -> int:

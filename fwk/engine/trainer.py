@@ -29,9 +29,10 @@ from fwk.data import loader as loading
 from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.distributed.collectives import broadcast_object, replicas_in_sync
 from fwk.distributed.group import init
+from fwk.distributed.shares import split
 from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import evaluate
-from fwk.engine.resize import derived_seed, split, written_world_size
+from fwk.engine.resize import derived_seed, written_world_size
 from fwk.engine.state import Clock, Resumable, StopSignal, seed_everything
 from fwk.engine.step import TrainStep, label
 from fwk.engine.trials import Replayable, Trials

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from fwk.engine.resize import split
+from fwk.distributed.shares import split
 from fwk.errors import UserError
 from tests.conftest import interrupt_after, require, run_fwk
 
