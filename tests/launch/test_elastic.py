@@ -20,19 +20,7 @@ import torch.distributed as dist
 
 from tests import zygote
 from tests.conftest import require, run_fwk
-
-ARGS = [
-    "train",
-    "model.channels1=8",
-    "model.channels2=16",
-    "model.hidden=32",
-    "train.max_steps=60",
-    "train.eval_every=60",
-    "train.log_every=10",
-    "checkpoint.every=20",
-    "checkpoint.keep=10",
-    "jit=off",  # jit=auto compiles or not by measured step times, which differ between two runs
-]
+from tests.engine.test_resize import ARGS  # the digits CNN, small: 60 steps, a checkpoint every 20
 
 
 def _free_port() -> int:
