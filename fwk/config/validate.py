@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from fwk.config.elastic import elastic_rules
 from fwk.config.schema import (
     AMP_DTYPES,
     BACKENDS,
@@ -108,18 +109,6 @@ def _target_problem(text: str) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
-
-
-def _splits(global_batch: int, nproc: int, nodes: int, written: int) -> bool:
-    """True when ``nodes`` machines can go on with a run that ``written`` processes wrote."""
-    from fwk.distributed.shares import split
-    from fwk.errors import UserError
-
-    try:
-        split(global_batch, nproc * nodes, written)
-    except UserError:
-        return False
-    return True
 
 
 def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
@@ -247,25 +236,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
     yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
     yield 0 <= p.node_rank < p.nnodes, "parallel.node_rank", p.node_rank, f"an integer in [0, {p.nnodes - 1}]"
-    yield 0 <= p.min_nnodes <= p.nnodes, "parallel.min_nnodes", p.min_nnodes, f"an integer in [0, {p.nnodes}]"
-    elastic = 0 < p.min_nnodes < p.nnodes
-    yield (
-        not elastic or p.rdzv_backend == "c10d",
-        "parallel.rdzv_backend",
-        p.rdzv_backend,
-        "c10d with an elastic range (parallel.min_nnodes < nnodes): static gives every machine a fixed rank",
-    )
-    timeout = p.collective_timeout_s
-    yield timeout > 0, "parallel.collective_timeout_s", timeout, "an integer > 0 (seconds)"
-    yield p.rdzv_last_call_s >= 0, "parallel.rdzv_last_call_s", p.rdzv_last_call_s, "an integer >= 0 (seconds)"
-    shrunk = [k for k in range(max(p.min_nnodes, 1), p.nnodes) if not _splits(t.batch_size, p.nproc_per_node, k, world)]
-    yield (
-        not shrunk,
-        "train.batch_size",
-        t.batch_size,
-        f"a global batch that {p.nproc_per_node} x {shrunk[0] if shrunk else 0} processes share evenly, each with at "
-        f"most {t.batch_size // world} samples (after losing machines, parallel.nnodes={p.min_nnodes}:{p.nnodes})",
-    )
+    yield from elastic_rules(c)
     yield p.backend in BACKENDS, "parallel.backend", p.backend, f"one of {', '.join(BACKENDS)}"
     yield p.max_restarts >= 0, "parallel.max_restarts", p.max_restarts, "an integer >= 0"
     yield p.bucket_cap_mb > 0, "parallel.bucket_cap_mb", p.bucket_cap_mb, "a number > 0"
