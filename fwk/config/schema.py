@@ -161,21 +161,13 @@ class ParallelConfig:
     )
     nproc_per_node: int = doc(1, "worker processes on each machine (GPUs per node on CUDA)")
     nnodes: int = doc(1, "number of machines (the most, with min_nnodes); parallel.nnodes=MIN:MAX sets both")
-    min_nnodes: int = doc(
-        0, "elastic: the fewest machines the run goes on with when others die or leave (0 = nnodes: no range)"
-    )
-    rdzv_last_call_s: int = doc(
-        30, "elastic: seconds the rendezvous waits for more machines once min_nnodes have joined"
-    )
+    min_nnodes: int = doc(0, "elastic: fewest machines the run goes on with when others die (0 = nnodes: no range)")
+    rdzv_last_call_s: int = doc(30, "elastic: seconds the rendezvous waits for more machines once min_nnodes joined")
     node_rank: int = doc(0, "this machine's rank, 0..nnodes-1 (ignored with rdzv_backend=c10d)")
     rdzv_backend: str = doc("c10d", "torchrun rendezvous backend (c10d or static)")
     rdzv_endpoint: str = doc("localhost:29500", "host:port of the rendezvous (node 0) for multi-node runs")
     backend: str = doc("auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl")
-    collective_timeout_s: int = doc(
-        600,
-        "seconds a collective waits for a process that stopped answering (a dead machine sends nothing); "
-        "then the run fails, or, with an elastic range, goes on without it",
-    )
+    collective_timeout_s: int = doc(600, "seconds a collective waits on a dead machine; then fail, or go on (elastic)")
     find_unused_parameters: bool = doc(False, "let DDP tolerate parameters that get no gradient")
     bucket_cap_mb: float = doc(25.0, "DDP: gradient bucket size in MB (bigger: fewer, larger all-reduces)")
     gradient_as_bucket_view: bool = doc(True, "DDP: gradients are views into the buckets (saves a copy of them)")
@@ -184,9 +176,7 @@ class ParallelConfig:
     powersgd_rank: int = doc(1, "powersgd: rank of the low-rank gradient approximation")
     powersgd_start: int = doc(10, "powersgd: plain all-reduce for this many steps first (>= 2)")
     max_restarts: int = doc(
-        0,
-        "torchrun restarts of the whole worker group after a worker dies (resume from checkpoint); "
-        "an elastic range (min_nnodes) restarts up to 3 times when 0",
+        0, "torchrun restarts of the worker group after a worker dies (resume from checkpoint); elastic: 0 means 3"
     )
     reshard_after_forward: bool = doc(
         True, "fsdp/hsdp: free gathered parameters after forward (less memory, one more all-gather)"

@@ -270,12 +270,10 @@ def loader_kwargs(plan: LoaderPlan) -> dict[str, Any]:
 class TrainLoader:
     """An endless iterator of training batches for this rank, resumable by state_dict.
 
-    The order is defined globally, whatever the world size: each epoch is one permutation of
-    the sample ids (seed, epoch), each optimizer step takes its next ``global batch`` of them
-    (per-rank batch x world size x accumulation), each rank its strided part, and an epoch ends
-    at the last whole step. So the same global batch on another number of processes (or
-    split into another number of micro-batches) sees the same samples at every step, and a
-    checkpoint's position (samples into the epoch) resumes under any of them."""
+    The order is global: each epoch is one permutation of the sample ids (seed, epoch); each
+    optimizer step takes its next global batch (per-rank batch x world size x accumulation),
+    each rank its strided part; an epoch ends at the last whole step. So any split of one
+    global batch sees the same samples at every step, and resumes from any other's position."""
 
     def __init__(
         self,
@@ -295,12 +293,9 @@ class TrainLoader:
         )
         self.kwargs = loader_kwargs(plan)
         self.epoch, self.batch_in_epoch = 0, 0
-        step = batch_size * world_size * accum_steps  # the global batch
-        # whole steps only: the permutation's first len // step global batches, as this rank's batches
+        step = batch_size * world_size * accum_steps  # the global batch; an epoch holds whole steps only
         self.batches_per_epoch = len(dataset) // step * accum_steps  # type: ignore[arg-type]
         if self.batches_per_epoch == 0:
-            from fwk.errors import UserError
-
             raise UserError(
                 f"a step takes {step} training samples (train.batch_size={batch_size} x {world_size} process(es) x "
                 f"{accum_steps} accumulated) but the training set has {len(dataset)}; lower train.batch_size"  # type: ignore[arg-type]
@@ -334,12 +329,9 @@ class TrainLoader:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "samples_in_epoch": samples}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
-        if "samples_in_epoch" in state:  # written on another world size, or with another per-rank batch
-            per_batch = self.batch_size * self.world_size
-            samples = int(state["samples_in_epoch"])
-            assert samples % per_batch == 0, f"{samples} samples into the epoch is not a whole batch of {per_batch}"
-            self.batch_in_epoch = samples // per_batch
+        per_batch = self.batch_size * self.world_size  # samples into the epoch: the same on any world size
+        self.epoch = int(state["epoch"])
+        self.batch_in_epoch = int(state.get("samples_in_epoch", int(state["batch_in_epoch"]) * per_batch)) // per_batch
 
 
 def train_loader(
