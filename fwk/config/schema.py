@@ -212,6 +212,9 @@ class JitConfig:
         60.0, "auto: compile only if the steps left would take longer than this in eager mode (compiling costs)"
     )
     trial_steps: int = doc(3, "auto on CPU: compiled steps timed against eager; the faster is kept")
+    max_trial_share: float = doc(
+        0.05, "auto on CPU: try compiling only if its estimated cost is at most this share of the eager time left"
+    )
     min_speedup: float = doc(
         1.05, "auto on CPU: compiled is kept only when this much faster than eager (a tie in the noise stays eager)"
     )

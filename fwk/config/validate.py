@@ -215,6 +215,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield j.stable_steps >= 1, "jit.stable_steps", j.stable_steps, "an integer >= 1"
     yield j.max_recompiles >= 0, "jit.max_recompiles", j.max_recompiles, "an integer >= 0"
     yield j.min_remaining_s >= 0, "jit.min_remaining_s", j.min_remaining_s, "a number >= 0"
+    yield 0 <= j.max_trial_share <= 1, "jit.max_trial_share", j.max_trial_share, "a share in [0, 1]"
     yield j.trial_steps >= 1, "jit.trial_steps", j.trial_steps, "an integer >= 1"
     yield c.kernels.name in KERNELS, "kernels.name", c.kernels.name, f"one of {', '.join(KERNELS)}"
     g = c.diagnostics

@@ -199,9 +199,11 @@ def train(
     batches = DevicePrefetcher(loader, dist.device, data.finish)
     trials = Trials(train_step, resumable, loader, [window], reporter.message)
     model.train()
+    first_step_at = None  # this launch's first step, as a Unix time: the benchmarks' start-up figure
     try:
         while step < cfg.train.max_steps and clock.reached is None:
             t0 = time.perf_counter()
+            first_step_at = first_step_at or time.time()
             train_step.begin(step)
             trials.before(step)
             samples_per_step = cfg.train.batch_size * strategies.comm.accum_steps
@@ -250,7 +252,7 @@ def train(
                 if said:
                     reporter.message(said)
                 if target is not None and target.reached(final_eval):
-                    clock.reached = {"step": step, "train_time_s": clock.seconds}
+                    clock.reached = {"step": step, "train_time_s": clock.seconds, "at": time.time()}
                     reporter.message(f"step {step}: {target} reached in {clock.seconds:.1f} s of training; stopping")
                     ending = True
                 elif best.exhausted(cfg.train.early_stop_patience):
@@ -277,6 +279,7 @@ def train(
         "final_step": step,
         "eval": final_eval,
         "wall_time_s": time.perf_counter() - started,
+        "first_step_at": first_step_at,
         "train_time_s": train_time,
         "samples_per_s": train_samples / max(train_time, 1e-9),
         "data_wait": min(1.0, data_wait / max(train_time, 1e-9)),  # share of train time spent waiting for data

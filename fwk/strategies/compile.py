@@ -7,7 +7,10 @@
   signature, and the steps left would take longer than ``min_remaining_s`` eagerly, the
   model is compiled and the compile time logged. On CPU the next ``trial_steps`` compiled
   steps are timed against the eager ones; compiled is kept, and said, only when it is
-  ``min_speedup`` times faster. Steps in which another strategy still decides (precision,
+  ``min_speedup`` times faster. A trial that ends eager is a first run's loss: on CPU it is
+  tried only when its cost, estimated from the model's size (``compile_estimate_s``), is at
+  most ``max_trial_share`` of the eager time left, so that a first run (no cached decision)
+  costs at most that share more than a later one. Steps in which another strategy still decides (precision,
   memory) do not count as stable. The measured step times are cached per machine and
   model (``decisions.py``): a later run (or a replay) decides from them without a trial,
   compiling at the same step. The trial's compiled steps are redone as decided
@@ -36,6 +39,17 @@ from fwk.distributed.group import Dist
 from fwk.strategies.decisions import Decisions
 
 Signature = tuple
+# Inductor's compile of a training step (forward and backward) on CPU, measured on a 2-core
+# AVX2 EPYC (torch 2.14): ~6 s of set-up in a fresh process, then ~0.45 s per leaf module
+# (digits CNN, 10 leaves: 8 s; GPT 2 layers, 21: 10-18 s; ResNet-18, 52: 25 s; ResNet-50,
+# 126: 50 s). A prior, not a promise: it decides only whether a trial is worth trying.
+COMPILE_SETUP_S, COMPILE_PER_MODULE_S = 6.0, 0.45
+
+
+def compile_estimate_s(model: nn.Module) -> float:
+    """Seconds that compiling ``model``'s training step is expected to take on a CPU."""
+    leaves = sum(1 for m in model.modules() if next(m.children(), None) is None)
+    return COMPILE_SETUP_S + COMPILE_PER_MODULE_S * leaves
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -201,7 +215,11 @@ class Jit:
             self._keep(step, "eager", None, self.cached_source or "measured")
             return
         why = f"jit=auto: {self.cfg.stable_steps} steps with one signature"
-        if cached is not None and cached.get("compiled_ms"):
+        measured = cached is not None and cached.get("compiled_ms")
+        if not measured and self.dist.device.type == "cpu" and self._trial_too_dear(left):
+            self._keep(step, "eager", None, self.cached_source or "measured")
+            return
+        if measured:
             speedup = cached["eager_ms"] / cached["compiled_ms"]
             cpu = self.dist.device.type == "cpu"
             if cpu and speedup < self.cfg.min_speedup:
@@ -220,6 +238,23 @@ class Jit:
         self._compile(step + 1, why=why)
         if self.state == "compiled":  # no trial (CUDA): compiled is the decision
             self._keep(step, "compiled", None)
+
+    def _trial_too_dear(self, left: float) -> bool:
+        """CPU auto, nothing measured before: whether a trial would cost more than
+        ``max_trial_share`` of the ``left`` eager seconds (then it stays eager, and says so).
+        The estimate and ``left`` come from the model and the eager step time, so a run that
+        recalls the step time decides as the run that measured it did."""
+        share = self.cfg.max_trial_share
+        cost = compile_estimate_s(self.model) + 2 * self.cfg.trial_steps * self.eager_step  # trial steps run twice
+        if not share or cost <= share * left:
+            return False
+        self.state = "off"
+        if self.dist.is_main:
+            self.say(
+                f"jit=auto stays eager: a compile trial costs ~{cost:.0f} s here, more than "
+                f"jit.max_trial_share={share:g} of the {left:.0f} s left (compiling pays off in longer runs)"
+            )
+        return True
 
     def _compile(self, at_step: int, why: str) -> None:
         # the CPU build's C++ toolchain probe warns about a missing CUDA runtime: not ours to show

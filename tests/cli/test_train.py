@@ -166,6 +166,7 @@ def test_gpt_with_jit_auto_switches_to_compiled(runs: Path) -> None:
         "jit=auto",
         "jit.stable_steps=2",
         "jit.min_remaining_s=0",
+        "jit.max_trial_share=0",
         "jit.trial_steps=2",
         runs=runs,
         timeout=600,

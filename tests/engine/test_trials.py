@@ -119,6 +119,7 @@ ARGS = [
     "jit.stable_steps=2",
     "jit.trial_steps=2",
     "jit.min_remaining_s=0",
+    "jit.max_trial_share=0",
     "jit.backend=aot_eager",  # compiles in a second; the trial's switch of step is what is tested
 ]
 

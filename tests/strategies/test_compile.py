@@ -11,7 +11,7 @@ from fwk.distributed.group import Dist
 from fwk.engine.step import TrainStep
 from fwk.models.gpt import GPT
 from fwk.strategies.activation_memory import Memory
-from fwk.strategies.compile import Jit, _Dispatch
+from fwk.strategies.compile import Jit, _Dispatch, compile_estimate_s
 from fwk.strategies.kernels import Kernels
 from fwk.strategies.precision import Precision
 
@@ -42,7 +42,9 @@ def _build(jit_cfg: JitConfig, memory: str = "none", max_steps: int = 100, preci
 
 
 def test_auto_compiles_after_stable_steps_and_cpu_keeps_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=3, min_remaining_s=0.0, trial_steps=2)
+    cfg = JitConfig(
+        name="auto", backend="aot_eager", stable_steps=3, min_remaining_s=0.0, max_trial_share=0.0, trial_steps=2
+    )
     jit = Jit(cfg, SOLO, 100, (said := []).append)
     model = jit.wrap(_gpt())
     x, _ = _tokens()
@@ -59,7 +61,9 @@ def test_auto_compiles_after_stable_steps_and_cpu_keeps_the_faster(monkeypatch: 
 
 
 def test_auto_keeps_compiled_when_faster_and_unsettled_steps_do_not_count() -> None:
-    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=1)
+    cfg = JitConfig(
+        name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, max_trial_share=0.0, trial_steps=1
+    )
     jit = Jit(cfg, SOLO, 100, (said := []).append)
     model = jit.wrap(_gpt())
     x, _ = _tokens()
@@ -75,7 +79,9 @@ def test_auto_keeps_compiled_when_faster_and_unsettled_steps_do_not_count() -> N
 
 
 def test_auto_goes_back_to_eager_when_compiled_is_faster_only_within_noise() -> None:
-    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=1)
+    cfg = JitConfig(
+        name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, max_trial_share=0.0, trial_steps=1
+    )
     jit = Jit(cfg, SOLO, 100, (said := []).append)
     model = jit.wrap(_gpt())
     for step, seconds in enumerate([0.0100, 0.0100, 3.0, 0.0097]):  # compiled 1.03x faster: a tie
@@ -99,8 +105,40 @@ def test_auto_stays_eager_when_compiling_cannot_pay_off() -> None:
     ]
 
 
+def test_a_cpu_trial_dearer_than_its_share_of_the_run_is_not_tried() -> None:
+    """A first run (nothing cached) tries compiling only when the trial's estimated cost is at
+    most max_trial_share of the eager time left; a later run that recalls the step time
+    decides the same without timing anything."""
+    cost = compile_estimate_s(_gpt()) + 2 * 2 * 0.01  # the compile prior and the trial's steps, twice
+    assert cost == pytest.approx(6.0 + 0.45 * 21 + 0.04)  # the test GPT: 21 leaf modules
+    said: list[str] = []
+    steps_fit = round(cost / 0.05 / 0.01) + 2  # just enough steps for the trial to fit its 5%
+    for max_steps, state in ((steps_fit - 10, "off"), (steps_fit + 10, "trial")):
+        cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=2)
+        jit = Jit(cfg, SOLO, max_steps, said.append)
+        model = jit.wrap(_gpt())
+        for step in range(2):
+            model(_tokens()[0])
+            jit.step_done(step, 0.01)
+        assert jit.state == state, max_steps
+    assert said[0] == (
+        f"jit=auto stays eager: a compile trial costs ~{cost:.0f} s here, more than jit.max_trial_share=0.05 of the "
+        f"{(steps_fit - 12) * 0.01:.0f} s left (compiling pays off in longer runs)"
+    )
+    assert said[1].startswith("jit=auto: 2 steps with one signature; compiling from step 2")
+    # a later run recalls the first one's eager step time (the cache): the same verdict, untimed
+    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=2)
+    later = Jit(cfg, SOLO, steps_fit - 10, said.append)
+    later.cached, later._recalled = {"choice": "eager", "eager_ms": 10.0, "compiled_ms": None}, True
+    model = later.wrap(_gpt())
+    for step, seconds in enumerate((0.5, 0.5)):  # a busy machine: its own timings are not used
+        model(_tokens()[0])
+        later.step_done(step, seconds)
+    assert later.state == "off" and said[-1] == said[0]
+
+
 def test_auto_under_train_deterministic_never_compiles() -> None:
-    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=1, min_remaining_s=0.0)
+    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=1, min_remaining_s=0.0, max_trial_share=0.0)
     jit = Jit(cfg, SOLO, 100, (said := []).append, deterministic=True)
     model = jit.wrap(_gpt())
     for step in range(3):
@@ -111,7 +149,9 @@ def test_auto_under_train_deterministic_never_compiles() -> None:
 
 
 def test_a_resumed_run_keeps_the_decision_of_its_checkpoint() -> None:
-    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=1)
+    cfg = JitConfig(
+        name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, max_trial_share=0.0, trial_steps=1
+    )
     first = Jit(cfg, SOLO, 100, [].append)
     model = first.wrap(_gpt())
     for step, seconds in enumerate([0.01, 0.01, 3.0, 0.005]):  # eager, eager, compile step, compiled faster

@@ -233,7 +233,9 @@ def test_after_its_trial_a_measured_choice_runs_as_a_recalled_one(monkeypatch: p
 
 
 def _jit(decisions: Decisions, max_steps: int = 100) -> tuple[Jit, nn.Module, list[str]]:
-    cfg = JitConfig(name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, trial_steps=1)
+    cfg = JitConfig(
+        name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, max_trial_share=0.0, trial_steps=1
+    )
     said: list[str] = []
     jit = Jit(cfg, SOLO, max_steps, said.append, decisions=decisions)
     return jit, jit.wrap(_net()), said
