@@ -1,10 +1,11 @@
 """Ablation: each speed-up method and optimizer alone on a plain recipe, against that recipe.
 
-Every variant is the real ``train()`` of the recipe with one change (``methods=[ema]``,
-``optim=muon ...``), seeds 0-2, the variants and the recipe interleaved (the order rotates
-from seed to seed). Per variant: the ratio of its training seconds to the target against
-the recipe's with the same seed (median [min, max] over seeds; < 1 is faster), the steps it
-took, and its final metric.
+Every variant is ``fwk train`` of the recipe with one change (``methods=[ema]``,
+``optim=muon ...``), as a whole process with empty decision and compile caches (cold: what
+a first run costs, trial steps included; ``sides.py``), seeds 0-2, the variants and the
+recipe interleaved (the order rotates from seed to seed). Per variant: the ratio of its
+training seconds to the target against the recipe's with the same seed (median [min, max]
+over seeds; < 1 is faster), the steps it took, and its final metric.
 
 - digits_cnn (the default recipe, to val_acc >= 0.985) trains its whole 300-step budget:
   the time to target is read from its evaluation rows (every 10 steps), and the final
@@ -21,16 +22,10 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from harness import Row, Side, guarded, ratio_row
-from omegaconf import OmegaConf
-
-from fwk.config.compose import compose
-from fwk.config.validate import to_typed
-from fwk.engine.trainer import train
-from fwk.track.store import open_run
+from sides import fwk_side
 
 MUON = ["optim=muon", "optim.lr=1.5e-2", "optim.beta2=0.95", "optim.weight_decay=0.1"]  # gpt_stdlib_fast's
 CASES = {  # recipe -> (its overrides, metric, target, whole budget?, variants: name -> overrides)
@@ -72,20 +67,18 @@ def _met(value: float | None, metric: str, target: float) -> bool:
     return value is not None and (value >= target if metric == "val_acc" else value <= target)
 
 
-def run(overrides: list[str], metric: str, target: float, stop: bool, root: Path) -> dict:
-    """One real fwk run: the training seconds and step of its first evaluation at the target
-    (None: never), and its final metric."""
-    extra = [f"train.stop_at={metric}{'>=' if metric == 'val_acc' else '<='}{target}"] if stop else []
-    cfg = to_typed(compose([*overrides, *extra, "checkpoint.every=0", "train.device=cpu"]))
-    text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
-    run_dir = open_run(root, f"ablation-{time.monotonic_ns()}", text, "bench", 1)
-    summary = train(cfg, run_dir) or {}
-    rows = [json.loads(line) for line in run_dir.metrics.read_text().splitlines() if line.strip()]
+def run(overrides: list[str], metric: str, target: float, stop: bool, work: Path) -> dict:
+    """One cold ``fwk train`` process: the training seconds and step of its first evaluation
+    at the target (None: never), its final metric, and its whole-process seconds."""
+    cache = Path(tempfile.mkdtemp(prefix="cache-", dir=work))  # empty: a first run here
+    got = fwk_side([*overrides, "checkpoint.every=0", "train.device=cpu"], metric, target, cache, work, stop)
+    rows = [json.loads(line) for line in (got.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     hit = next((r for r in rows if r.get("kind") == "eval" and _met(r.get(metric), metric, target)), None)
     return {
         "seconds": hit["train_s"] if hit else None,
         "step": hit["step"] if hit else None,
-        "final": summary.get("eval", {}).get(metric),
+        "final": got.final,
+        "process": got.seconds,
     }
 
 
@@ -123,10 +116,18 @@ def one(recipe: str, quick: bool) -> list[Row]:
                 Side(recipe, statistics.median(b["seconds"] for _, b in pairs), "s"),
                 "variant/recipe training seconds to target",
                 "",
-                f"steps {steps:g} vs {base_steps:g}; {final}; seeds with both at the target: {len(pairs)} of 3",
+                f"steps {steps:g} vs {base_steps:g}; {final}; seeds with both at the target: {len(pairs)} of 3; "
+                f"cold (empty caches){_process(pairs)}",
             )
         )
     return out
+
+
+def _process(pairs: list[tuple[dict, dict]]) -> str:
+    """The whole processes' seconds to the target, where the runs stopped there."""
+    v = [a["process"] for a, _ in pairs if a["process"]]
+    b = [b["process"] for _, b in pairs if b["process"]]
+    return f"; whole process {statistics.median(v):.1f} s vs {statistics.median(b):.1f} s" if v and b else ""
 
 
 def rows(quick: bool) -> list:

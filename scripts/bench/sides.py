@@ -133,11 +133,13 @@ def _failed(what: str, code: int, log: Path) -> RuntimeError:
     return RuntimeError(f"{what} exited {code}: {lines[-1] if lines else 'no output'}")
 
 
-def fwk_side(overrides: list[str], metric: str, target: float, cache: Path, work: Path) -> Outcome:
+def fwk_side(overrides: list[str], metric: str, target: float, cache: Path, work: Path, stop: bool = True) -> Outcome:
     """``fwk train OVERRIDES train.stop_at=...`` as a user types it, in a fresh runs folder
-    under ``work``, with its caches in ``cache`` (fresh: cold; filled: warm)."""
+    under ``work``, with its caches in ``cache`` (fresh: cold; filled: warm). ``stop``
+    False: no ``train.stop_at``, the whole budget (then ``seconds`` is None)."""
     runs = Path(tempfile.mkdtemp(prefix="runs-", dir=work))
-    argv = [str(FWK), "train", *overrides, f"train.stop_at={stop_at(metric, target)}", f"paths.runs={runs}"]
+    until = [f"train.stop_at={stop_at(metric, target)}"] if stop else []
+    argv = [str(FWK), "train", *overrides, *until, f"paths.runs={runs}"]
     log = runs / "fwk.log"
     started, peak, code = launch(argv, {**caches(cache), "FWK_RUNS": str(runs)}, log)
     wall = time.time() - started
@@ -165,7 +167,7 @@ def plain_spec(overrides: list[str], **changes: object) -> dict:
     """The plain loop's spec for the recipe that ``overrides`` compose: its model, data,
     optimizer, schedule (a cosine over ``train.max_steps``), batch and evaluation; then
     ``changes`` (``lr_scale``: the recipe's lr times this; ``steps``: the cosine's length;
-    any other spec key as is)."""
+    any other spec key as is). A tuned length is the run's length: training stops there."""
     from omegaconf import OmegaConf
 
     from fwk.config.compose import compose
@@ -186,7 +188,7 @@ def plain_spec(overrides: list[str], **changes: object) -> dict:
         "schedule": {"warmup_steps": s["warmup_steps"], "min_lr_ratio": s["min_lr_ratio"], "steps": steps},
         "seed": cfg["seed"],
         "batch_size": t["batch_size"],
-        "max_steps": t["max_steps"],
+        "max_steps": steps,
         "eval_every": t["eval_every"],
         "eval_batches": t["eval_batches"],
         "log_every": t["log_every"],

@@ -1,286 +1,220 @@
-"""Time to accuracy: fwk against the plain loop, as a ratio of wall times.
+"""Time to target: fwk against the plain loop, each a whole process, from a cold start.
 
-Both sides start from nothing (data, model, optimizer built inside the timed span), train
-the recipe with the same batch and schedule, evaluate every ``every`` steps on the same
-validation batches, and stop at the first evaluation that reaches the target:
-digits_cnn to val_acc >= 0.985; resnet_digits to 0.97; gpt_stdlib to a val loss in
-nats/byte. fwk is the real ``train()`` at the recipe's defaults (its autos deciding as in
-any run) stopped by its own ``train.stop_at``; the plain loop is fp32 eager PyTorch.
-Where the recipe has a fast variant (``recipes/gpt_stdlib_fast.yaml``,
-``recipes/resnet_digits_fast.yaml``: the same model, data, evaluation and target, faster
-training settings), it is a third side. Ratio: fwk seconds / plain seconds (< 1 is fwk
-faster); target for a fast recipe: <= 0.6x. Seed 0's curves of every side, over training
-seconds with the target crossings dashed, go to ``bench/results/tta-<name>.png`` (the
-plain loop writes its rows as a run dir that ``fwk runs plot`` reads).
+Every side is a process started by this one and timed from its start (imports, data, model
+and every decision included) to the evaluation that first reaches the target
+(``sides.py``): digits_cnn to val_acc >= 0.985; resnet_digits to 0.97; gpt_stdlib to a
+val loss of 1.7 nats/byte. All sides evaluate every ``train.eval_every`` steps on the same
+validation batches. The sides:
 
-gpt_stdlib to the issue's 1.7 nats/byte (the whole val set, evaluated every 50 steps)
-takes ~450 steps, ~1 min a run on 2 CPU cores, and resnet_digits ~1 s a step: three
-interleaved reps of each side (not five; seeds 0-2), and the rows say so.
+- ``plain (recipe)``: ``plain_loop.py``, fp32 eager PyTorch (bf16 autocast on a GPU), the
+  recipe's optimizer, lr, batch and schedule;
+- ``plain (tuned)``: the same loop with its cosine's length, its lr and, for a model with
+  BatchNorm, its evaluation tuned as a careful user would: each point of the case's stated
+  grid trained once (seed 0), the fastest to the target kept (``tune``);
+- ``fwk cold``: ``fwk train recipe=...`` at the recipe's defaults (its autos deciding),
+  stopped by its own ``train.stop_at``, with empty decision and compile caches: what a
+  first run on a machine costs, trial steps and compiles included;
+- ``fwk warm``: the same command again, with the caches the cold run just filled: every
+  later run;
+- ``fast cold`` and ``fast warm``: the case's fast recipe (``recipes/*_fast.yaml``: the
+  same model, data, evaluation and target, faster training settings), likewise.
+
+Rep i trains every side with seed i; the order of the sides turns from rep to rep (a cold
+run always just before its warm one), so drift favours none. Rows: each fwk side's seconds
+over a plain side's, per rep (median [min, max]); targets: a fast recipe <= 0.6x the tuned
+plain loop, cold; a cold run <= 1.05x its warm one. Seed 0's curves over training seconds
+go to ``bench/results/tta-<name>.png``.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
+import statistics
 import tempfile
-import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from harness import Side, guarded, ratio_row
-from omegaconf import OmegaConf
-
-from fwk.config.compose import compose
-from fwk.config.validate import to_typed
-from fwk.engine.build import build_data
-from fwk.engine.trainer import train
-from fwk.models import MODELS
-from fwk.optim import build_optimizer, build_schedule
-from fwk.track.store import open_run
+from harness import Row, Side, guarded, ratio_row
+from sides import Outcome, fwk_side, plain_side, plain_spec
 
 
-def met(row: dict, metric: str, target: float) -> bool:
-    value = row.get(metric)
-    return value is not None and (value >= target if metric == "val_acc" else value <= target)
+@dataclass(frozen=True)
+class Case:
+    overrides: list[str]
+    metric: str
+    target: float
+    reps: int
+    note: str
+    fast: str | None = None
+    grid: dict[str, list] = field(default_factory=dict)  # plain (tuned): spec changes, every combination
 
 
-def fwk_run(overrides: list[str], metric: str, target: float, root: Path) -> tuple[int, Path, bool]:
-    """Steps fwk took to reach the target, stopped by its own ``train.stop_at`` (its whole
-    budget if it never did), its run dir, and whether it reached it."""
-    stop_at = f"{metric}{'>=' if metric == 'val_acc' else '<='}{target}"
-    cfg = to_typed(compose([*overrides, f"train.stop_at={stop_at}"]))
-    text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
-    run = open_run(root, f"tta-{time.monotonic_ns()}", text, "bench", 1)  # a fresh run dir: never a resume
-    summary = train(cfg, run) or {}
-    run.write_summary(summary)  # as the worker does: the plot reads the target's crossing from it
-    if not summary.get("target", {}).get("reached"):
-        return cfg.train.max_steps, run.path, False
-    return int(summary["target"]["step"]), run.path, True
-
-
-def plain_run(
-    overrides: list[str], metric: str, target: float, record: Path | None = None, device: str = "cpu"
-) -> tuple[int, bool]:
-    """The plain loop, fp32 eager, evaluating the same way; the steps it took (its whole
-    budget if it never reached the target) and whether it reached it. ``record``: a run dir
-    to write its rows to (loss, eval metrics, training seconds), for the time plot."""
-    cfg = to_typed(compose([*overrides, "precision=fp32", "jit=off"]))
-    torch.manual_seed(cfg.seed)
-    data = build_data(cfg.data, seed=cfg.seed)
-    model = MODELS.get(cfg.model.name).builder(cfg.model).to(device)
-    opt = build_optimizer(cfg.optim, model)
-    sched = build_schedule(cfg.schedule, opt, cfg.train.max_steps)
-    loader = torch.utils.data.DataLoader(data.train, batch_size=cfg.train.batch_size, shuffle=True, drop_last=True)
-    val = torch.utils.data.DataLoader(data.val, batch_size=cfg.train.batch_size)
-    step, trained, rows, window = 0, 0.0, [], []
-    while step < cfg.train.max_steps:
-        for x, y in loader:
-            t0 = time.perf_counter()
-            x, y = x.to(device), y.to(device)
-            logits = model(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-            loss.backward()
-            if cfg.train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sched.step()
-            step += 1
-            trained += time.perf_counter() - t0
-            if record is not None:  # the window's mean loss, as fwk logs it
-                window.append(loss.detach())
-                if step % cfg.train.log_every == 0:
-                    mean = torch.stack(window).mean().item()
-                    rows.append({"step": step, "kind": "train", "loss": mean, "train_s": trained})
-                    window = []
-            if step % cfg.train.eval_every == 0:
-                row = evaluate(model, val, cfg.train.eval_batches, device)
-                rows.append({"step": step, "kind": "eval", **row, "train_s": trained})
-                if met(row, metric, target):
-                    _record(record, cfg, rows, step, trained, True)
-                    return step, True
-            if step == cfg.train.max_steps:
-                break
-    _record(record, cfg, rows, step, trained, False)
-    return step, False
-
-
-def _record(path: Path | None, cfg, rows: list[dict], step: int, trained: float, reached: bool) -> None:
-    """The plain loop's rows as a run dir that ``fwk runs plot`` reads."""
-    if path is None:
-        return
-    path.mkdir(parents=True, exist_ok=True)
-    train = {"batch_size": cfg.train.batch_size, "accum_steps": 1}
-    (path / "config.yaml").write_text(OmegaConf.to_yaml({"recipe": "plain loop", "train": train}))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    target = {"reached": reached, "step": step, "train_time_s": trained} if reached else {"reached": False}
-    (path / "summary.json").write_text(json.dumps({"target": target}))
-
-
-def plot(name: str, runs: list[tuple[str, Path]], folder: Path) -> Path:
-    """Seed 0's curves of every side over training seconds, the target crossings dashed:
-    ``folder/tta-<name>.png`` (the harness's results, ``bench/results/``, for a full run)."""
-    from fwk.track.plot import Curves, crossing, draw, series
-    from fwk.track.store import RunDir
-
-    out = folder / f"tta-{name}.png"
-    curves = [Curves(RunDir(p), label, series(RunDir(p), "time"), crossing(RunDir(p), "time")) for label, p in runs]
-    return draw(curves, out, "time")
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, val, max_batches: int, device: str = "cpu") -> dict:
-    model.eval()
-    loss, correct, n = 0.0, 0, 0
-    for i, (x, y) in enumerate(val):
-        if max_batches and i >= max_batches:
-            break
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        logits = logits.reshape(-1, logits.size(-1))  # (N, classes): images or tokens
-        loss += F.cross_entropy(logits, y.reshape(-1), reduction="sum").item()
-        correct += (logits.argmax(-1) == y.reshape(-1)).sum().item()
-        n += y.numel()
-    model.train()
-    return {"val_loss": loss / n, "val_acc": correct / n}
-
-
-RESNET_NOTE = (
-    "the issue's target; 100 steps for every side, not the recipe's 60, which end near 97% (the plain loop "
-    "misses it there on some seeds); ~1 s a step on 2 cores: 3 reps, not 5"
-)
-CASES = {  # name -> (overrides, metric, target, reps, note, fast recipe), at full size and --quick size
+CASES = {  # name -> (full size, --quick size)
     "digits_cnn": (
-        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.985, 5, "the issue's target", None),
-        (["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.95, 3, "--quick: a looser target", None),
+        Case(
+            ["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.985, 5, "the issue's target", None,
+            {"steps": [100, 200, 300], "lr_scale": [1, 2]},
+        ),
+        Case(["recipe=digits_cnn", "train.eval_every=10"], "val_acc", 0.95, 2, "--quick", None, {"steps": [100]}),
     ),
     "resnet_digits": (
-        (
-            ["recipe=resnet_digits", "train.eval_every=5", "train.max_steps=100"],
-            "val_acc",
-            0.97,
-            3,
-            RESNET_NOTE,
+        Case(
+            ["recipe=resnet_digits", "train.eval_every=5", "train.max_steps=100"], "val_acc", 0.97, 2,
+            "the issue's target; a 100-step budget, not the recipe's 60 (the plain loop misses 97% there on some "
+            "seeds); ~1 s a step on 2 cores: 2 reps",
             "resnet_digits_fast",
+            {"steps": [30, 60], "lr_scale": [1, 2], "bn_recompute": [8]},
         ),
-        (
-            ["recipe=resnet_digits", "train.eval_every=5", "data.image_size=16", "train.max_steps=40"],
-            "val_acc",
-            0.5,
-            3,
-            "--quick: 16 px, a loose target",
-            "resnet_digits_fast",
+        Case(
+            ["recipe=resnet_digits", "train.eval_every=5", "data.image_size=16", "train.max_steps=20"], "val_acc",
+            0.5, 1, "--quick: 16 px", "resnet_digits_fast", {"bn_recompute": [0, 8]},
         ),
     ),
     "gpt_stdlib": (
-        (
-            ["recipe=gpt_stdlib", "train.eval_every=50"],
-            "val_loss",
-            1.7,
-            3,
-            "the issue's target, on the recipe's whole val set; 3 reps, not 5: a run is ~1 min on 2 cores",
-            "gpt_stdlib_fast",
+        Case(
+            ["recipe=gpt_stdlib", "train.eval_every=25"], "val_loss", 1.7, 2,
+            "the issue's target, the recipe's whole val set; ~1 min a run on 2 cores: 2 reps", "gpt_stdlib_fast",
+            {"steps": [300, 450, 600], "lr_scale": [1, 2]},
         ),
-        (
-            ["recipe=gpt_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8"],
-            "val_loss",
-            3.5,
-            3,
-            "--quick: a loose target",
-            "gpt_stdlib_fast",
+        Case(
+            ["recipe=gpt_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8",
+             "train.max_steps=40"],
+            "val_loss", 3.5, 1, "--quick", "gpt_stdlib_fast", {"steps": [20, 40]},
         ),
     ),
-}
+}  # fmt: skip
 
 
-def _plain_side(
-    overrides: list[str], metric: str, target: float, kept: Path | None, device: str
-) -> tuple[int, Path | None, bool]:
-    steps, reached = plain_run(overrides, metric, target, kept, device)
-    return steps, kept, reached
+def tune(case: Case, base: list[str], work: Path, amp: str | None) -> tuple[dict, str]:
+    """The grid point whose plain loop (seed 0) reached the target soonest, and a note of the grid."""
+    keys = list(case.grid)
+    tried: list[tuple[float, dict]] = []
+    for values in itertools.product(*(case.grid[k] for k in keys)):
+        changes = dict(zip(keys, values, strict=True))
+        got = plain_side(plain_spec([*base, "seed=0"], amp=amp, **changes), case.metric, case.target, work)
+        tried.append((got.seconds if got.reached else float("inf"), changes))
+    seconds, best = min(tried, key=lambda t: t[0])
+    shown = ", ".join(f"{k} {case.grid[k]}" for k in keys)
+    if seconds == float("inf"):
+        return {}, f"no point of the grid ({shown}) reached the target: tuned = recipe"
+    return best, f"tuned over {shown} (seed 0): best {_point(best)}"
 
 
-def _timed(fn: Callable[[], tuple[int, Path, bool]]) -> tuple[float, tuple[int, Path, bool]]:
-    t0 = time.perf_counter()
-    steps = fn()
-    return time.perf_counter() - t0, steps
+def _point(changes: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in changes.items()) or "the recipe's"
 
 
-def one(name: str, quick: bool, device: str = "cpu", reps: int | None = None) -> list:
-    """The case's rows; ``device``: where every side trains (scripts/gpu/check.py: cuda);
-    ``reps``: seeds per side instead of the case's own (the row's note says so)."""
-    overrides, metric, target, case_reps, note, fast = CASES[name][1 if quick else 0]
-    if reps is not None and reps != case_reps:
-        note = f"{note}; {reps} rep(s), not {case_reps}"
-    reps = reps or case_reps
-    overrides = [*overrides, "checkpoint.every=0", f"train.device={device}"]
-    # the fast recipe: the plain recipe's data, model, evaluation and target, its own training settings
-    faster = [f"recipe={fast}", *overrides[1:]] if fast else None
-    sides = {"fwk": overrides, "plain": overrides, **({"fast": faster} if faster else {})}
-    seconds: dict[str, list[float]] = {s: [] for s in sides}
-    curves: dict[str, Path] = {}  # seed 0's run dir of each side, for the plot
-    steps: dict[str, list[int]] = {s: [] for s in sides}
-    missed: dict[str, list[int]] = {s: [] for s in sides}  # seeds whose run ended before the target
-    # Rep i of each side trains with seed i: the sides shuffle the data differently (fwk's
-    # seeded sampler, the plain loop's DataLoader), so one seed could favour either; the
-    # median is over seeds. The eval that first meets the target ends the run. The order of
-    # the sides rotates from rep to rep, so the machine's drift favours none.
+def one(name: str, quick: bool, device: str = "cpu", reps: int | None = None, tuned: bool = True) -> list[Row]:
+    """The case's rows; ``device``: where every side trains (the GPU check: cuda, where the
+    plain loop trains under bf16 autocast); ``reps``: seeds per side instead of the case's
+    own; ``tuned``: False leaves the plain (tuned) side out (no grid)."""
+    case = CASES[name][1 if quick else 0]
+    reps = reps or case.reps
+    amp = "bf16" if device == "cuda" else None
+    base = [*case.overrides, "checkpoint.every=0", f"train.device={device}"]
+    fast = [f"recipe={case.fast}", *base[1:]] if case.fast else None
     with tempfile.TemporaryDirectory(prefix="fwk-bench-tta-") as tmp:
+        work = Path(tmp)
+        best, tuning = tune(case, base, work, amp) if tuned and case.grid else ({}, "")
+        plain = {"plain (recipe)": {}, **({"plain (tuned)": best} if tuning else {})}
+        units = [*([("plain", p)] for p in plain), [("fwk", "cold"), ("fwk", "warm")]]
+        units += [[("fast", "cold"), ("fast", "warm")]] if fast else []
+        got: dict[str, list[Outcome]] = {}
         for rep in range(reps):
-            order = list(sides)[rep % len(sides) :] + list(sides)[: rep % len(sides)]
-            for side in order:
-                seeded = [*sides[side], f"seed={rep}"]
-                kept = Path(tmp) / "plain-loop" if rep == 0 else None
-                run = (
-                    (lambda o=seeded, k=kept: _plain_side(o, metric, target, k, device))
-                    if side == "plain"
-                    else (lambda o=seeded: fwk_run(o, metric, target, Path(tmp)))
-                )
-                took, (n, path, reached) = _timed(run)
-                seconds[side].append(took)
-                steps[side].append(n)
-                if not reached:
-                    missed[side].append(rep)
-                if rep == 0:
-                    curves[side] = path
-        labels = {"fwk": f"fwk {name}", "plain": "plain PyTorch loop", "fast": f"fwk {fast}"}
-        # a --quick (smoke) run or another device's draws beside its runs, not over the repository's figure
-        results = Path(__file__).resolve().parents[2] / "bench" / "results"
-        kept = results if not quick and device == "cpu" else Path(tempfile.mkdtemp(prefix="fwk-tta-plot-"))
-        drawn = plot(name, [(f"{labels[s]} (seed 0)", curves[s]) for s in sides], kept)
-    med = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731
-    what = f"val_acc >= {target}" if metric == "val_acc" else f"val loss <= {target} nats/byte"
-    out = []
-    for side in [s for s in sides if s != "plain"]:
-        ratios = [a / b for a, b in zip(seconds[side], seconds["plain"], strict=True)]
-        label = "fwk" if side == "fwk" else f"fwk {fast}"
-        out.append(
-            ratio_row(
-                "tta",
-                f"{name if side == 'fwk' else fast} to {what}",
-                ratios,
-                Side(label, med(seconds[side]), "s"),
-                Side("plain", med(seconds["plain"]), "s"),
-                f"{side}/plain seconds to target",
-                "<= 0.6x" if side == "fast" else "",
-                f"{note}; steps {side} {med(steps[side])}, plain {med(steps['plain'])}; seeds 0-{reps - 1}; "
-                f"{_missed(missed, side)}no warm-up rep (each run is cold); curves: "
-                f"{drawn.relative_to(drawn.parents[2]) if kept == results else drawn}",
-            )
+            for unit in units[rep % len(units) :] + units[: rep % len(units)]:
+                cache = work / f"cache-{unit[0][0]}-{rep}"  # fresh for the cold run, filled for the warm one
+                for side, how in unit:
+                    label = how if side == "plain" else f"{side} {how}"
+                    if side == "plain":
+                        spec = plain_spec([*base, f"seed={rep}"], amp=amp, **plain[how])
+                        out = plain_side(spec, case.metric, case.target, work, record=rep == 0)
+                    else:
+                        overrides = [*(base if side == "fwk" else fast), f"seed={rep}"]
+                        out = fwk_side(overrides, case.metric, case.target, cache, work)
+                    got.setdefault(label, []).append(out)
+        curves = _plot(name, got, quick or device != "cpu")
+    return _rows(name, case, got, tuning, curves)
+
+
+def _plot(name: str, got: dict[str, list[Outcome]], aside: bool) -> str:
+    """Seed 0's curves of the plain sides and the cold fwk sides; a smoke run or another
+    device's go beside, not over, the repository's figure."""
+    from fwk.track.plot import Curves, crossing, draw, series
+    from fwk.track.store import RunDir
+
+    results = Path(__file__).resolve().parents[2] / "bench" / "results"
+    folder = Path(tempfile.mkdtemp(prefix="fwk-tta-plot-")) if aside else results
+    shown = [label for label in got if not label.endswith("warm")]
+    curves = [
+        Curves(RunDir(p), label, series(RunDir(p), "time"), crossing(RunDir(p), "time"))
+        for label in shown
+        if (p := got[label][0].run_dir) is not None
+    ]
+    out = draw(curves, folder / f"tta-{name}.png", "time")
+    return str(out.relative_to(results.parents[1])) if folder == results else str(out)
+
+
+def _med(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def _seconds(runs: list[Outcome]) -> list[float]:
+    """Each run's seconds to the target; a run that missed it counts its whole process (a bound)."""
+    return [r.seconds if r.reached else r.wall for r in runs]
+
+
+def _fig(x: float | None, unit: str = "s") -> str:
+    return "-" if x is None else f"{x:.1f} {unit}" if x < 100 else f"{x:.0f} {unit}"
+
+
+def _about(label: str, runs: list[Outcome], metric: str) -> str:
+    missed = [i for i, r in enumerate(runs) if not r.reached]
+    steps = _med([r.steps for r in runs])
+    return (
+        f"{label}: steps {steps:g}, training {_fig(_med([r.train_s for r in runs]))}, start-up "
+        f"{_fig(_med([r.startup for r in runs]))}, peak {_fig(_med([r.peak_mb for r in runs]), 'MB')}"
+        + (f", missed the target with seeds {missed} (its whole run counted)" if missed else "")
+    )
+
+
+def _ratio(name: str, what: str, a: str, b: str, got: dict, target: str, notes: str) -> Row:
+    sa, sb = _seconds(got[a]), _seconds(got[b])
+    ratios = [x / y for x, y in zip(sa, sb, strict=True)]
+    return ratio_row(
+        "tta", f"{name} to {what}: {a} / {b}", ratios, Side(a, statistics.median(sa), "s"),
+        Side(b, statistics.median(sb), "s"), f"{a}/{b} seconds to target, whole process", target, notes,
+    )  # fmt: skip
+
+
+def _rows(name: str, case: Case, got: dict[str, list[Outcome]], tuning: str, curves: str) -> list[Row]:
+    what = f"val_acc >= {case.target}" if case.metric == "val_acc" else f"val loss <= {case.target} nats/byte"
+    reps = len(got["fwk cold"])
+    tuned = f"; plain (tuned) {tuning}" if tuning else ""
+    common = f"{case.note}; seeds 0-{reps - 1}{tuned}; curves: {curves}"
+    about = {label: _about(label, runs, case.metric) for label, runs in got.items()}
+    plain = "plain (tuned)" if "plain (tuned)" in got else "plain (recipe)"
+    rows = []
+    for side in [s for s in ("fwk", "fast") if f"{s} cold" in got]:
+        cold, warm = f"{side} cold", f"{side} warm"
+        fast = side == "fast"
+        recipe = f"{case.fast if fast else name}: " if case.fast else ""
+        notes = recipe + "; ".join([about[cold], about[warm], about[plain], common])
+        rows.append(_ratio(name, what, cold, plain, got, "<= 0.6x" if fast else "", notes))
+        if plain != "plain (recipe)":
+            rows.append(_ratio(name, what, cold, "plain (recipe)", got, "", about["plain (recipe)"]))
+        rows.append(_ratio(name, what, cold, warm, got, "<= 1.05x", "a first run on this machine against a later one"))
+    startup = [(a.startup or 0) / (b.startup or 1) for a, b in zip(got["fwk cold"], got["plain (recipe)"], strict=True)]
+    rows.append(
+        ratio_row(
+            "tta", f"{name}: start-up, fwk cold / plain", startup,
+            Side("fwk cold", _med([r.startup for r in got["fwk cold"]]) or 0, "s"),
+            Side("plain", _med([r.startup for r in got["plain (recipe)"]]) or 0, "s"),
+            "fwk/plain seconds from process start to the first training step", "",
+            "fwk: the launcher (config, run dir, lock) and the worker (decisions, data, model) in one process",
         )
-    return out
-
-
-def _missed(missed: dict[str, list[int]], side: str) -> str:
-    """What the row must say when a run ended before the target: its time is then that of
-    its whole budget, so the ratio is a bound, not a measurement."""
-    out = ""
-    if missed["plain"]:
-        out += f"the plain loop missed the target within its budget with seeds {missed['plain']} (upper bound); "
-    if missed[side]:
-        out += f"{side} missed it with seeds {missed[side]} (lower bound); "
-    return out
+    )  # fmt: skip
+    return rows
 
 
 def rows(quick: bool) -> list:

@@ -1,7 +1,7 @@
 """One benchmark's rows as the harness's markdown table, on a chosen device: the speed
 parts of ``make gpu-check`` that reuse ``scripts/bench`` (make bench's rows).
 
-    python scripts/gpu/bench_rows.py tta CASE [--device cuda] [--quick] [--reps N]
+    python scripts/gpu/bench_rows.py tta CASE [--device cuda] [--quick] [--reps N] [--no-tune]
     python scripts/gpu/bench_rows.py decode [--images N] [--rounds N] [--workers N] [--no-s3]
 
 Exit 0 with the table and an ``ok:`` line when every row was measured (a missed target is
@@ -27,6 +27,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=0, help="tta: seeds per side (0: the case's own)")
+    parser.add_argument("--no-tune", action="store_true", help="tta: no plain (tuned) side (its grid is long)")
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
@@ -35,7 +36,7 @@ def main() -> int:
     if args.group == "tta":
         import tta
 
-        rows = tta.one(args.case, args.quick, args.device, args.reps or None)
+        rows = tta.one(args.case, args.quick, args.device, args.reps or None, tuned=not args.no_tune)
     else:
         import decode_rows
 
