@@ -81,7 +81,8 @@ def test_rows_compare_each_fwk_side_cold_with_the_tuned_and_the_recipe_loop_and_
     rows = {r.name.split(": ", 1)[1]: r for r in tta._rows("gpt_stdlib", case, got, "tuned over x", "c.png")}
     assert list(rows) == [
         "fwk cold / plain (tuned)", "fwk cold / plain (recipe)", "fwk cold / fwk warm",
-        "fast cold / plain (tuned)", "fast cold / plain (recipe)", "fast cold / fast warm", "start-up, fwk cold / plain",
+        "fast cold / plain (tuned)", "fast cold / plain (recipe)", "fast cold / fast warm",
+        "start-up, fwk cold / plain",
     ]  # fmt: skip
     fast = rows["fast cold / plain (tuned)"]
     assert (fast.lo, fast.hi) == pytest.approx((30.5 / 90, 40 / 80)) and fast.target == "<= 0.6x" and fast.met
