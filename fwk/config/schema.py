@@ -208,16 +208,10 @@ class JitConfig:
     backend: str = doc("inductor", "torch.compile backend (inductor; aot_eager and eager for debugging)")
     stable_steps: int = doc(5, "auto: consecutive steps with one input signature before compiling")
     max_recompiles: int = doc(8, "new signatures compiled after the first; beyond that they run eager")
-    min_remaining_s: float = doc(
-        60.0, "auto: compile only if the steps left would take longer than this in eager mode (compiling costs)"
-    )
+    min_remaining_s: float = doc(60.0, "auto: compile only if the steps left would take longer eagerly (seconds)")
     trial_steps: int = doc(3, "auto on CPU: compiled steps timed against eager; the faster is kept")
-    max_trial_share: float = doc(
-        0.05, "auto on CPU: try compiling only if its estimated cost is at most this share of the eager time left"
-    )
-    min_speedup: float = doc(
-        1.05, "auto on CPU: compiled is kept only when this much faster than eager (a tie in the noise stays eager)"
-    )
+    max_trial_share: float = doc(0.05, "auto on CPU: try compiling only if it costs at most this share of time left")
+    min_speedup: float = doc(1.05, "auto on CPU: keep compiled only when this much faster than eager (ties stay eager)")
 
 
 # how `fwk train --redecide` and `fwk replay` reach the workers (fwk/strategies/decisions.py)
