@@ -162,7 +162,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "shards": ("shards_accuracy", "rows", 1500),
     "fingerprint": ("fingerprint", "rows", 90),
     "datawait": ("datawait", "rows", 120),
-    "tta": ("tta", "rows", 3000),
+    "tta": ("tta", "rows", 4200),
     "ablation": ("ablation", "rows", 3600),
     "precision": ("precision", "rows", 300),
     "channels_last": ("channels_last", "rows", 120),
