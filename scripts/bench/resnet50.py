@@ -32,9 +32,11 @@ stepped at ~0.7 s (~45 samples/s) once warm, and reached val acc 0.76 at step 25
 0.99 at its first evaluation, step 20. So: 64 px, batch 32, the recipe's lr scaled to the
 batch (SGD 0.1 x 32/256; (c): 8e-3 x 32/256), 10 warm-up steps, a 250-step budget, an
 evaluation every 20 steps (300 photos: ~2 s each), and a target of val acc >= 0.95, which
-every side crosses between steps 20 and 80, about 1-3 minutes a side on a quiet machine.
-One rep per side (not five): the rows say so. ``--quick``: 60 photos at 32 px, 8 steps,
-a loose target (a smoke test, not a figure). ``cuda``: 128 px, batch 128, 150 steps, an
+every side crosses between steps 20 and 80. The whole group, one rep per side, on the quiet
+machine (seed 0): (a) 45 s to target (40 steps, 0.88 s a step), (b) 81 s (60 steps), (c)
+38 s (20 steps), photos and shards ~40 s: 3.5 minutes. So three reps per side (seeds 0-2,
+the order rotating; not five): ~9 minutes. ``--quick``: 60 photos at 32 px, 8 steps, a
+loose target (a smoke test, not a figure). ``cuda``: 128 px, batch 128, 150 steps, an
 evaluation every 15 (an epoch), the plain side under bf16 autocast, for ``make gpu-check``.
 """
 
@@ -73,6 +75,7 @@ class Size:
     target: float  # val acc
     max_side: int  # fwk data prepare --max-side for side (c)
     device: str
+    reps: int  # runs of each side, seeds 0..reps-1, the order rotating
     note: str
 
     @property
@@ -81,9 +84,9 @@ class Size:
 
 
 SIZES = {
-    "full": Size(2000, 30, 64, 32, 250, 10, 20, 0.95, 80, "cpu", "64 px, batch 32; one rep per side (minutes each)"),
-    "quick": Size(60, 2, 32, 8, 8, 2, 4, 0.05, 40, "cpu", "--quick: 60 photos, 32 px, a loose target"),
-    "cuda": Size(2000, 30, 128, 128, 150, 10, 15, 0.95, 160, "cuda", "CUDA: 128 px, batch 128; one rep per side"),
+    "full": Size(2000, 30, 64, 32, 250, 10, 20, 0.95, 80, "cpu", 3, "64 px, batch 32; 3 reps (~1 min a run), not 5"),
+    "quick": Size(60, 2, 32, 8, 8, 2, 4, 0.05, 40, "cpu", 1, "--quick: 60 photos, 32 px, a loose target"),
+    "cuda": Size(2000, 30, 128, 128, 150, 10, 15, 0.95, 160, "cuda", 1, "CUDA: 128 px, batch 128; one rep per side"),
 }
 
 
@@ -159,8 +162,9 @@ def described(label: str, o: sides.Outcome, mb: float) -> str:
 
 
 def measure(size: Size, reps: int = 1) -> tuple[dict[str, list[sides.Outcome]], dict[str, list[float]], float]:
-    """Each side ``reps`` times, the order rotating per rep: their outcomes, their peak memory
-    in MB, and the seconds ``fwk data prepare`` took."""
+    """Each side ``reps`` times, rep i with seed i (the sides shuffle differently, so one seed
+    could favour either), the order rotating per rep: their outcomes, their peak memory in
+    MB, and the seconds ``fwk data prepare`` took."""
     from decode import write_photos
 
     with tempfile.TemporaryDirectory(prefix="fwk-bench-resnet50-") as tmp:
@@ -174,9 +178,9 @@ def measure(size: Size, reps: int = 1) -> tuple[dict[str, list[sides.Outcome]], 
         fwk_c = ["recipe=resnet50_imagenet_fast", f"data.uri={shards}", *fast, device]
         spec = plain_spec(fwk_b, size, photos)
         run = {
-            "a": lambda rep: sides.plain_side(spec, METRIC, size.target, work, script=PLAIN),
-            "b": lambda rep: sides.fwk_side(fwk_b, METRIC, size.target, work / f"cache-b{rep}", work),
-            "c": lambda rep: sides.fwk_side(fwk_c, METRIC, size.target, work / f"cache-c{rep}", work),
+            "a": lambda rep: sides.plain_side({**spec, "seed": rep}, METRIC, size.target, work, script=PLAIN),
+            "b": lambda rep: sides.fwk_side([*fwk_b, f"seed={rep}"], METRIC, size.target, work / f"b{rep}", work),
+            "c": lambda rep: sides.fwk_side([*fwk_c, f"seed={rep}"], METRIC, size.target, work / f"c{rep}", work),
         }
         got: dict[str, list[sides.Outcome]] = {s: [] for s in run}
         mem: dict[str, list[float]] = {s: [] for s in run}
@@ -188,9 +192,10 @@ def measure(size: Size, reps: int = 1) -> tuple[dict[str, list[sides.Outcome]], 
     return got, mem, prepared
 
 
-def one(name: str = "full", reps: int = 1) -> list[Row]:
-    """The rows of size ``name`` (``SIZES``)."""
+def one(name: str = "full", reps: int | None = None) -> list[Row]:
+    """The rows of size ``name`` (``SIZES``), each side ``reps`` times (None: the size's own)."""
     size = SIZES[name]
+    reps = reps or size.reps
     return ratio_rows(size, *measure(size, reps), reps)
 
 
@@ -204,7 +209,8 @@ def ratio_rows(size: Size, got: dict, mem: dict, prepared: float, reps: int) -> 
     missed = [labels[s] for s, outs in got.items() if not all(o.reached for o in outs)]
     note = (
         f"{size.note}; target val acc >= {size.target} on {10 * size.val_per_class} val photos; "
-        f"{reps} rep(s), cold caches; rep 0: {each}; (c)'s shards prepared once in {prepared:.0f} s (not counted)"
+        f"{reps} rep(s) (seeds 0-{reps - 1}), cold caches; seed 0: {each}; "
+        f"(c)'s shards prepared once in {prepared:.0f} s (not counted)"
         + (f"; MISSED by {', '.join(missed)}: the ratio is a bound" if missed else "")
     )
     mem_note = "device peak (max_memory_allocated)" if size.device == "cuda" else "PSS of the process tree"
@@ -231,9 +237,9 @@ def rows(quick: bool) -> list[Row]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="full")
-    parser.add_argument("--reps", type=int, default=1, help="runs of each side (the order rotates)")
+    parser.add_argument("--reps", type=int, default=0, help="runs of each side (0: the size's own)")
     args = parser.parse_args()
-    got = guarded("resnet50", args.size, lambda: one(args.size, args.reps))
+    got = guarded("resnet50", args.size, lambda: one(args.size, args.reps or None))
     print(table(got))
     if any(r.failed for r in got):
         print(f"FAILED: {got[0].failed}")

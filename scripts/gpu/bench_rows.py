@@ -40,7 +40,7 @@ def main() -> int:
     elif args.group == "resnet50":  # its CUDA size on a GPU, else its full or --quick CPU size
         import resnet50
 
-        rows = resnet50.one("cuda" if args.device == "cuda" else "quick" if args.quick else "full", args.reps or 1)
+        rows = resnet50.one("cuda" if args.device == "cuda" else "quick" if args.quick else "full", args.reps or None)
     else:
         import decode_rows
 
