@@ -4,7 +4,7 @@
         [--txt bench/cpu/NAME.txt]
 
 Each group (overhead, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
-channels_last, memory, jit, kernels, parallel, export) runs in its own child process with a
+channels_last, memory, jit, kernels, parallel, export, resnet50) runs in its own child process with a
 wall-clock budget, so that one benchmark's failure, hang or leftover state (compiled graphs,
 threads, page cache) never reaches the next: a group that fails or runs out of time becomes
 one failed row with its one-line reason, and the others still run. Every row is a ratio measured side by side in
@@ -171,6 +171,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "kernels": ("kernels", "rows", 20),
     "parallel": ("parallel", "rows", 150),
     "export": ("export", "rows", 30),
+    "resnet50": ("resnet50", "rows", 1500),
 }
 
 

@@ -149,17 +149,24 @@ def fwk_side(overrides: list[str], metric: str, target: float, cache: Path, work
     return _outcome(json.loads(found[0].read_text()), started, peak, wall, metric, found[0].parent)
 
 
-def plain_side(spec: dict, metric: str, target: float, work: Path, record: bool = False) -> Outcome:
-    """``scripts/bench/plain_loop.py`` on ``spec`` (its docstring says what a spec holds);
-    ``record``: it also writes its rows as a run dir that ``fwk runs plot`` reads."""
+PLAIN_LOOP = ROOT / "scripts" / "bench" / "plain_loop.py"
+
+
+def plain_side(
+    spec: dict, metric: str, target: float, work: Path, record: bool = False, script: Path = PLAIN_LOOP
+) -> Outcome:
+    """A plain loop's process on ``spec``: ``script`` takes a folder holding spec.json and
+    writes summary.json there (``scripts/bench/plain_loop.py``, whose docstring says what its
+    spec holds; ``plain_resnet50.py``); ``record``: it also writes its rows as a run dir that
+    ``fwk runs plot`` reads."""
     out = Path(tempfile.mkdtemp(prefix="plain-", dir=work))
     (out / "spec.json").write_text(json.dumps({**spec, "metric": metric, "target": target, "record": record}))
     log = out / "plain.log"
-    argv = [sys.executable, str(ROOT / "scripts" / "bench" / "plain_loop.py"), str(out)]
+    argv = [sys.executable, str(script), str(out)]
     started, peak, code = launch(argv, {"PYTHONPATH": str(ROOT)}, log)
     wall = time.time() - started
     if code != 0 or not (out / "summary.json").exists():
-        raise _failed("plain loop", code, log)
+        raise _failed(script.name, code, log)
     return _outcome(json.loads((out / "summary.json").read_text()), started, peak, wall, metric, out)
 
 

@@ -3,6 +3,7 @@ parts of ``make gpu-check`` that reuse ``scripts/bench`` (make bench's rows).
 
     python scripts/gpu/bench_rows.py tta CASE [--device cuda] [--quick] [--reps N] [--no-tune]
     python scripts/gpu/bench_rows.py decode [--images N] [--rounds N] [--workers N] [--no-s3]
+    python scripts/gpu/bench_rows.py resnet50 [--device cuda] [--quick] [--reps N]
 
 Exit 0 with the table and an ``ok:`` line when every row was measured (a missed target is
 a figure, not a failure); 1 naming the rows that failed.
@@ -22,11 +23,11 @@ def main() -> int:
     from harness import table
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("group", choices=["tta", "decode"])
+    parser.add_argument("group", choices=["tta", "decode", "resnet50"])
     parser.add_argument("case", nargs="?", default="gpt_stdlib", help="tta: the case (digits_cnn, gpt_stdlib, ...)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reps", type=int, default=0, help="tta: seeds per side (0: the case's own)")
+    parser.add_argument("--reps", type=int, default=0, help="tta: seeds per side (0: the case's own); resnet50: runs")
     parser.add_argument("--no-tune", action="store_true", help="tta: no plain (tuned) side (its grid is long)")
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
@@ -37,6 +38,10 @@ def main() -> int:
         import tta
 
         rows = tta.one(args.case, args.quick, args.device, args.reps or None, tuned=not args.no_tune)
+    elif args.group == "resnet50":  # its CUDA size on a GPU, else its full or --quick CPU size
+        import resnet50
+
+        rows = resnet50.one("cuda" if args.device == "cuda" else "quick" if args.quick else "full", args.reps or None)
     else:
         import decode_rows
 

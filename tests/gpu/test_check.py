@@ -98,8 +98,8 @@ def test_failed_and_skipped_parts_say_why_and_a_cuda_only_part_is_skipped_by_nam
     assert verdict(results[1:]) == (0, "gpu-check: 1 ok, 2 skipped, 0 failed, 0 over budget")
 
 
-def test_the_parts_fit_eight_minutes_on_a_gpu_and_every_speed_part_has_a_dry_form_or_needs_cuda() -> None:
-    assert sum(p.budget_s for p in PARTS) <= 480
+def test_the_parts_fit_ten_minutes_on_a_gpu_and_every_speed_part_has_a_dry_form_or_needs_cuda() -> None:
+    assert sum(p.budget_s for p in PARTS) <= 600  # 8 minutes, and resnet50-tta's 100 s
     assert len({p.name for p in PARTS}) == len(PARTS)
     assert [p.section for p in PARTS] == sorted((p.section for p in PARTS), key=["doctor", "correctness", "speed",
                                                                                  "whole"].index)  # fmt: skip

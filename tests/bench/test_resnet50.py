@@ -1,0 +1,56 @@
+"""scripts/bench/resnet50.py (make bench's resnet50 group) at its --quick size, end to end:
+real photos, the three sides as real processes, the rows computed from their figures."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
+
+import harness  # noqa: E402
+import resnet50  # noqa: E402
+
+
+def test_the_group_is_registered_with_a_budget_for_its_full_run():
+    module, fn, budget = harness.GROUPS["resnet50"]
+    assert (module, fn) == ("resnet50", "rows") and budget >= 900
+
+
+def test_side_a_trains_what_side_b_composes():
+    size = resnet50.SIZES["full"]
+    spec = resnet50.plain_spec(["recipe=resnet50_imagenet", "data.root=/photos", *resnet50.size_overrides(size)],
+                               size, Path("/photos"))  # fmt: skip
+    assert spec["lr"] == pytest.approx(0.1 * size.batch / 256)  # the recipe's lr, scaled to the batch
+    assert (spec["image_size"], spec["val_resize"], spec["batch_size"]) == (64, 73, 32)
+    assert (spec["max_steps"], spec["warmup_steps"], spec["eval_every"]) == (250, 10, 20)
+    assert (spec["num_classes"], spec["label_smoothing"], spec["momentum"]) == (10, 0.1, 0.9)
+    assert spec["amp"] is None and spec["device"] == "cpu"
+
+
+@pytest.mark.slow
+def test_quick_size_runs_three_sides_and_their_ratios():
+    size = resnet50.SIZES["quick"]
+    got, mem, prepared = resnet50.measure(size)
+    assert set(got) == {"a", "b", "c"} and prepared > 0
+    for side, (outcome,) in got.items():
+        assert outcome.reached, f"side {side} missed the quick target: {outcome}"
+        assert 0 < outcome.startup < outcome.seconds <= outcome.wall, side
+        assert 0 < outcome.train_s < outcome.seconds and outcome.steps <= size.steps, side
+        assert outcome.final >= size.target and mem[side] == [outcome.peak_mb] and outcome.peak_mb > 100, side
+    assert len({o.run_dir for (o,) in got.values()}) == 3
+    rows = resnet50.ratio_rows(size, got, mem, prepared, 1)
+    assert [r.ratio for r in rows] == [
+        "(b)/(a) seconds to target",
+        "(c)/(a) seconds to target",
+        "(b)/(a) peak memory",
+        "(c)/(a) peak memory",
+    ]
+    assert not any(r.failed for r in rows)
+    for row, side in zip(rows[:2], "bc", strict=True):
+        assert row.median == pytest.approx(got[side][0].seconds / got["a"][0].seconds)
+        assert (row.a.value, row.b.value, row.target) == (got[side][0].seconds, got["a"][0].seconds, "<= 0.58x")
+        assert row.met == (row.median <= 0.58)
+    for row, side in zip(rows[2:], "bc", strict=True):
+        assert row.median == pytest.approx(mem[side][0] / mem["a"][0]) and row.target == "<= 0.63x"
+    assert "(a) plain: " in rows[0].notes and "(c) fwk fast: " in rows[0].notes and "MISSED" not in rows[0].notes
