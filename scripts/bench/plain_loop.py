@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bn import recompute_bn  # scripts/bench/bn.py: this folder is on the path
 from torch.utils.data import DataLoader
 
 from fwk.data.registry import DATA
@@ -67,24 +68,6 @@ def schedule(spec: dict, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-@torch.no_grad()
-def recompute_bn(model: torch.nn.Module, loader: DataLoader, batches: int, device: str) -> None:
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if not norms or not batches:
-        return
-    saved = [m.momentum for m in norms]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # a cumulative average over the batches
-    model.train()
-    for i, (x, _) in enumerate(loader):
-        if i >= batches:
-            break
-        model(x.to(device))
-    for m, momentum in zip(norms, saved, strict=True):
-        m.momentum = momentum
 
 
 @torch.no_grad()

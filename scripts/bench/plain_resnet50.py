@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torchvision
+from bn import recompute_bn  # scripts/bench/bn.py: this folder is on the path
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -120,6 +121,7 @@ def main(folder: Path) -> None:
                 torch.cuda.synchronize()
             trained += time.perf_counter() - t0
             if step % spec["eval_every"] == 0 or step == spec["max_steps"]:
+                recompute_bn(model, train, spec.get("bn_recompute", 0), device)  # 0: the running statistics
                 last = evaluate(model, val, device, amp)
                 print(f"step {step}: {last} ({trained:.1f} s training)", flush=True)
                 if reached(last):
