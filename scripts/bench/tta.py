@@ -61,9 +61,9 @@ CASES = {  # name -> (full size, --quick size)
         Case(
             ["recipe=resnet_digits", "train.eval_every=5", "train.max_steps=100"], "val_acc", 0.97, 2,
             "the issue's target; a 100-step budget, not the recipe's 60 (the plain loop misses 97% there on some "
-            "seeds); ~1 s a step on 2 cores: 2 reps",
+            "seeds); 1-3 s a step on 2 cores: 2 reps",
             "resnet_digits_fast",
-            {"steps": [30, 60], "lr_scale": [1, 2], "bn_recompute": [8]},
+            {"steps": [60, 100], "lr_scale": [1, 2], "bn_recompute": [8]},  # 30 steps never reach 97%
         ),
         Case(
             ["recipe=resnet_digits", "train.eval_every=5", "data.image_size=16", "train.max_steps=20"], "val_acc",
