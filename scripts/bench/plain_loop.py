@@ -26,14 +26,13 @@ It writes FOLDER/summary.json as fwk's worker does: ``first_step_at`` and ``targ
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bn import recompute_bn  # scripts/bench/bn.py: this folder is on the path
+from plain_parts import recompute_bn, schedule  # this folder is on the path
 from torch.utils.data import DataLoader
 
 from fwk.data.registry import DATA
@@ -56,18 +55,6 @@ def optimizer(spec: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
     if spec["name"] == "adamw":
         return torch.optim.AdamW(groups, lr=spec["lr"], betas=(spec["beta1"], spec["beta2"]))
     raise SystemExit(f"plain loop: optimizer {spec['name']} is not one a plain loop here writes (adamw, sgd)")
-
-
-def schedule(spec: dict, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    warm, floor, steps = spec["warmup_steps"], spec["min_lr_ratio"], spec["steps"]
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        done = min(1.0, (step - warm) / max(1, steps - warm))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 @torch.no_grad()
@@ -95,7 +82,8 @@ def main(folder: Path) -> None:
     data = DATA.get(spec["data"]["name"]).builder(built(DATA, spec["data"]), seed=spec["seed"])
     model = MODELS.get(spec["model"]["name"]).builder(built(MODELS, spec["model"])).to(device)
     opt = optimizer(spec["optim"], model)
-    sched = schedule(spec["schedule"], opt)
+    s = spec["schedule"]
+    sched = schedule(opt, s["warmup_steps"], s["min_lr_ratio"], s["steps"])
     batch = spec["batch_size"]
     loader = DataLoader(data.train, batch_size=batch, shuffle=True, drop_last=True, collate_fn=data.collate)
     val = DataLoader(data.val, batch_size=batch, collate_fn=data.collate)

@@ -27,7 +27,6 @@ reads it): ``first_step_at`` and ``target.at`` (Unix times), ``target.train_time
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torchvision
-from bn import recompute_bn  # scripts/bench/bn.py: this folder is on the path
+from plain_parts import recompute_bn, schedule  # this folder is on the path
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -58,19 +57,6 @@ def loaders(spec: dict) -> tuple[DataLoader, DataLoader]:
         DataLoader(train, batch, shuffle=True, num_workers=workers, pin_memory=pin, drop_last=True),
         DataLoader(val, batch, shuffle=False, num_workers=workers, pin_memory=pin),
     )
-
-
-def schedule(spec: dict, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, then a cosine to ``min_lr_ratio`` at ``max_steps``: per step."""
-    warm, floor, steps = spec["warmup_steps"], spec["min_lr_ratio"], spec["max_steps"]
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        done = min(1.0, (step - warm) / max(1, steps - warm))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 @torch.no_grad()
@@ -101,7 +87,7 @@ def main(folder: Path) -> None:
     opt = torch.optim.SGD(
         model.parameters(), lr=spec["lr"], momentum=spec["momentum"], nesterov=True, weight_decay=spec["weight_decay"]
     )
-    sched = schedule(spec, opt)
+    sched = schedule(opt, spec["warmup_steps"], spec["min_lr_ratio"], spec["max_steps"])
     reached = lambda row: row[metric] >= target if metric == "val_acc" else row[metric] <= target  # noqa: E731
     step, trained, first, hit, last = 0, 0.0, None, None, {}
     while step < spec["max_steps"] and hit is None:

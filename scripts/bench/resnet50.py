@@ -13,7 +13,7 @@ each fwk side with a fresh decision cache (cold: its trials and tunings included
   (ImageFolder with v2 transforms, SGD + Nesterov, warm-up + cosine, loader workers),
   fp32 eager; on CUDA under bf16 autocast;
 - (a2) the same loop evaluating as (c) does: its BatchNorm statistics re-estimated on 8
-  training batches before each evaluation (``bn.py``), so that (c)'s evaluation is not
+  training batches before each evaluation (``plain_parts.py``), so that (c)'s evaluation is not
   its advantage;
 - (b) ``fwk train recipe=resnet50_imagenet data.root=PHOTOS`` at its defaults, with only the
   size overrides (image size, batch, steps, lr scaled to the batch, warm-up, eval_every)
