@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from plain_parts import recompute_bn, schedule  # this folder is on the path
+from plain_parts import evaluate, recompute_bn, schedule  # this folder is on the path
 from torch.utils.data import DataLoader
 
 from fwk.data.registry import DATA
@@ -55,24 +55,6 @@ def optimizer(spec: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
     if spec["name"] == "adamw":
         return torch.optim.AdamW(groups, lr=spec["lr"], betas=(spec["beta1"], spec["beta2"]))
     raise SystemExit(f"plain loop: optimizer {spec['name']} is not one a plain loop here writes (adamw, sgd)")
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, val: DataLoader, max_batches: int, device: str, amp: str | None) -> dict:
-    model.eval()
-    loss, correct, n = 0.0, 0.0, 0
-    for i, (x, y) in enumerate(val):
-        if max_batches and i >= max_batches:
-            break
-        x, y = x.to(device), y.to(device)
-        with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
-            logits = model(x)
-        logits, y = logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1)
-        loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(-1) == y).sum().item()
-        n += y.numel()
-    model.train()
-    return {"val_loss": loss / n, "val_acc": correct / n}
 
 
 def main(folder: Path) -> None:

@@ -1,5 +1,6 @@
 """What both plain loops of the benchmarks (plain_loop.py, plain_resnet50.py) write alike: the
-warm-up + cosine schedule, and BatchNorm statistics re-estimated before an evaluation, as a
+warm-up + cosine schedule, the evaluation (mean loss and accuracy per target, images or
+tokens), and BatchNorm statistics re-estimated before an evaluation, as a
 careful user does (and as fwk's schedule-free recipes evaluate)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 
@@ -38,3 +40,21 @@ def recompute_bn(model: torch.nn.Module, loader: DataLoader, batches: int, devic
         model(x.to(device))
     for m, momentum in zip(norms, saved, strict=True):
         m.momentum = momentum
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, val: DataLoader, max_batches: int, device: str, amp: str | None) -> dict:
+    model.eval()
+    loss, correct, n = 0.0, 0.0, 0
+    for i, (x, y) in enumerate(val):
+        if max_batches and i >= max_batches:
+            break
+        x, y = x.to(device), y.to(device)
+        with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
+            logits = model(x)
+        logits, y = logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1)
+        loss += F.cross_entropy(logits, y, reduction="sum").item()
+        correct += (logits.argmax(-1) == y).sum().item()
+        n += y.numel()
+    model.train()
+    return {"val_loss": loss / n, "val_acc": correct / n}

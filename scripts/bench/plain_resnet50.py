@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torchvision
-from plain_parts import recompute_bn, schedule  # this folder is on the path
+from plain_parts import evaluate, recompute_bn, schedule  # this folder is on the path
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -57,21 +57,6 @@ def loaders(spec: dict) -> tuple[DataLoader, DataLoader]:
         DataLoader(train, batch, shuffle=True, num_workers=workers, pin_memory=pin, drop_last=True),
         DataLoader(val, batch, shuffle=False, num_workers=workers, pin_memory=pin),
     )
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, val: DataLoader, device: str, amp: str | None) -> dict:
-    model.eval()
-    loss, correct, n = 0.0, 0, 0
-    for x, y in val:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
-            logits = model(x).float()
-        loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(-1) == y).sum().item()
-        n += y.numel()
-    model.train()
-    return {"val_loss": loss / n, "val_acc": correct / n}
 
 
 def main(folder: Path) -> None:
@@ -108,7 +93,7 @@ def main(folder: Path) -> None:
             trained += time.perf_counter() - t0
             if step % spec["eval_every"] == 0 or step == spec["max_steps"]:
                 recompute_bn(model, train, spec.get("bn_recompute", 0), device)  # 0: the running statistics
-                last = evaluate(model, val, device, amp)
+                last = evaluate(model, val, 0, device, amp)
                 print(f"step {step}: {last} ({trained:.1f} s training)", flush=True)
                 if reached(last):
                     hit = {"reached": True, "step": step, "train_time_s": trained, "at": time.time()}
