@@ -130,5 +130,6 @@ def _process(pairs: list[tuple[dict, dict]]) -> str:
     return f"; whole process {statistics.median(v):.1f} s vs {statistics.median(b):.1f} s" if v and b else ""
 
 
-def rows(quick: bool) -> list:
-    return [r for name in CASES for r in guarded("ablation", name, lambda name=name: one(name, quick))]
+def rows(quick: bool, cases: list[str] | None = None) -> list:
+    """Every case's rows (only ``cases``, when named: ``harness.py --only ablation:NAME``)."""
+    return [r for name in cases or CASES for r in guarded("ablation", name, lambda name=name: one(name, quick))]

@@ -1,16 +1,18 @@
 """`make bench`: every benchmark in one command, one markdown table, one JSON file.
 
-    .venv/bin/python scripts/bench/harness.py [--only overhead,auto] [--quick] [--out bench/results]
-        [--txt bench/cpu/NAME.txt]
+    .venv/bin/python scripts/bench/harness.py [--only overhead,auto,tta:gpt_stdlib] [--quick]
+        [--out bench/results] [--txt bench/cpu/NAME.txt]
 
 Each group (overhead, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
 channels_last, memory, jit, kernels, parallel, export, resnet50) runs in its own child process with a
 wall-clock budget, so that one benchmark's failure, hang or leftover state (compiled graphs,
 threads, page cache) never reaches the next: a group that fails or runs out of time becomes
-one failed row with its one-line reason, and the others still run. Every row is a ratio measured side by side in
-the same run: ``measure_pair`` warms both sides up, then interleaves them A,B,B,A,A,B...
-(whoever went first goes second next time), and the row shows the median of the per-rep
-ratios with their min and max, and both sides' absolute medians beside it.
+one failed row with its one-line reason, and the others still run. ``GROUP:CASE+CASE`` runs
+only those cases of a group that has several (tta, ablation: their ``CASES``). Every row is
+a ratio measured side by side in the same run: ``measure_pair`` warms both sides up, then
+interleaves them A,B,B,A,A,B... (whoever went first goes second next time), and the row
+shows the median of the per-rep ratios with their min and max, and both sides' absolute
+medians beside it.
 
 The table goes to stdout. Every run writes a new file of its rows and the machine they were
 measured on, bench/results/<YYYY-MM-DD>-<HHMMSS>-<cpu model>.json: created, never written
@@ -176,13 +178,32 @@ GROUPS: dict[str, tuple[str, str, int]] = {
 }
 
 
-def run_group(group: str, quick: bool) -> list[dict]:
-    """In this process: the group's rows as dicts (called in the child). The benchmark modules
-    build rows with ``harness.Row``, which is not this ``__main__.Row``: both are dataclasses."""
+def run_group(group: str, quick: bool, cases: list[str] | None = None) -> list[dict]:
+    """In this process: the group's rows as dicts (called in the child); ``cases``: only these
+    of the group's ``CASES``. The benchmark modules build rows with ``harness.Row``, which is
+    not this ``__main__.Row``: both are dataclasses."""
     module, fn = GROUPS[group][:2]
     sys.path.insert(0, str(HERE))
-    rows = getattr(importlib.import_module(module), fn)(quick)
+    rows = getattr(importlib.import_module(module), fn)(quick, *([cases] if cases else []))
     return [r if isinstance(r, dict) else asdict(r) for r in rows]
+
+
+def selection(only: str) -> list[tuple[str, list[str]]]:
+    """``--only``'s groups, each with the cases named after a colon (none: all of them); a
+    group or case that does not exist is one line naming the ones that do."""
+    picked = []
+    for item in filter(None, only.split(",")):
+        group, _, names = item.partition(":")
+        if group not in GROUPS:
+            raise SystemExit(f"--only {group}: unknown group; choose from {','.join(GROUPS)}")
+        cases = [c for c in names.split("+") if c]
+        if cases:
+            sys.path.insert(0, str(HERE))
+            known = list(getattr(importlib.import_module(GROUPS[group][0]), "CASES", {}))
+            if not known or set(cases) - set(known):
+                raise SystemExit(f"--only {item}: {group} has the cases {','.join(known) or '(none to choose)'}")
+        picked.append((group, cases))
+    return picked or [(g, []) for g in GROUPS]
 
 
 def from_dict(d: dict) -> Row:
@@ -192,11 +213,13 @@ def from_dict(d: dict) -> Row:
     return Row(**d)
 
 
-def run_isolated(group: str, quick: bool, budget: float) -> list[Row]:
-    """The group in a child process with ``budget`` seconds; a failure is one failed row."""
+def run_isolated(group: str, quick: bool, budget: float, cases: list[str] | None = None) -> list[Row]:
+    """The group (only ``cases`` of it, if any) in a child process with ``budget`` seconds; a
+    failure is one failed row."""
     with tempfile.TemporaryDirectory(prefix=f"fwk-bench-{group}-") as tmp:
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, __file__, "--group", group, "--rows-to", str(out), *(["--quick"] if quick else [])]
+        argv += ["--cases", "+".join(cases)] if cases else []
         partial = Path(tmp) / "partial.jsonl"
         env = {
             **os.environ,
@@ -340,7 +363,9 @@ def report(rows: list[Row], info: dict, wall_s: float, quick: bool, path: Path) 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help=f"comma-separated groups of: {','.join(GROUPS)}")
+    parser.add_argument(
+        "--only", default="", help=f"comma-separated groups of: {','.join(GROUPS)}; GROUP:CASE+CASE: only those cases"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of every group (minutes)")
     parser.add_argument("--slack", type=float, default=1.0, help="multiply every group's time budget (a busy machine)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the JSON results")
@@ -349,21 +374,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--group", default="", help=argparse.SUPPRESS)  # internal: run one group here
     parser.add_argument("--rows-to", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--cases", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.group:
-        args.rows_to.write_text(json.dumps(run_group(args.group, args.quick)))
+        cases = args.cases.split("+") if args.cases else None
+        args.rows_to.write_text(json.dumps(run_group(args.group, args.quick, cases)))
         return
-    groups = [g for g in args.only.split(",") if g] or list(GROUPS)
-    unknown = [g for g in groups if g not in GROUPS]
-    if unknown:
-        raise SystemExit(f"--only {','.join(unknown)}: unknown group; choose from {','.join(GROUPS)}")
+    picked = selection(args.only)
     info, started, rows = machine(), time.perf_counter(), []
     start_time = datetime.datetime.now()
-    for group in groups:
+    for group, cases in picked:
         t0 = time.perf_counter()
         print(f"[bench] {group} ...", file=sys.stderr, flush=True)
         budget = GROUPS[group][2] * args.slack
-        got = run_isolated(group, args.quick, budget)
+        got = run_isolated(group, args.quick, budget, cases)
         rows += got
         print(f"[bench] {group}: {len(got)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         print("\n".join(table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress: this group's rows

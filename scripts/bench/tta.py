@@ -217,5 +217,6 @@ def _rows(name: str, case: Case, got: dict[str, list[Outcome]], tuning: str, cur
     return rows
 
 
-def rows(quick: bool) -> list:
-    return [r for name in CASES for r in guarded("tta", name, lambda name=name: one(name, quick))]
+def rows(quick: bool, cases: list[str] | None = None) -> list:
+    """Every case's rows (only ``cases``, when named: ``harness.py --only tta:NAME``)."""
+    return [r for name in cases or CASES for r in guarded("tta", name, lambda name=name: one(name, quick))]

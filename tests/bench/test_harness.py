@@ -81,6 +81,29 @@ def test_rows_of_finished_parts_are_kept_for_the_parent(tmp_path, monkeypatch):
         measure_pair(lambda: None, lambda: None, reps=0)
 
 
+def test_only_picks_groups_and_the_cases_named_after_a_colon():
+    got = harness.selection("tta:gpt_stdlib+digits_cnn,overhead")
+    assert got == [("tta", ["gpt_stdlib", "digits_cnn"]), ("overhead", [])]
+    assert harness.selection("") == [(g, []) for g in harness.GROUPS]
+    with pytest.raises(SystemExit, match="^--only tta:nope: tta has the cases digits_cnn,resnet_digits,gpt_stdlib$"):
+        harness.selection("tta:nope")
+    with pytest.raises(SystemExit, match="^--only overhead:x: overhead has the cases"):
+        harness.selection("overhead:x")
+    with pytest.raises(SystemExit, match="^--only nope: unknown group"):
+        harness.selection("nope")
+
+
+def test_a_group_runs_only_the_cases_named(monkeypatch):
+    import ablation
+    import tta
+
+    for module in (tta, ablation):
+        monkeypatch.setattr(module, "one", lambda name, quick: [Row("g", name)])
+    assert [r["name"] for r in harness.run_group("tta", True, ["gpt_stdlib"])] == ["gpt_stdlib"]
+    assert [r["name"] for r in harness.run_group("tta", True)] == list(tta.CASES)
+    assert [r["name"] for r in harness.run_group("ablation", False, ["gpt_stdlib"])] == ["gpt_stdlib"]
+
+
 INFO = {"host": "vm", "cpu": "AMD EPYC 7B13 64-Core Processor", "cores": 2, "torch": "2.x", "device": "cpu"}
 
 
@@ -99,7 +122,7 @@ def test_two_runs_in_a_row_make_two_files_and_the_txt_starts_with_the_command(tm
     """The whole main() with a fake group: each run its own JSON, the txt exactly what it printed."""
     measured = iter([1.25, 0.75])
 
-    def fake_group(group, quick, budget):
+    def fake_group(group, quick, budget, cases=None):
         sides = Side("fwk", 2.0, "ms"), Side("plain", 1.6, "ms")
         return [ratio_row(group, "fake step", [next(measured)], *sides, "a/b")]
 
