@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fwk.components.checkpoint import host_copy, load_model_state, model_state
+from fwk.components.checkpoint import host_copy, host_copy_into, load_model_state, model_state
 from fwk.config.schema import DiagnosticsConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
@@ -127,11 +127,17 @@ class Diagnostics:
         if kind == 0.0:
             self.losses.append(value)
             self._stats(step)
-            if not trial and (self._snapshot is None or step % self.cfg.snapshot_every == 0):
+            if self.rolls_back and not trial and (self._snapshot is None or step % self.cfg.snapshot_every == 0):
                 self._take_snapshot(step)
             return True
         self._handle(step, kind, value, rerun)
         return False
+
+    @property
+    def rolls_back(self) -> bool:
+        """Whether a bad step restores a snapshot: only then is one kept (a copy of the model
+        and the optimizer state in host memory)."""
+        return self.cfg.on_nan == "rollback"
 
     def _grads_finite(self) -> bool:
         if self.precision.scaling:  # fp16: the scaler finds and skips inf/NaN gradients
@@ -225,18 +231,25 @@ class Diagnostics:
         them. Taken again now, after ``steps_taken`` steps (None: a resume, before the
         checkpoint loads; the next good step takes it)."""
         self._snapshot = None
-        if steps_taken is not None:
+        if steps_taken is not None and self.rolls_back:
             self._take_snapshot(steps_taken)
 
     def _take_snapshot(self, step: int) -> None:
-        state = model_state(self.raw, self.optimizer)
-        self._snapshot = (step, host_copy({**state, "precision": self.precision.state_dict()}))
+        """Keep the state after ``step`` steps, written over the last snapshot's tensors where
+        they fit: never two snapshots at once, nor new host memory every ``snapshot_every``."""
+        state = {**model_state(self.raw, self.optimizer), "precision": self.precision.state_dict()}
+        held = self._snapshot[1] if self._snapshot is not None else None
+        self._snapshot = None
+        self._snapshot = (step, host_copy_into(held, state))
 
     def _restore(self) -> int:
-        """Load the snapshot; returns the number of steps it had taken."""
+        """Load the snapshot; returns the number of steps it had taken. The optimizer gets
+        copies: its load_state_dict keeps the tensors it is given, and the snapshot must stay
+        as taken for the next rollback."""
         assert self._snapshot is not None  # _handle stops a launch whose first step is bad
         step, state = self._snapshot
-        load_model_state(self.raw, self.optimizer, {k: v for k, v in state.items() if k != "precision"})
+        optimizer = host_copy(state["optimizer"])
+        load_model_state(self.raw, self.optimizer, {"model": state["model"], "optimizer": optimizer})
         self.precision.load_state_dict(state["precision"])
         return step
 

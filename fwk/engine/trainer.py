@@ -118,7 +118,9 @@ def train(
     methods.prepare(plain, data.task, reporter.message if dist.is_main else lambda line: None, example_input(data))
     raw, model = strategies.apply(plain, state_floats_per_param(cfg.optim))
     check_sharding(cfg.optim, is_sharded(raw))
-    optimizer = build_optimizer(cfg.optim, raw, fused=strategies.kernels.triton)
+    optimizer = build_optimizer(
+        cfg.optim, raw, fused=strategies.kernels.triton, compute_dtype=strategies.precision.compute_dtype
+    )
     for line in notes(cfg.optim, cfg.schedule, optimizer, raw) if dist.is_main else ():
         reporter.message(line)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)

@@ -11,6 +11,7 @@ import torch when they are called.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -111,7 +112,9 @@ class MuonConfig:
 
 
 @OPTIMIZERS.register(MuonConfig)
-def muon(cfg: MuonConfig, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+def muon(
+    cfg: MuonConfig, model: nn.Module, fused: bool, compute_dtype: Callable[[], torch.dtype] | None = None
+) -> torch.optim.Optimizer:
     import torch
 
     from fwk.optim.muon import MuonAdamW, split
@@ -138,7 +141,7 @@ def muon(cfg: MuonConfig, model: nn.Module, fused: bool) -> torch.optim.Optimize
         ns_steps=cfg.ns_steps,
         adjust_lr_fn="match_rms_adamw",
     )
-    return MuonAdamW(muon_part, adamw)
+    return MuonAdamW(muon_part, adamw, *([compute_dtype] if compute_dtype else []))
 
 
 @dataclass
@@ -174,9 +177,14 @@ def is_schedule_free(optimizer: torch.optim.Optimizer) -> bool:
     return bool(optimizer.param_groups) and "train_mode" in optimizer.param_groups[0]
 
 
-def build_optimizer(cfg, model: nn.Module, fused: bool = False) -> torch.optim.Optimizer:
-    """The registered optimizer; ``fused``: its fused step (fwk's Triton Lion, PyTorch's on CUDA)."""
-    return OPTIMIZERS.get(cfg.name).builder(cfg, model, fused=fused)
+def build_optimizer(
+    cfg, model: nn.Module, fused: bool = False, compute_dtype: Callable[[], torch.dtype] | None = None
+) -> torch.optim.Optimizer:
+    """The registered optimizer; ``fused``: its fused step (fwk's Triton Lion, PyTorch's on
+    CUDA); ``compute_dtype()``: the dtype the training step computes in now (Muon runs its
+    Newton-Schulz step in it; None: bf16, torch's)."""
+    extra = {"compute_dtype": compute_dtype} if compute_dtype is not None and cfg.name == "muon" else {}
+    return OPTIMIZERS.get(cfg.name).builder(cfg, model, fused=fused, **extra)
 
 
 WHOLE_TENSORS = {  # optimizers that refuse a sharded model, and why

@@ -10,10 +10,20 @@ so one lr setting works for both (Moonshot's rule).
 
 Both optimizers' states are in one state dict, and the learning-rate scheduler scales
 every parameter group of both, so resume stays exact.
+
+torch's Muon runs its Newton-Schulz iteration in bf16, always: the speedrun's choice for
+GPUs. On a device whose bf16 matmuls are slow (a CPU without AVX512-BF16 or AMX emulates
+them, 12-19x slower than fp32) that iteration dominated gpt_stdlib_fast's step. fwk runs
+it in the dtype the training step computes in (``compute_dtype``: the precision
+strategy's, bf16 where it measured or was asked for bf16 autocast, else fp32), the same
+iteration with torch's coefficients (``newton_schulz``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -47,12 +57,53 @@ def check_model(model: nn.Module) -> None:
         )
 
 
+def newton_schulz(
+    grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """torch's ``_zeropower_via_newtonschulz`` (torch/optim/_muon.py: the quintic iteration of
+    Keller Jordan's Muon) computed in ``dtype`` instead of bf16; bit for bit torch's in bf16."""
+    a, b, c = ns_coefficients
+    x = grad.to(dtype)
+    tall = grad.size(0) > grad.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+@contextlib.contextmanager
+def newton_schulz_in(dtype: torch.dtype) -> Iterator[None]:
+    """Within: ``torch.optim.Muon.step`` orthogonalizes in ``dtype`` (bf16: torch's own
+    function, untouched). A torch whose Muon is laid out otherwise keeps its bf16."""
+    from torch.optim import _muon
+
+    own = getattr(_muon, "_zeropower_via_newtonschulz", None)
+    if dtype == torch.bfloat16 or own is None:
+        yield
+        return
+    _muon._zeropower_via_newtonschulz = functools.partial(newton_schulz, dtype=dtype)
+    try:
+        yield
+    finally:
+        _muon._zeropower_via_newtonschulz = own
+
+
+def _bf16() -> torch.dtype:
+    return torch.bfloat16
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """``torch.optim.Muon`` and ``torch.optim.AdamW`` behind one optimizer: its
-    ``param_groups`` are theirs (Muon's first), so schedulers and clipping see every one."""
+    ``param_groups`` are theirs (Muon's first), so schedulers and clipping see every one.
+    ``compute_dtype()``: the dtype of Muon's Newton-Schulz step now (default bf16, torch's)."""
 
-    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
-        self.muon, self.adamw = muon, adamw
+    def __init__(
+        self, muon: torch.optim.Muon, adamw: torch.optim.AdamW, compute_dtype: Callable[[], torch.dtype] = _bf16
+    ) -> None:
+        self.muon, self.adamw, self.compute_dtype = muon, adamw, compute_dtype
         params = [p for g in (*muon.param_groups, *adamw.param_groups) for p in g["params"]]
         super().__init__(params, {})
         self.param_groups = [*muon.param_groups, *adamw.param_groups]  # the same dicts: lr changes reach both
@@ -67,7 +118,8 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        loss = self.muon.step(closure)
+        with newton_schulz_in(self.compute_dtype()):
+            loss = self.muon.step(closure)
         self.adamw.step()
         return loss
 

@@ -286,6 +286,10 @@ class Precision:
             return False
         return not (self.format == "fp16" and self._probe is not None)
 
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the step's matmuls run in now: the autocast format while it is on, else fp32."""
+        return _DTYPES[self.format] if self.amp_on else torch.float32
+
     def autocast(self) -> AbstractContextManager:
         if not self.amp_on:
             return contextlib.nullcontext()

@@ -109,6 +109,54 @@ def test_rollback_restores_the_snapshot_and_scales_the_lr() -> None:
     assert diag.summary() == {"bad_steps": 1, "rollbacks": 1}
 
 
+def test_the_snapshot_is_refreshed_in_place_and_survives_two_rollbacks() -> None:
+    """One snapshot's memory, rewritten every snapshot_every steps; a rollback hands the
+    optimizer copies, so the steps after it cannot change what the next rollback restores."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Poison(at=6), nn.Linear(8, 2))
+    diag = _diagnostics(model, [], snapshot_every=4, max_rollbacks=5)
+    diag.optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(16, 4)
+
+    def step(n: int) -> bool:
+        ok = diag.check(n, _backward(model, x), lambda: _backward(model, x))
+        if ok:
+            diag.optimizer.step()
+        diag.optimizer.zero_grad()
+        return ok
+
+    def held() -> tuple[torch.Tensor, torch.Tensor]:
+        state = diag._snapshot[1]
+        return state["model"]["0.weight"], state["optimizer"]["state"][0]["momentum_buffer"]
+
+    assert step(0)
+    weights = diag._snapshot[1]["model"]["0.weight"]
+    assert all(step(n) for n in range(1, 5))  # a snapshot after step 4: the weights written in place
+    assert held()[0] is weights
+    kept = [t.clone() for t in held()]
+    assert not step(5)  # the poison's 6th call (and its re-run): rolled back to step 4
+    live = diag.optimizer.state[model[0].weight]["momentum_buffer"]
+    assert live is not held()[1] and torch.equal(live, kept[1])
+    assert step(6)  # a good step after the rollback: the snapshot stays as taken
+    model[1].calls = 5
+    assert not step(7)  # a second rollback to step 4
+    assert torch.equal(model[0].weight, kept[0])
+    assert torch.equal(diag.optimizer.state[model[0].weight]["momentum_buffer"], kept[1])
+    momentum = held()[1]
+    assert step(8)  # the next snapshot: the same tensors again
+    assert held()[0] is weights and held()[1] is momentum
+    assert diag.rollbacks == 2
+
+
+def test_no_snapshot_is_kept_unless_a_bad_step_rolls_back() -> None:
+    for on_nan in ("skip", "stop"):
+        model = nn.Linear(4, 2)
+        diag = _diagnostics(model, [], on_nan=on_nan, snapshot_every=1)
+        for n in range(3):
+            assert diag.check(n, _backward(model, torch.randn(2, 4)), lambda: None)
+        assert diag._snapshot is None
+
+
 def test_too_many_bad_steps_stop_the_run() -> None:
     model = nn.Sequential(nn.Linear(4, 2), Poison(at=1))
     diag = _diagnostics(model, [], on_nan="skip", max_rollbacks=0)

@@ -10,7 +10,7 @@ from torch import nn
 
 from fwk.models.gpt import GPT
 from fwk.optim import MuonConfig, build_optimizer, state_floats_per_param
-from fwk.optim.muon import MuonAdamW, split
+from fwk.optim.muon import MuonAdamW, newton_schulz, split
 from tests.conftest import require, run_fwk
 
 
@@ -79,6 +79,51 @@ def test_one_state_dict_and_a_bit_exact_resume() -> None:
         sched2.step()
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_newton_schulz_is_torchs_in_bf16_and_runs_in_the_dtype_asked() -> None:
+    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
+
+    g = torch.Generator().manual_seed(0)
+    abc = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
+    for shape in ((16, 48), (48, 16)):  # wide, and tall (transposed inside)
+        grad = torch.randn(shape, generator=g)
+        ours = newton_schulz(grad, abc, 5, 1e-7, torch.bfloat16)
+        assert torch.equal(ours, _zeropower_via_newtonschulz(grad, abc, 5, 1e-7))
+        fp32 = newton_schulz(grad, abc, 5, 1e-7, torch.float32)
+        assert fp32.dtype == torch.float32 and fp32.shape == shape
+        assert (fp32 - ours.float()).abs().max() < 0.05  # the same orthogonalization, to bf16's precision
+        singular = torch.linalg.svdvals(fp32)
+        assert 0.5 < singular.min() and singular.max() < 1.5  # the quintic's band: U S' V^T, S' ~ (0.5, 1.5)
+
+
+def test_muon_orthogonalizes_in_the_runs_compute_dtype() -> None:
+    """fp32 where the step computes in fp32 (bf16 matmuls are emulated on many CPUs), torch's
+    bf16 otherwise; torch's function is put back after each step."""
+    from torch.optim import _muon
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4))
+
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    stepped = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        net = model()
+        opt = build_optimizer(MuonConfig(lr=0.02, weight_decay=0.1), net, compute_dtype=lambda dtype=dtype: dtype)
+        before = net[1].weight.detach().clone()
+        net(x).square().mean().backward()
+        grad = net[1].weight.grad.clone()
+        opt.step()
+        assert _muon._zeropower_via_newtonschulz.__module__ == "torch.optim._muon"
+        stepped[dtype] = (before, grad, net[1].weight.detach().clone())
+    before, grad, after = stepped[torch.float32]
+    momentum = 0.95
+    update = grad.lerp(grad * (1 - momentum), momentum)  # Nesterov, the buffer's first step
+    ortho = newton_schulz(update, (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5, 1e-7, torch.float32)
+    lr = _muon._adjust_lr(0.02, "match_rms_adamw", before.shape)
+    assert torch.allclose(after, before * (1 - 0.02 * 0.1) - lr * ortho, atol=1e-6)
+    assert not torch.equal(after, stepped[torch.bfloat16][2])  # torch's bf16 iteration lands elsewhere
 
 
 def test_the_memory_estimate_counts_muons_momentum() -> None:

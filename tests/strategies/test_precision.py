@@ -184,6 +184,9 @@ def test_staged_phase_follows_the_step_on_resume(monkeypatch: pytest.MonkeyPatch
     p.prepare(_net())
     p.begin(16)  # a run resumed in the final phase starts there
     assert p.phase == "final" and p.amp_on
+    assert p.compute_dtype() == torch.bfloat16  # what Muon's Newton-Schulz step runs in
+    p.begin(0)
+    assert p.phase == "warmup" and p.compute_dtype() == torch.float32
 
 
 def test_fp16_inf_gradient_skips_the_step_and_lowers_the_scale(monkeypatch: pytest.MonkeyPatch) -> None:
