@@ -15,7 +15,7 @@ torch's Muon runs its Newton-Schulz iteration in bf16, always: the speedrun's ch
 GPUs. On a device whose bf16 matmuls are slow (a CPU without AVX512-BF16 or AMX emulates
 them, 12-19x slower than fp32) that iteration dominated gpt_stdlib_fast's step. fwk runs
 it in the dtype the training step computes in (``compute_dtype``: the precision
-strategy's, bf16 where it measured or was asked for bf16 autocast, else fp32), the same
+strategy's: bf16 where it measured or was asked for bf16 autocast, else fp32), the same
 iteration with torch's coefficients (``newton_schulz``).
 """
 
@@ -76,15 +76,17 @@ def newton_schulz(
 
 @contextlib.contextmanager
 def newton_schulz_in(dtype: torch.dtype) -> Iterator[None]:
-    """Within: ``torch.optim.Muon.step`` orthogonalizes in ``dtype`` (bf16: torch's own
-    function, untouched). A torch whose Muon is laid out otherwise keeps its bf16."""
+    """Within: ``torch.optim.Muon.step`` orthogonalizes in bf16 when the step computes in
+    ``dtype`` bf16 (torch's own function, untouched), else in fp32 (fp16 autocast included:
+    the iteration is validated in bf16 and fp32 only). A torch whose Muon is laid out
+    otherwise keeps its bf16."""
     from torch.optim import _muon
 
     own = getattr(_muon, "_zeropower_via_newtonschulz", None)
     if dtype == torch.bfloat16 or own is None:
         yield
         return
-    _muon._zeropower_via_newtonschulz = functools.partial(newton_schulz, dtype=dtype)
+    _muon._zeropower_via_newtonschulz = functools.partial(newton_schulz, dtype=torch.float32)
     try:
         yield
     finally:

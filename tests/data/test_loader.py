@@ -10,7 +10,17 @@ import pytest
 import torch
 
 from fwk.config.schema import LoaderConfig
-from fwk.data.loader import Host, LoaderPlan, LoadError, TrainLoader, decide, measure_rate, trial, worker_candidates
+from fwk.data.loader import (
+    Host,
+    LoaderPlan,
+    LoadError,
+    TrainLoader,
+    decide,
+    measure_rate,
+    trial,
+    val_loader,
+    worker_candidates,
+)
 from tests.conftest import run_fwk
 from tests.data.test_imagefolder import build, write_tree
 
@@ -41,12 +51,26 @@ def test_file_data_keeps_the_faster_measured_worker_count():
     chosen, why = decide(AUTO, Host(2, 1, cuda=False), in_memory=False, measure=rates.__getitem__)
     assert chosen == LoaderPlan(num_workers=2, pin_memory=False, prefetch_factor=2, persistent_workers=True)
     assert why == (
-        "loader=auto: 2 workers, prefetch 2, pin_memory off, persistent workers on "
+        "loader=auto: 2 workers, prefetch 2, pin_memory off, persistent workers on (training's) "
         "(2 cores, 1 process, CPU; measured 880 items/s, vs 300 with 0 workers, 610 with 1 worker)"
     )
     rates = {0: 1000.0, 7: 5000.0, 8: 4000.0}  # the training process needed its core
     chosen, _ = decide(AUTO, Host(64, 8, cuda=True), in_memory=False, measure=rates.__getitem__)
     assert chosen == LoaderPlan(num_workers=7, pin_memory=True, prefetch_factor=2, persistent_workers=True)
+    assert not chosen.val_persistent_workers  # evaluation's workers start per evaluation: no memory held between
+
+
+def test_evaluation_keeps_its_workers_only_when_asked():
+    rates = {0: 1.0, 3: 5.0, 4: 4.0}.__getitem__
+    kept, why = decide(LoaderConfig(persistent_workers="true"), Host(4, 1, cuda=False), False, rates)
+    assert kept.persistent_workers and kept.val_persistent_workers and "persistent workers on (" in why
+    val = list(range(10))
+    auto = LoaderPlan(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    assert val_loader(val, 4, 0, 1, auto).persistent_workers is False
+    assert val_loader(val, 4, 0, 1, kept).persistent_workers is True
+    once = val_loader(val, 4, 0, 1, auto)
+    for _ in range(2):  # two evaluations, each with its own workers
+        assert [b.tolist() for b in once] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
 def test_cheap_items_load_in_process_only_when_much_faster():

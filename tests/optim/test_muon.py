@@ -108,7 +108,7 @@ def test_muon_orthogonalizes_in_the_runs_compute_dtype() -> None:
 
     x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
     stepped = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         net = model()
         opt = build_optimizer(MuonConfig(lr=0.02, weight_decay=0.1), net, compute_dtype=lambda dtype=dtype: dtype)
         before = net[1].weight.detach().clone()
@@ -124,6 +124,7 @@ def test_muon_orthogonalizes_in_the_runs_compute_dtype() -> None:
     lr = _muon._adjust_lr(0.02, "match_rms_adamw", before.shape)
     assert torch.allclose(after, before * (1 - 0.02 * 0.1) - lr * ortho, atol=1e-6)
     assert not torch.equal(after, stepped[torch.bfloat16][2])  # torch's bf16 iteration lands elsewhere
+    assert torch.equal(stepped[torch.float16][2], after)  # fp16 autocast: fp32 too
 
 
 def test_the_memory_estimate_counts_muons_momentum() -> None:
