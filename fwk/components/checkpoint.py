@@ -12,7 +12,6 @@ a crash leaves the previous checkpoint intact. Files are loaded with
 
 from __future__ import annotations
 
-import copy
 import errno
 import hashlib
 import json
@@ -356,38 +355,6 @@ def _by_name(optimizer_state: dict[str, Any]) -> bool:
     layout), False for ``Optimizer.state_dict()``'s parameter indices."""
     groups = optimizer_state.get("param_groups") or [{}]
     return any(isinstance(p, str) for p in groups[0].get("params", []))
-
-
-def host_copy(obj: Any) -> Any:
-    """A copy of a state dict that later steps cannot change: tensors on the host (shards
-    stay sharded, on their device: a copy there keeps their placement)."""
-    if isinstance(obj, torch.Tensor):
-        if hasattr(obj, "to_local"):  # DTensor
-            return obj.detach().clone()
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(host_copy(v) for v in obj)
-    return copy.deepcopy(obj)  # numbers and strings as they are; anything mutable copied
-
-
-def host_copy_into(held: Any, obj: Any) -> Any:
-    """``host_copy(obj)`` written into ``held`` (an earlier host copy of the same kind of
-    state) where it fits: a host tensor of the same shape and dtype is overwritten in place,
-    so that refreshing a snapshot allocates no new memory; anything else is copied anew."""
-    if isinstance(obj, torch.Tensor):
-        fits = isinstance(held, torch.Tensor) and held.device.type == "cpu" and not hasattr(obj, "to_local")
-        if fits and held.shape == obj.shape and held.dtype == obj.dtype and held is not obj:
-            return held.copy_(obj.detach())
-        return host_copy(obj)
-    if isinstance(obj, dict):
-        old = held if isinstance(held, dict) else {}
-        return {k: host_copy_into(old.get(k), v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        old = held if isinstance(held, (list, tuple)) and len(held) == len(obj) else [None] * len(obj)
-        return type(obj)(host_copy_into(h, v) for h, v in zip(old, obj, strict=True))
-    return copy.deepcopy(obj)
 
 
 def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

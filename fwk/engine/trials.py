@@ -19,7 +19,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fwk.components.checkpoint import host_copy, load_model_state, rng_state, set_rng_state
+from fwk.components.checkpoint import load_model_state, rng_state, set_rng_state
+from fwk.components.host_copy import host_copy
 from fwk.engine.state import Resumable
 
 # checkpoint parts a trial leaves alone: the time spent (a trial's seconds are real), the data
