@@ -69,7 +69,7 @@ class ScheduleConfig:
 
 @dataclass
 class LoaderConfig:
-    """DataLoader settings shared by every data set (fwk/data/loader.py). A value left at
+    """DataLoader settings shared by every data set (fwk/data/loader_plan.py). A value left at
     auto is decided per rank from the cores, the device and the data set; a value set wins."""
 
     name: str = doc("auto", "auto (unset values decided, one log line says why) or manual (every value given)")

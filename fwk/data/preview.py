@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle
-from fwk.data.loader import LoaderPlan, TrainLoader
+from fwk.data.loader import TrainLoader
+from fwk.data.loader_plan import LoaderPlan
 from fwk.errors import UserError
 
 MIN_SIDE = 32  # px: smaller images (the 8x8 digits) are upscaled by a whole factor to at least this

@@ -26,6 +26,7 @@ from fwk.components.sinks import Tracking
 from fwk.config.schema import Config
 from fwk.config.target import parse_target
 from fwk.data import loader as loading
+from fwk.data.loader_plan import LoaderPlan, for_run, measures
 from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.distributed.collectives import broadcast_object, replicas_in_sync
 from fwk.distributed.group import init
@@ -58,13 +59,13 @@ def _unobserved(step: int) -> None:
 
 def loader_plan(
     cfg: Config, data: Any, per_rank: int, dist: Any, decisions: Decisions, say: Callable[[str], None]
-) -> loading.LoaderPlan:
+) -> LoaderPlan:
     """loader=auto's plan: recalled (replay, cache) where it would be measured, else decided;
     a measured plan is kept (rank 0's: the ranks of a node share its cores)."""
-    measured = loading.measures(cfg.loader, data)
+    measured = measures(cfg.loader, data)
     record, source = decisions.recall("loader") if measured else (None, "")
-    recalled = loading.LoaderPlan(**record["plan"]) if record is not None else None
-    plan = loading.for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", say, recalled, source)
+    recalled = LoaderPlan(**record["plan"]) if record is not None else None
+    plan = for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", say, recalled, source)
     if measured and recalled is None:  # rank 0's, as a recalled plan is: a streamed set is split by the worker count
         plan = broadcast_object(plan, dist)  # type: ignore[assignment]
     if measured:

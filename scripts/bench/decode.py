@@ -50,7 +50,8 @@ sys.path.insert(0, str(ROOT))  # tests.s3server: the loopback server the tests u
 
 from fwk.data.configs import ImageFolderConfig, StreamingConfig  # noqa: E402
 from fwk.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, imagefolder  # noqa: E402
-from fwk.data.loader import LoaderPlan, TrainLoader, loader_kwargs  # noqa: E402
+from fwk.data.loader import TrainLoader  # noqa: E402
+from fwk.data.loader_plan import LoaderPlan, loader_kwargs  # noqa: E402
 
 SIZE = 224
 PHOTO = (500, 375)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from fwk.data.loader import LoaderPlan, TrainLoader
+from fwk.data.loader import TrainLoader
+from fwk.data.loader_plan import LoaderPlan
 from fwk.data.preview import first_samples, grid_shape, image_grid
 from fwk.errors import UserError
 

@@ -48,7 +48,7 @@ def _stalled(chunk: str, endpoint: str) -> str:
 
 def _candidates(processes: int) -> set[int]:
     """The worker counts loader=auto times on this machine (the cores the tests may use)."""
-    from fwk.data.loader import Host, worker_candidates
+    from fwk.data.loader_plan import Host, worker_candidates
 
     return {0, *worker_candidates(Host(len(os.sched_getaffinity(0)), processes, cuda=False))}
 
@@ -64,7 +64,8 @@ def test_auto_times_litdatas_loader_on_copies_and_forked_readers_fetch_their_own
 ) -> None:
     from litdata.streaming import item_loader
 
-    from fwk.data.loader import LoaderPlan, measure_rate, trial, val_loader
+    from fwk.data.loader import val_loader
+    from fwk.data.loader_plan import LoaderPlan, measure_rate, trial
     from fwk.data.streaming import StreamLoader, streaming
 
     uri = str(prepared[1])
