@@ -129,7 +129,9 @@ class PrecisionConfig:
     growth_factor: float = doc(2.0, "fp16: the loss scale is multiplied by this after growth_interval clean steps")
     backoff_factor: float = doc(0.5, "fp16: the loss scale is multiplied by this when a step has inf/NaN gradients")
     growth_interval: int = doc(2000, "fp16: clean steps in a row before the loss scale grows")
-    probe_steps: int = doc(10, "auto: first steps in which per-module value ranges are recorded (fp32 under fp16)")
+    probe_steps: int = doc(
+        10, "auto, where fp16 may run: first steps in which per-module value ranges are recorded (in fp32)"
+    )
     fp16_headroom: float = doc(
         16.0, "auto: under fp16, modules whose largest |value| exceeds 65504 / this join keep_fp32"
     )

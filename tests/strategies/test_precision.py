@@ -239,6 +239,18 @@ def test_auto_under_fp16_moves_hot_modules_to_fp32(monkeypatch: pytest.MonkeyPat
         assert model[0](torch.randn(2, 8)).dtype == torch.float16
 
 
+@pytest.mark.parametrize("bf16_fast", [False, True], ids=["fp32-only", "bf16"])
+def test_auto_probes_ranges_only_where_fp16_may_run(monkeypatch: pytest.MonkeyPatch, bf16_fast: bool) -> None:
+    """The ranges only pick fp16's fp32 modules: without fp16 no hook runs, and fp32 alone is
+    decided from step 0 (the next decision need not wait out probe_steps)."""
+    p = _precision(monkeypatch, bf16_fast=bf16_fast, name="auto", probe_steps=3)
+    model = p.prepare(_net())
+    assert p.probe_done and p._probe is None and p.ranges == {}
+    assert not any(m._forward_hooks for m in model.modules())
+    assert p.decided is (not bf16_fast)  # bf16 is still timed against fp32, after the probe's steps
+    assert not any("ranges over" in line for line in p.said)
+
+
 def test_fp16_on_a_device_without_it_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from fwk.config.compose import compose
     from fwk.config.validate import to_typed
