@@ -1,8 +1,8 @@
 """precision=auto's measured choice: which format each step runs in, and why.
 
 The hardware's prior names the one reduced format worth trying (``fast``; None: fp32
-only). After the range probe, ``trial_steps`` real training steps of it and of fp32 are
-timed, interleaved (``trial_order``); the reduced format is kept only if it is
+only). From the first step (under fp16: after the range probe), ``trial_steps`` real
+training steps of it and of fp32 are timed, interleaved (``trial_order``); the reduced format is kept only if it is
 ``min_speedup`` times faster. The step times' medians are all-reduced, so every rank takes
 the same decision. A decision may instead be recalled (``decisions.py``: cached or
 replayed), and then holds from step 0 without a trial. A measured one holds from step 0
@@ -67,7 +67,7 @@ class AutoChoice:
             self._plan(features, max_steps, deterministic)
 
     def _plan(self, features: hardware.Features, max_steps: int, deterministic: bool) -> None:
-        start = self.cfg.probe_steps
+        start = self.cfg.probe_steps if self.fast == "fp16" else 0  # after fp16's range probe (precision.py)
         order = trial_order(self.fast, self.cfg.trial_steps) if self.fast else []
         prior = self.fast or "fp32"
         if not self.fast:
@@ -123,7 +123,7 @@ class AutoChoice:
         return self.record["choice"] if self.record is not None else None
 
     def format_at(self, step: int) -> str:
-        """The format of ``step``: before a trial (the range probe's steps), the hardware's
+        """The format of ``step``: before a trial (fp16's range probe steps), the hardware's
         prior; a trial step's own; the decision once made."""
         if self.trial is not None and step < self.trial_end:
             start = self.trial["start"]

@@ -113,7 +113,7 @@ ARGS = [
     "train.batch_size=32",
     "train.eval_every=0",
     "train.log_every=4",
-    "checkpoint.every=6",  # inside the trial's steps: saved when they are redone
+    "checkpoint.every=4",  # inside precision's trial steps (0-5): saved when they are redone
     "precision.probe_steps=2",
     "precision.trial_steps=2",
     "jit.stable_steps=2",
@@ -148,7 +148,7 @@ def test_a_deciding_run_and_a_recalling_run_end_bit_identical(
     assert jit[0]["choice"] == jit[1]["choice"] and jit[0]["compile_at"] is not None  # the first run tried
     if jit[0]["choice"] == "compiled":  # the recalling run compiles where the deciding one did
         assert jit[1]["compile_at"] == jit[0]["compile_at"]
-    for step in (18, 24):  # the two checkpoints kept (checkpoint.keep=2)
+    for step in (20, 24):  # the two checkpoints kept (checkpoint.keep=2)
         wa, wb = (model_weights(d / "checkpoints" / f"step-{step:08d}") for d in (a, b))
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), step
 

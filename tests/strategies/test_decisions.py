@@ -84,15 +84,15 @@ def test_auto_keeps_the_fast_format_only_when_it_measures_faster(
     monkeypatch: pytest.MonkeyPatch, ms: dict[str, float], choice: str, line: str, decision_cache: Path
 ) -> None:
     p = _precision(monkeypatch, _config())
-    assert "timing bf16 against fp32 on steps 2-9 (3 steps each, interleaved)" in p.said[0]
+    assert "timing bf16 against fp32 on steps 0-7 (3 steps each, interleaved)" in p.said[0]
     used = _train(p, range(12), ms)
-    # the probe runs in the prior; then the trial's warm-ups and pairs; then the choice
-    assert used == ["bf16", "bf16", *trial_order("bf16", 3), choice, choice]
+    # from the first step (no range probe: no fp16), the trial's warm-ups and pairs; then the choice
+    assert used == [*trial_order("bf16", 3), choice, choice, choice, choice]
     assert p.said[-1] == f"precision=auto {line}"
     assert p.summary()["precision"] == choice and p.decided
     (cached,) = decision_cache.glob("precision-*.json")
     record = json.loads(cached.read_text())["record"]
-    assert record["choice"] == choice and record["ms"] == ms and record["trial"]["start"] == 2
+    assert record["choice"] == choice and record["ms"] == ms and record["trial"]["start"] == 0
 
 
 def test_trial_steps_do_not_count_as_decided(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,7 +102,7 @@ def test_trial_steps_do_not_count_as_decided(monkeypatch: pytest.MonkeyPatch) ->
         p.begin(step)
         decided.append(p.decided)
         p.step_done(step, 0.01)
-    assert decided == [False] * 10 + [True]  # probe (2) and trial (8) steps: memory and jit wait
+    assert decided == [False] * 8 + [True] * 3  # the trial's 8 steps: memory and jit wait
 
 
 def test_a_cpu_without_bf16_units_is_not_timed(monkeypatch: pytest.MonkeyPatch, decision_cache: Path) -> None:
@@ -116,9 +116,9 @@ def test_a_cpu_without_bf16_units_is_not_timed(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_too_short_a_run_keeps_the_prior_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
-    p = _precision(monkeypatch, _config(), max_steps=10)
-    assert p.said[0].endswith("10 steps are too few to time bf16 against fp32")
-    assert _train(p, range(10), {"bf16": 1.0}) == ["bf16"] * 10
+    p = _precision(monkeypatch, _config(), max_steps=8)
+    assert p.said[0].endswith("8 steps are too few to time bf16 against fp32")
+    assert _train(p, range(8), {"bf16": 1.0}) == ["bf16"] * 8
 
 
 def test_the_next_run_reuses_the_cached_decision_without_trial_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,11 +321,11 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
         step_fn.begin(step)
         trying.append(step_fn.trying)
         step_fn(step, [(torch.randint(0, 32, (8, 16), generator=g), torch.randint(0, 32, (8, 16), generator=g))])
-    assert precision.trial_end == 10  # probe steps 0-1, trial steps 2-9
-    assert [s for s, _ in memory.timeline] == [10, 11, 12, 13]  # a warm-up, then its 3 candidate plans
-    assert jit.record is not None and jit.record["decided_at"] == 15  # 2 stable steps after memory chose
+    assert precision.trial_end == 8  # trial steps 0-7 (bf16: no range probe before them)
+    assert [s for s, _ in memory.timeline] == [8, 9, 10, 11]  # a warm-up, then its 3 candidate plans
+    assert jit.record is not None and jit.record["decided_at"] == 13  # 2 stable steps after memory chose
     assert list(d.records()) == ["precision", "memory", "jit"]
-    assert trying == [True] * 14 + [False] * 6  # the loop redoes these (here, nothing is redone)
+    assert trying == [True] * 12 + [False] * 8  # the loop redoes these (here, nothing is redone)
 
 
 def _memory(cfg: Config, d: Decisions):
@@ -390,7 +390,7 @@ def test_channels_last_follows_the_step_as_the_format_does(
         p.begin(step)
         layouts.append(p.channels_last)
         p.step_done(step, ms[p.format] / 1000)
-    assert layouts == [True] * 10 + [layout_after] * 2
+    assert layouts == [True] * 8 + [layout_after] * 4  # the trial: steps 0-7
     assert model[0].weight is weight  # converted in place: the optimizer keeps its parameters
     assert weight.is_contiguous(memory_format=torch.channels_last if layout_after else torch.contiguous_format)
     again = Precision(_config().precision, SOLO, 100, [].append, Decisions(_config(), SOLO))
