@@ -166,8 +166,11 @@ class Memory:
         per_rank_batch: int,
         say: Callable[[str], None],
         decisions: Decisions | None = None,
+        max_steps: int | None = None,
     ) -> None:
+        """``max_steps``: the run's length; auto times no plans that the run would end amid."""
         self.cfg, self.dist, self.per_rank_batch, self.say, self.decisions = cfg, dist, per_rank_batch, say, decisions
+        self.max_steps = max_steps
         self.step = 0
         self._turn = False  # auto measures only once the decisions before it are made
         self._recalled = False
@@ -221,6 +224,21 @@ class Memory:
         if turn and self.trials is not None and not self._recalled:
             self._recalled = True
             self._recall()
+            self._too_short(step)
+
+    def _too_short(self, step: int) -> None:
+        """A run that would end amid auto's trial steps (a warm-up, then one per plan) keeps
+        the plain plan untimed: a trial step is redone, and a run that ends in its trials
+        logs none of its steps."""
+        needed = 1 + len(self.candidates)
+        if self.trials is None or self.max_steps is None or step + needed <= self.max_steps:
+            return
+        self.trials = None
+        if self.dist.is_main:
+            self.say(
+                f"memory=auto chose {self.plan.describe()}: the {self.max_steps - step} step(s) left are too few "
+                f"to time its {len(self.candidates)} plans ({needed} steps)"
+            )
 
     def _recall(self) -> None:
         record, source = self.decisions.recall("memory") if self.decisions is not None else (None, "")

@@ -61,7 +61,7 @@ class Strategies:
         d, steps, deterministic = self.decisions, cfg.train.max_steps, cfg.train.deterministic
         self.kernels = Kernels(cfg.kernels, dist.device, say)
         self.precision = Precision(cfg.precision, dist, steps, say, d, deterministic)
-        self.memory = Memory(cfg.memory, dist, per_rank_batch, say, d)
+        self.memory = Memory(cfg.memory, dist, per_rank_batch, say, d, max_steps=steps)
         self.jit = Jit(cfg.jit, dist, steps, say, deterministic, d)
         self.comm: CommMonitor | None = None  # watches the wrapped model: made by apply()
 

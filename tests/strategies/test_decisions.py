@@ -328,11 +328,11 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     assert trying == [True] * 12 + [False] * 8  # the loop redoes these (here, nothing is redone)
 
 
-def _memory(cfg: Config, d: Decisions):
+def _memory(cfg: Config, d: Decisions, max_steps: int | None = None):
     from fwk.strategies.activation_memory import Memory
 
     said: list[str] = []
-    memory = Memory(cfg.memory, SOLO, 8, said.append, d)
+    memory = Memory(cfg.memory, SOLO, 8, said.append, d, max_steps=max_steps)
     return memory, said
 
 
@@ -344,6 +344,24 @@ def _memory_steps(memory, steps: range) -> list[str]:
         with memory.measure():
             pass
     return plans
+
+
+@pytest.mark.parametrize(("max_steps", "timed"), [(6, True), (5, False)])
+def test_memory_times_no_plans_that_the_run_would_end_amid(max_steps: int, timed: bool) -> None:
+    """Its turn at step 2, a warm-up and 3 plans: 4 steps, which a 6-step run has after it
+    and a 5-step run does not (it keeps the plain plan, untimed, uncached, and says why)."""
+    from fwk.config.schema import MemoryConfig
+
+    cfg = _config()
+    cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
+    d = Decisions(cfg, SOLO)
+    memory, said = _memory(cfg, d, max_steps=max_steps)
+    plans = _memory_steps(memory, range(max_steps))
+    assert [s for s, _ in memory.timeline] == ([2, 3, 4, 5] if timed else [])
+    assert ("memory" in d.records()) is timed
+    if not timed:
+        assert plans == ["none"] * 5 and not memory.trying
+        assert said == ["memory=auto chose none: the 3 step(s) left are too few to time its 3 plans (4 steps)"]
 
 
 def test_memory_reuses_its_cached_plan_and_so_does_a_replay(monkeypatch: pytest.MonkeyPatch) -> None:
