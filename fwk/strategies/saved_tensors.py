@@ -1,0 +1,58 @@
+"""What a step holds for backward on the training device, counted: memory=auto's measure
+of activation memory on a CPU (``activation_memory.py``), where no allocator reports a peak."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+
+class SavedTensorMeter:
+    """Bytes held for backward on the training device: autograd's saved tensors (one count
+    per storage, after offload moved them) plus the inputs checkpointed blocks keep. The
+    model's own parameters and buffers, also saved by autograd, are not activations and
+    are left out (``ignore``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.ignore: set[int] = set()
+        self.active = False
+        self.peak = 0
+        self._seen: dict[int, int] = {}
+
+    def hold(self, t: Any) -> None:
+        if isinstance(t, tuple):  # save_on_cpu packs (device, tensor)
+            for part in t:
+                self.hold(part)
+        elif self.active and isinstance(t, torch.Tensor) and t.device.type == self.device.type:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self.ignore:
+                self._seen[storage.data_ptr()] = storage.nbytes()
+
+    def counting(self, inner: torch.autograd.graph.saved_tensors_hooks | None) -> contextlib.AbstractContextManager:
+        """Saved-tensor hooks that count what ``inner`` (offload, or none) keeps."""
+        pack = inner.pack_hook if inner is not None else (lambda t: t)
+        unpack = inner.unpack_hook if inner is not None else (lambda t: t)
+
+        def counted(t: torch.Tensor) -> Any:
+            packed = pack(t)
+            self.hold(packed)
+            return packed
+
+        stack = contextlib.ExitStack()
+        self.active = True
+        stack.callback(self._close)
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counted, unpack))
+        return stack
+
+    def _close(self) -> None:
+        self.active = False
+        self.peak = max(self.peak, sum(self._seen.values()))
+        self._seen = {}
+
+    def take(self) -> int:
+        """The largest count of one counting block (one micro-batch) since the last take."""
+        peak, self.peak = self.peak, 0
+        return peak
