@@ -1,14 +1,15 @@
 """precision=auto's measured choice: which format each step runs in, and why.
 
 The hardware's prior names the one reduced format worth trying (``fast``; None: fp32
-only). From the first step (under fp16: after the range probe), ``trial_steps`` real
-training steps of it and of fp32 are timed, interleaved (``trial_order``); the reduced format is kept only if it is
-``min_speedup`` times faster. The step times' medians are all-reduced, so every rank takes
-the same decision. A decision may instead be recalled (``decisions.py``: cached or
-replayed), and then holds from step 0 without a trial. A measured one holds from step 0
-too: the loop redoes the probe and trial steps in the chosen format once it is made
-(``fwk/engine/trials.py``; ``rewind``), so both compute the same thing.
-``Precision`` asks ``format_at(step)`` before each step and hands back each step's time.
+only). From the first step (under fp16: after the range probe, ``probes``),
+``trial_steps`` real training steps of it and of fp32 are timed, interleaved
+(``trial_order``); the reduced format is kept only if it is ``min_speedup`` times faster.
+The step times' medians are all-reduced, so every rank takes the same decision. A
+decision may instead be recalled (``decisions.py``: cached or replayed), and then holds
+from step 0 without a trial. A measured one holds from step 0 too: the loop redoes the
+probe and trial steps in the chosen format once it is made (``fwk/engine/trials.py``;
+``rewind``), so both compute the same thing. ``Precision`` asks ``format_at(step)``
+before each step and hands back each step's time.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class AutoChoice:
             self._plan(features, max_steps, deterministic)
 
     def _plan(self, features: hardware.Features, max_steps: int, deterministic: bool) -> None:
-        start = self.cfg.probe_steps if self.fast == "fp16" else 0  # after fp16's range probe (precision.py)
+        start = self.cfg.probe_steps if self.probes else 0
         order = trial_order(self.fast, self.cfg.trial_steps) if self.fast else []
         prior = self.fast or "fp32"
         if not self.fast:
@@ -112,6 +113,12 @@ class AutoChoice:
     @staticmethod
     def _end(trial: dict[str, Any] | None) -> int:
         return trial["start"] + len(trial["order"]) if trial is not None else 0
+
+    @property
+    def probes(self) -> bool:
+        """Whether the range probe (``precision.py``) runs first: its ranges pick the modules
+        fp16 keeps in fp32, so only a run that may run fp16 needs them."""
+        return self.fast == "fp16" and self.cfg.probe_steps > 0
 
     @property
     def trial_end(self) -> int:

@@ -99,8 +99,7 @@ class Precision:
         self._convs = False  # prepare() looks
         self._probe: RangeProbe | None = None
         self.ranges: dict[str, tuple[float, float]] = {}
-        # the range probe serves fp16 alone (modules near its limit): elsewhere its hooks only cost
-        self.probe_done = cfg.name != "auto" or cfg.probe_steps == 0 or "fp16" not in (self.format, self.fast)
+        self.probe_done = self.auto is None or not self.auto.probes
         self._ranges_said = False
 
     @property
