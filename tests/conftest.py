@@ -43,8 +43,6 @@ def decision_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     The `fwk` commands a test starts share it, as two runs on one machine would."""
     cache = tmp_path_factory.mktemp("xdg-cache")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    monkeypatch.delenv("FWK_REDECIDE", raising=False)
-    monkeypatch.delenv("FWK_REPLAY_DECISIONS", raising=False)
     return cache / "fwk" / "decisions"
 
 

@@ -76,8 +76,9 @@ def replay(
     notes += rp.check_data(meta.get("data"), p.data, force)
     for line in notes:
         print(line, file=sys.stderr)
-    print(_reapply(original, redecide), file=sys.stderr)
-    job = Job(resolved, p, lineage={"parent": original.id, "kind": "replay"})
+    line, orders = _reapply(original, redecide)
+    print(line, file=sys.stderr)
+    job = Job(resolved, p, lineage={"parent": original.id, "kind": "replay"}, orders=orders)
     result = run(
         job,
         say=lambda line: print(line, file=sys.stderr),
@@ -87,23 +88,19 @@ def replay(
     _verdict(original, result.run, tolerance, result.status, as_json)
 
 
-def _reapply(original, redecide: bool) -> str:
-    """Hand the original's decisions to the replay's workers (or ask them to measure afresh)."""
-    import os
-
-    from fwk.config.schema import REDECIDE_ENV, REPLAY_ENV
+def _reapply(original, redecide: bool) -> tuple[str, dict]:
+    """(the line to say, the orders that hand the original's decisions to the replay's
+    workers, or ask them to measure afresh)."""
     from fwk.track.replay import recorded_decisions
     from fwk.track.status import read_json
 
     if redecide:
-        os.environ[REDECIDE_ENV] = "1"
-        return f"deciding afresh (--redecide), not re-applying run {original.id}'s decisions"
+        return f"deciding afresh (--redecide), not re-applying run {original.id}'s decisions", {"redecide": True}
     records = recorded_decisions(original.read_summary(), read_json(original.path / "env.json"))
     if not records:
-        return f"run {original.id} recorded no measured decisions: the replay decides as a new run would"
-    os.environ[REPLAY_ENV] = json.dumps(records)
+        return f"run {original.id} recorded no measured decisions: the replay decides as a new run would", {}
     shown = ", ".join(f"{name} {_choice(name, r)}" for name, r in records.items())
-    return f"re-applying run {original.id}'s decisions: {shown} (--redecide decides afresh)"
+    return f"re-applying run {original.id}'s decisions: {shown} (--redecide decides afresh)", {"replay": records}
 
 
 def _choice(name: str, record: dict) -> str:

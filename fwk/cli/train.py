@@ -37,14 +37,9 @@ def train(
     checkpoint, or shows the summary of a run that already finished. Its auto decisions
     are measured the first time a model trains on a machine, and reused after that.
     """
-    if redecide:
-        import os
-
-        from fwk.config.schema import REDECIDE_ENV
-
-        os.environ[REDECIDE_ENV] = "1"  # the workers inherit it
+    orders = {"redecide": True} if redecide else {}  # to the workers, through the run dir
     if multirun:
-        _sweep(list(overrides or []), cfg, dry_run)
+        _sweep(list(overrides or []), cfg, dry_run, orders)
         return
     from fwk.config.resolve import resolve
     from fwk.launch.run import Job, plan_run, run
@@ -53,7 +48,7 @@ def train(
     if cfg:
         typer.echo(r.as_yaml, nl=False)
         return
-    job = Job(r, plan_run(r), overrides=list(overrides or []))
+    job = Job(r, plan_run(r), overrides=list(overrides or []), orders=orders)
     if dry_run:
         typer.echo(job.plan.describe())
         return
@@ -62,7 +57,7 @@ def train(
     sys.exit(run(job, say=typer.echo).status)
 
 
-def _sweep(overrides: list[str], cfg: bool, dry_run: bool) -> None:
+def _sweep(overrides: list[str], cfg: bool, dry_run: bool, orders: dict[str, bool]) -> None:
     """`fwk train -m`: every combination is composed and checked before the first one runs."""
     from fwk.launch.sweep import prepare, run_sweep
 
@@ -73,7 +68,7 @@ def _sweep(overrides: list[str], cfg: bool, dry_run: bool) -> None:
     if dry_run:
         typer.echo(sweep.describe())
         return
-    outcome = run_sweep(sweep)
+    outcome = run_sweep(sweep, orders=orders)
     from fwk.cli.sweep_table import print_sweep
 
     print_sweep(sweep.root, sweep.id)

@@ -15,6 +15,7 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,19 +29,33 @@ from fwk.track.store import RunDir, versions, write_atomic
 ENV_FILE = "env.json"
 
 
-def make_deterministic(on: bool) -> None:
-    """Deterministic kernels and no cuDNN autotuning; call before CUDA is first used
-    (cuBLAS reads its workspace setting when it creates its handle). Off (the default):
-    cuDNN times its convolution algorithms per shape and keeps the fastest, as NVIDIA's
-    performance guide advises (CUDA runs are not bit-reproducible without ``on`` anyway:
-    cuDNN's backward kernels accumulate with atomics)."""
+def deterministic(on: bool) -> Callable[[], None]:
+    """Deterministic kernels and no cuDNN autotuning for one run; returns what puts the
+    process's previous settings back (``train()`` runs several times in one process: fwk
+    export's retraining, fwk profile). Call before CUDA is first used (cuBLAS reads its
+    workspace setting when it creates its handle). Off (the default): cuDNN times its
+    convolution algorithms per shape and keeps the fastest, as NVIDIA's performance guide
+    advises (CUDA runs are not bit-reproducible without ``on`` anyway: cuDNN's backward
+    kernels accumulate with atomics)."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+    )
+
+    def undo() -> None:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[2], before[3]
+
     if not on:
         torch.backends.cudnn.benchmark = True
-        return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        return undo
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read once, by cuBLAS: left set
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    return undo
 
 
 def _cpu_model() -> str:

@@ -216,10 +216,6 @@ class JitConfig:
     min_speedup: float = doc(1.05, "auto on CPU: keep compiled only when this much faster than eager (ties stay eager)")
 
 
-# how `fwk train --redecide` and `fwk replay` reach the workers (fwk/strategies/decisions.py)
-REDECIDE_ENV = "FWK_REDECIDE"  # 1: measure afresh, whatever the cache holds (and refresh it)
-REPLAY_ENV = "FWK_REPLAY_DECISIONS"  # JSON: the replayed run's decisions, re-applied as they were
-
 
 @dataclass
 class AutoConfig:

@@ -1,8 +1,9 @@
 """Small collectives on Python floats, the time they take, and whole-tensor helpers.
 
 ``all_reduce_sum`` / ``all_reduce_max`` make every rank take the same decision (stop,
-roll back, compile or not); the seconds they spend are counted (``explicit_collective_seconds``)
-so that the DDP communication monitor can tell its own all-reduces from these.
+roll back, compile or not); the seconds they spend are counted in the run's
+``Dist.collective_s``, so that the DDP communication monitor can tell its own all-reduces
+from these.
 """
 
 from __future__ import annotations
@@ -17,19 +18,13 @@ from torch.distributed.tensor import DTensor
 
 from fwk.distributed.group import Dist
 
-_EXPLICIT_S = [0.0]  # time spent in this module's explicit collectives (read by comm.py)
-
-
-def explicit_collective_seconds() -> float:
-    return _EXPLICIT_S[0]
-
 
 def _all_reduce(values: list[float], dist: Dist, op: tdist.ReduceOp.RedOpType) -> list[float]:
     t0 = time.perf_counter()
     t = torch.tensor(values, dtype=torch.float64, device=dist.device)
     tdist.all_reduce(t, op=op)
     out = t.tolist()
-    _EXPLICIT_S[0] += time.perf_counter() - t0
+    dist.collective_s.total += time.perf_counter() - t0
     return out
 
 

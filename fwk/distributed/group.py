@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -17,14 +17,26 @@ import torch.distributed as dist
 from fwk.errors import UserError
 
 
+@dataclass
+class Seconds:
+    """A running total of seconds (one per run: see ``Dist.collective_s``)."""
+
+    total: float = 0.0
+
+
 @dataclass(frozen=True)
 class Dist:
-    """This process's place in the job."""
+    """This process's place in the job, for one run.
+
+    ``collective_s`` counts the seconds this run spent in fwk's own small collectives
+    (``fwk/distributed/collectives.py``), so that the DDP communication monitor can tell
+    its all-reduces from these."""
 
     rank: int
     local_rank: int
     world_size: int
     device: torch.device
+    collective_s: Seconds = field(default_factory=Seconds, compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:

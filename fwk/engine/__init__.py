@@ -1,4 +1,5 @@
-"""The loop every worker runs, and only the loop: build (``build``), one optimizer step
-(``step``), evaluation (``evaluate``), what a checkpoint restores and when to stop
-(``state``), and the loop itself (``trainer``). Strategies (``fwk.strategies``) and
+"""The loop every worker runs, and only the loop: a run is built once (``assemble``:
+``build_run``, from data and model (``build``) to every part a checkpoint restores
+(``state``)), looped (``trainer.train``: one optimizer step is ``step``, evaluation
+``evaluate``) and finished (``trainer.finish``). Strategies (``fwk.strategies``) and
 components (``fwk.components``) plug in."""

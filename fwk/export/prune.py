@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 @dataclass
 class Rebuild:
     """The run's freshly built model -> the pruned one with ``weights``: what the engine trains
-    (``train(start=...)``). ``weights`` fit either the pruned model (``pruned=True``) or the
+    (``retrain``). ``weights`` fit either the pruned model (``pruned=True``) or the
     original one, whose tensors the replayed history then slices (lottery-ticket rewinding)."""
 
     history: History
@@ -164,7 +164,8 @@ def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path, say: Ca
             start = Rebuild(list(history), rewind, example, pruned=False)
         else:
             start = Rebuild(list(history), model.state_dict(), example, pruned=True)
-        weights, summary = retrain(retrain_cfg, start, out / "rounds" / f"round-{r}", say)
+        pruned = start(build_model(source.config.model, source.data))
+        weights, summary = retrain(retrain_cfg, pruned, out / "rounds" / f"round-{r}", say)
         model = Rebuild(list(history), weights, example, pruned=True)(build_model(source.config.model, source.data))
         model = model.float().eval()
         sizes = count(model, example)

@@ -273,7 +273,7 @@ def train_and_quantize(
     template = prepare(folded, cfg.per_channel, reduce, cfg.qat_momentum)
     calibrate(template, (torch.from_numpy(x) for x in calibration()))  # start where PTQ stands
     run_cfg = retrain_config(source.config, steps, cfg.qat_lr_factor)
-    weights, summary = retrain(run_cfg, lambda _built: copy.deepcopy(template), out / "rounds" / "qat", say)
+    weights, summary = retrain(run_cfg, copy.deepcopy(template), out / "rounds" / "qat", say)
     trained = copy.deepcopy(template)
     trained.load_state_dict(weights)
     trained.eval()

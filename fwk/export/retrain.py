@@ -4,8 +4,8 @@ Lottery-ticket rounds, the fine-tune after one-shot pruning and quantization-awa
 training all train through ``fwk.engine.trainer.train``, with the run's own config (model,
 data, optimizer, schedule, precision, memory): only the length changes (a share of the
 original steps), the learning rate may be scaled, and it runs here, in one process. The
-model to train comes from ``start`` (the engine builds the run's model, ``start`` turns it
-into the pruned one with the weights to start from).
+model to train is the export's (the pruned one with the weights to start from): the engine
+trains it in place of the one it would build.
 
 Each retrain is a small run dir inside the export (``rounds/<name>/``): its config,
 metrics and summary stay; its checkpoints are read once for the trained weights and then
@@ -52,14 +52,15 @@ def retrain_config(cfg: Config, steps: int, lr_factor: float = 1.0) -> Config:
 
 def retrain(
     cfg: Config,
-    start: Callable[[nn.Module], nn.Module],
+    model: nn.Module,
     out: Path,
     say: Callable[[str], None],
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Train ``start(built model)`` with ``cfg`` into run dir ``out``; returns (final weights, summary)."""
+    """Train ``model`` with ``cfg`` into run dir ``out``; returns (final weights, summary)."""
     from omegaconf import OmegaConf
 
     from fwk.components.checkpoint import model_weights
+    from fwk.engine.assemble import build_run
     from fwk.engine.trainer import train
     from fwk.track.store import RunDir
 
@@ -67,10 +68,9 @@ def retrain(
     run = RunDir(out)
     run.config.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     say(f"retraining {cfg.train.max_steps} steps (lr {cfg.optim.lr:g}) into {out.name}/")
-    summary = train(cfg, run, start=start)
+    summary = train(build_run(cfg, run, model=model))  # summary.json written
     if summary is None:  # stopped by a signal: the export's temp dir goes with it
         raise UserError("fwk export was interrupted while retraining; run the same command again to redo it")
-    run.write_summary(summary)
     newest = max(run.checkpoints.iterdir(), key=lambda p: p.name)
     weights = model_weights(newest)
     shutil.rmtree(run.checkpoints)

@@ -3,6 +3,7 @@ then the run dir opened and the workers run in this process or under torchrun.""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -18,7 +19,7 @@ from fwk.track import index
 from fwk.track.lease import Lease, launch_key
 from fwk.track.run_id import code_version, run_id
 from fwk.track.status import record_outcome
-from fwk.track.store import RunDir, RunLock, make_run_dir, open_run
+from fwk.track.store import RunDir, RunLock, make_run_dir, open_run, write_atomic
 
 
 @dataclass
@@ -72,9 +73,12 @@ def launch(
     lineage: dict[str, str] | None = None,
     overrides: list[str] | None = None,
     say: Callable[[str], None] = print,
+    orders: dict[str, Any] | None = None,
 ) -> tuple[int, RunDir]:
     """Run the plan; returns (exit status, run dir). torchrun's status is passed through.
-    ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``)."""
+    ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``); ``orders``
+    (``--redecide``, a replay's decisions) go to this launch's workers through the run dir,
+    written on every launch, so that none outlives the launch that gave it."""
     first = {**(lineage or {}), "data": p.data}
     run = make_run_dir(p.run_dir.parent, p.run_id)
     # Each machine's launcher opens the same shared run dir in a multi-node run: their guard
@@ -83,6 +87,7 @@ def launch(
     guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "", say)
     with guard as held:
         run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
+        write_atomic(run.orders, json.dumps(orders or {}, indent=2) + "\n")
         index.record_quietly(run, "running")
         status, outcome = 1, "failed"
         try:

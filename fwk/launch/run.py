@@ -34,6 +34,7 @@ class Job:
     plan: LaunchPlan
     lineage: dict[str, str] = field(default_factory=dict)  # kept in meta.json if this launch creates the run
     overrides: list[str] | None = None  # the command's, for meta.json
+    orders: dict[str, Any] = field(default_factory=dict)  # to its workers: RunDir.orders (--redecide, a replay's)
 
     def summary(self) -> dict[str, Any] | None:
         """The finished run's summary, or None: the one test of "already complete"."""
@@ -100,7 +101,7 @@ def run(
         say(line)
     config = job.resolved.config
     status, run_dir = launch(
-        job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides, say=say
+        job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides, say=say, orders=job.orders
     )
     summary = run_dir.read_summary()
     if status == 0 and summary is not None:

@@ -36,9 +36,9 @@ class Member:
     resolved: Resolved
     plan: LaunchPlan
 
-    def job(self, sweep_id: str) -> Job:
+    def job(self, sweep_id: str, orders: dict[str, Any] | None = None) -> Job:
         lineage = {"sweep": sweep_id, "kind": "sweep"}  # kept only if this launch creates the run
-        return Job(self.resolved, self.plan, lineage, list(self.combination.overrides))
+        return Job(self.resolved, self.plan, lineage, list(self.combination.overrides), dict(orders or {}))
 
 
 @dataclass
@@ -146,9 +146,10 @@ class Outcome:
         return None
 
 
-def run_sweep(sweep: Sweep, say: Say = print) -> Outcome:
-    """Run each member in turn; the model and device checks of every unfinished one come first."""
-    jobs = {m.number: m.job(sweep.id) for m in sweep.members}
+def run_sweep(sweep: Sweep, say: Say = print, orders: dict[str, Any] | None = None) -> Outcome:
+    """Run each member in turn; the model and device checks of every unfinished one come first.
+    ``orders``: to every member's workers (``--redecide``)."""
+    jobs = {m.number: m.job(sweep.id, orders) for m in sweep.members}
     for m in sweep.members:
         if jobs[m.number].summary() is None:  # torch is imported only when there is something to train
             with _naming(m.number, len(sweep.members), m.combination):

@@ -22,6 +22,7 @@ def run_worker(run_dir: Path) -> int:
     """Train the run in this process; 0 when finished or stopped cleanly."""
     from fwk.components.sinks import Tracking
     from fwk.distributed.group import shutdown
+    from fwk.engine.assemble import build_run
     from fwk.engine.trainer import train
 
     redirect_worker_output(int(os.environ.get("RANK", "0")))  # under torchrun: into runs/<id>/logs/
@@ -32,9 +33,8 @@ def run_worker(run_dir: Path) -> int:
     tracking = Tracking(cfg.tracking, run, is_main)
     clean = False
     try:
-        summary = train(cfg, run, tracking=tracking)
+        summary = train(build_run(cfg, run, tracking))  # rank 0 writes summary.json
         if summary is not None and is_main:
-            run.write_summary(summary)
             tracking.finish()  # summary.json is on disk: the artifacts go to MLflow
         clean = True
     finally:

@@ -1,12 +1,12 @@
 """Run the recipe's real training step under ``torch.profiler`` and write its trace.
 
 The engine trains as ``fwk train`` would (its precision, memory, parallel and jit
-strategies) for ``warmup + steps`` optimizer steps; ``observe`` steps the profiler after
-each one, and only the last ``steps`` are recorded. The training happens in a throwaway
+strategies) for ``warmup + steps`` optimizer steps; the profiler steps after each one, and
+only the last ``steps`` are recorded. The training happens in a throwaway
 run dir: the run that ``fwk train`` would make for the same overrides gets nothing but its
 ``profile/`` folder, so it is never mistaken for a half-trained run.
 
-Module names come from forward hooks on the freshly built model (``start``): each module's
+Module names come from forward hooks on the freshly built model (``fresh_model``): each module's
 forward is a ``fwk.module: <name>`` profiler range; backward ops are matched to them by
 autograd's sequence numbers when the trace is read (``figures.py``).
 """
@@ -53,7 +53,7 @@ class ModuleLabels:
         self.types: dict[str, str] = {}
 
     def attach(self, model: nn.Module) -> nn.Module:
-        """Install the hooks; used as the engine's ``start`` (returns the model unchanged)."""
+        """Install the hooks (returns the model, to train)."""
         from torch.profiler import record_function
 
         for qualified, module in model.named_modules():
@@ -157,24 +157,13 @@ def _hardware(device: torch.device) -> dict[str, Any]:
     return {"bf16_fast": features.bf16_fast, "text": features.text, "memory_bytes": int(memory)}
 
 
-def _stepper(prof: Any, device: torch.device) -> Callable[[int], None]:
-    """``observe``: end the profiler's step. On CUDA the step's queued kernels finish first, so
-    each recorded step holds its own device work (the host may otherwise run a step ahead)."""
-
-    def observe(step: int) -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        prof.step()
-
-    return observe
-
-
 def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str], None]) -> Captured:
     """Train ``warmup + steps`` steps of ``cfg`` under the profiler; the trace goes to ``out``."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from fwk.distributed.group import pick_device
-    from fwk.engine.trainer import train
+    from fwk.engine import trainer
+    from fwk.engine.assemble import build_run, fresh_model
     from fwk.track.store import RunDir
 
     short, notes = profile_config(cfg, warmup, steps)
@@ -197,7 +186,12 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str]
         contextlib.redirect_stdout(engine),
         prof,
     ):
-        summary = train(short, RunDir(Path(tmp)), start=labels.attach, observe=_stepper(prof, device))
+        run = build_run(short, RunDir(Path(tmp)), model=labels.attach(fresh_model(short)))
+        for _ in trainer.steps(run):
+            if device.type == "cuda":  # the step's queued kernels first: each recorded step holds its own work
+                torch.cuda.synchronize(device)
+            prof.step()
+        summary = trainer.finish(run) if run.progress.finished else None
     if summary is None:
         raise UserError("fwk profile was interrupted; run the same command again")
     if not trace.exists():

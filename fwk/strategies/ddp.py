@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from fwk.config.schema import ParallelConfig
-from fwk.distributed.collectives import all_reduce_max, explicit_collective_seconds
+from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
 
 Hook = Callable[[Any, Any], torch.futures.Future]
@@ -197,7 +197,7 @@ class CommMonitor:
         self.share = 0.0
         self.advised = False
         self._started = time.perf_counter()
-        self._explicit = explicit_collective_seconds()
+        self._explicit = self.dist.collective_s.total
 
     @property
     def active(self) -> bool:
@@ -208,10 +208,10 @@ class CommMonitor:
         if self.replicated is None:
             return {}
         now = time.perf_counter()
-        waited = self.replicated.clock.take() + explicit_collective_seconds() - self._explicit
+        waited = self.replicated.clock.take() + self.dist.collective_s.total - self._explicit
         share = waited / max(now - self._started, 1e-9)
         self.share = all_reduce_max([share], self.dist)[0]
-        self._started, self._explicit = time.perf_counter(), explicit_collective_seconds()
+        self._started, self._explicit = time.perf_counter(), self.dist.collective_s.total
         return {"comm_wait": self.share}
 
     def adapt(self, step: int) -> None:
@@ -251,7 +251,7 @@ class CommMonitor:
             return
         self.high = 0
         # the next window starts after the change (rebuilding DDP is not step time)
-        self._started, self._explicit = time.perf_counter(), explicit_collective_seconds()
+        self._started, self._explicit = time.perf_counter(), self.dist.collective_s.total
         self.changes.append(f"step {step}: {what}")
         self._pending = (what, share)
         self.say(

@@ -15,12 +15,14 @@ trial steps as decided (``fwk/engine/trials.py``), so both compute the same thin
 Where a decision comes from, first found first:
 
 1. the checkpoint: a resumed run keeps what it decided (each strategy's own state);
-2. ``fwk replay``: the original run's records (``REPLAY_ENV``, JSON), so that the replay
-   computes what the original computed on any machine;
-3. this cache, unless ``auto.cache=false`` or ``--redecide`` (``REDECIDE_ENV=1``);
+2. ``fwk replay``: the original run's records, so that the replay computes what the
+   original computed on any machine;
+3. this cache, unless ``auto.cache=false`` or ``--redecide``;
 4. a measurement, whose record goes to the cache (unless ``auto.cache=false``).
 
-Rank 0 reads and writes the cache; every rank gets rank 0's answer, so all agree.
+``fwk replay``'s records and ``--redecide`` reach the workers as the launch's orders
+(``RunDir.orders``: ``{"replay": {name: record}}``, ``{"redecide": true}``). Rank 0 reads
+and writes the cache; every rank gets rank 0's answer, so all agree.
 """
 
 from __future__ import annotations
@@ -28,17 +30,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fwk.config.schema import REDECIDE_ENV, REPLAY_ENV
 from fwk.distributed.collectives import broadcast_object
 from fwk.distributed.group import Dist
-from fwk.errors import UserError
 from fwk.strategies import hardware
 from fwk.track.store import cache_root, write_atomic
 
@@ -108,29 +107,21 @@ def machine(dist: Dist) -> dict[str, Any]:
     }
 
 
-def _replayed() -> dict[str, Record]:
-    text = os.environ.get(REPLAY_ENV, "").strip()
-    if not text:
-        return {}
-    try:
-        records = json.loads(text)
-    except ValueError:
-        raise UserError(f"{REPLAY_ENV} is not valid JSON; unset it (fwk replay sets it)") from None
-    return records if isinstance(records, dict) else {}
-
-
 class Decisions:
     """The run's decisions: recalled (replay, cache) or kept once measured; ``records()``
-    goes to summary.json, and ``on_change`` (the trainer's: env.json) hears of each one."""
+    goes to summary.json, and ``on_change`` (the trainer's: env.json) hears of each one.
+    ``orders``: the launch's (``RunDir.read_orders``): a replay's records, or ``redecide``."""
 
-    def __init__(self, cfg: Any, dist: Dist, cache: Path | None = None) -> None:
+    def __init__(self, cfg: Any, dist: Dist, cache: Path | None = None, orders: dict[str, Any] | None = None) -> None:
         self.dist = dist
         config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
         self._keyed = _keyed(config)
-        self.read_cache = bool(cfg.auto.cache) and os.environ.get(REDECIDE_ENV, "") != "1"
+        orders = orders or {}
+        self.read_cache = bool(cfg.auto.cache) and not orders.get("redecide")
         self.write_cache = bool(cfg.auto.cache)
         self.cache = cache or cache_dir()
-        self.replayed = _replayed() if dist.is_main else {}
+        replayed = orders.get("replay")
+        self.replayed: dict[str, Record] = replayed if dist.is_main and isinstance(replayed, dict) else {}
         self.made: dict[str, Record] = {}
         self.sources: dict[str, str] = {}
         self.on_change: Callable[[dict[str, Record]], None] = lambda records: None

@@ -69,6 +69,24 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    @property
+    def orders(self) -> Path:
+        """What this launch asks of its workers (``--redecide``, a replay's decisions): written
+        by the launcher on every launch, under the run's lock (``fwk/launch/launcher.py``)."""
+        return self.path / "orders.json"
+
+    def read_orders(self) -> dict[str, Any]:
+        """This launch's orders; none where the run dir has no such file (a run in a test's dir)."""
+        try:
+            orders = json.loads(self.orders.read_text())
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError:
+            raise UserError(
+                f"{self.orders} is not valid JSON; delete it (fwk train writes it on every launch)"
+            ) from None
+        return orders if isinstance(orders, dict) else {}
+
     def read_summary(self) -> dict[str, Any] | None:
         """The summary of a finished run, or None while it has not finished."""
         try:

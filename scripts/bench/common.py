@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from fwk.components.diagnostics import Diagnostics
-from fwk.components.reproduce import make_deterministic
+from fwk.components.reproduce import deterministic
 from fwk.config.compose import compose
 from fwk.config.schema import JitConfig
 from fwk.config.validate import to_typed
@@ -67,7 +67,7 @@ def engine_step(
     off unless ``jit`` (the strategy benchmarks time eager steps; jit.py times compiling).
     ``say`` gets the strategies' log lines (what auto chose and why)."""
     d = Dist(rank=0, local_rank=0, world_size=1, device=device)
-    make_deterministic(cfg.train.deterministic)  # as the trainer: cuDNN's autotuner unless deterministic
+    deterministic(cfg.train.deterministic)  # as the trainer: cuDNN's autotuner unless deterministic
     torch.manual_seed(cfg.seed)
     quiet = say
     precision = Precision(cfg.precision, d, cfg.train.max_steps, quiet)

@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from fwk.config.compose import compose
 from fwk.config.validate import to_typed
+from fwk.engine.assemble import build_run
 from fwk.engine.trainer import train
 from fwk.track.store import open_run
 
@@ -58,7 +59,7 @@ def final_acc(overrides: list[str], seed: int, steps: int, runs: Path) -> float:
                             f"train.eval_every={steps}"]))  # fmt: skip
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     run = open_run(runs, f"acc-{time.monotonic_ns()}", text, "bench", 1)
-    return float(train(cfg, run)["eval"]["val_acc"])
+    return float(train(build_run(cfg, run))["eval"]["val_acc"])
 
 
 def run(seeds: tuple[int, ...] = (0, 1, 2), steps: int = 60) -> dict[str, list[float]]:

@@ -9,6 +9,7 @@ import pytest
 
 from fwk.config.compose import compose
 from fwk.config.validate import to_typed
+from fwk.engine.assemble import build_run
 from fwk.engine.trainer import train
 from fwk.track.store import RunDir
 
@@ -63,7 +64,7 @@ OPTIONS = [
 @pytest.mark.parametrize("recipe", list(TINY))
 def test_recipe_trains_with_option(recipe: str, option: list[str], tmp_path: Path) -> None:
     cfg = to_typed(compose([f"recipe={recipe}", *TINY[recipe], *COMMON, *option]))
-    summary = train(cfg, RunDir(tmp_path))
+    summary = train(build_run(cfg, RunDir(tmp_path)))
     assert summary is not None and summary["final_step"] == 3
     assert math.isfinite(summary["eval"]["val_loss"])
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()

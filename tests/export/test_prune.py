@@ -101,20 +101,20 @@ def _positions(model: nn.Module) -> nn.Module:
 def test_lottery_ticket_rewinds_the_survivors_to_the_rewind_weights(
     digits_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fwk.engine import trainer
+    from fwk.engine import assemble
     from fwk.engine.build import build_model
     from fwk.export.source import load
     from fwk.track.store import RunDir
 
     source = load(RunDir(copy_run(digits_run, tmp_path / "runs")))
     started: list[dict[str, torch.Tensor]] = []
-    real_train = trainer.train
+    real_build = assemble.build_run
 
-    def spy(cfg, run, start):  # what each round's training starts from
-        started.append({k: v.clone() for k, v in start(build_model(cfg.model, source.data)).state_dict().items()})
-        return real_train(cfg, run, start=start)
+    def spy(cfg, run, tracking=None, model=None):  # what each round's training starts from
+        started.append({k: v.clone() for k, v in model.state_dict().items()})
+        return real_build(cfg, run, tracking, model)
 
-    monkeypatch.setattr(trainer, "train", spy)
+    monkeypatch.setattr(assemble, "build_run", spy)
     out = tmp_path / "export"
     out.mkdir()
     cfg = load_settings(["export.retrain_frac=0.05"])  # 5 of the run's 100 steps per round

@@ -5,8 +5,11 @@ already complete included."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
+
+import pytest
 
 from fwk.track.index import forget, index_path
 from tests.conftest import run_fwk
@@ -82,3 +85,34 @@ def test_train_sweep_and_replay_record_a_run_alike(runs: Path) -> None:
     check_all()
     assert {run_id: (runs / run_id / "metrics.jsonl").read_text() for run_id in expected} == metrics
     assert len(_meta(runs, trained)["launches"]) == 1  # an already-complete run is not launched again
+
+
+def test_a_launchs_orders_reach_its_workers_through_the_run_dir_and_end_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--redecide and a replay's decisions are written to the run dir for the launch that
+    gives them; the next launch of the same run (a resume) writes its own, none here."""
+    from fwk.config.resolve import resolve
+    from fwk.launch import worker
+    from fwk.launch.launcher import launch, plan
+    from fwk.track.store import RunDir
+
+    seen: list[dict] = []
+    monkeypatch.setattr(worker, "run_worker", lambda path: seen.append(RunDir(path).read_orders()) or 0)
+    resolved = resolve([*TINY, f"paths.runs={tmp_path}"])
+    p = plan(resolved)
+    for orders in ({"redecide": True}, None, {"replay": {"jit": {"choice": "eager"}}}):
+        status, _ = launch(p, resolved.as_yaml, 1, orders=orders, say=lambda line: None)
+        assert status == 0
+    assert seen == [{"redecide": True}, {}, {"replay": {"jit": {"choice": "eager"}}}]
+    assert "FWK_REDECIDE" not in os.environ
+
+
+def test_unreadable_orders_are_one_line(tmp_path: Path) -> None:
+    from fwk.errors import UserError
+    from fwk.track.store import RunDir
+
+    run = RunDir(tmp_path)
+    run.orders.write_text("{half")
+    with pytest.raises(UserError, match=r"orders.json is not valid JSON; delete it"):
+        run.read_orders()

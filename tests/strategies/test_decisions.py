@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fwk.config.schema import REDECIDE_ENV, REPLAY_ENV, Config, JitConfig, PrecisionConfig
+from fwk.config.schema import Config, JitConfig, PrecisionConfig
 from fwk.distributed.group import Dist
 from fwk.strategies import hardware
 from fwk.strategies.auto_precision import trial_order
@@ -32,6 +32,11 @@ def _config(**precision) -> Config:
     cfg = Config()
     cfg.precision = PrecisionConfig(name="auto", probe_steps=2, trial_steps=3, **precision)
     return cfg
+
+
+def _replay_orders(original: Decisions) -> dict:
+    """The orders `fwk replay` writes to the run dir for its workers, read back."""
+    return json.loads(json.dumps({"replay": original.records()}))
 
 
 def _precision(monkeypatch, cfg: Config, features=BF16_CPU, max_steps: int = 100, decisions=None) -> Precision:
@@ -132,10 +137,9 @@ def test_the_next_run_reuses_the_cached_decision_without_trial_steps(monkeypatch
     assert again.decisions.records()["precision"]["source"] == "cached"
     assert again.decisions.records()["precision"]["trial"] is None  # this run had none: a replay runs none
 
-    monkeypatch.setenv(REDECIDE_ENV, "1")  # --redecide: measured again, and the cache refreshed
-    fresh = _precision(monkeypatch, _config())
+    redecide = Decisions(_config(), SOLO, orders={"redecide": True})  # --redecide: measured again, the cache refreshed
+    fresh = _precision(monkeypatch, _config(), decisions=redecide)
     assert _train(fresh, range(12), {"bf16": 60.0, "fp32": 90.0})[-1] == "bf16"
-    monkeypatch.delenv(REDECIDE_ENV)
     assert _precision(monkeypatch, _config()).said[0].startswith("precision=auto chose bf16 as measured before")
 
 
@@ -212,8 +216,8 @@ def test_a_replay_follows_the_recorded_choice_from_step_0(monkeypatch: pytest.Mo
     its result is that of the choice from step 0: what a replay, on any machine, runs."""
     original = _precision(monkeypatch, _config())
     _train(original, range(14), {"bf16": 188.0, "fp32": 88.0})
-    monkeypatch.setenv(REPLAY_ENV, json.dumps(original.decisions.records()))
-    replay = _precision(monkeypatch, _config(), features=PLAIN_CPU)  # another machine: no bf16 units
+    replayed = Decisions(_config(), SOLO, orders=_replay_orders(original.decisions))
+    replay = _precision(monkeypatch, _config(), features=PLAIN_CPU, decisions=replayed)  # another machine: no bf16
     assert replay.said[0].startswith("precision=auto re-applies fp32, as the replayed run decided")
     assert _train(replay, range(14), {"bf16": 1.0, "fp32": 1.0}) == ["fp32"] * 14  # no trial, no timing
 
@@ -275,8 +279,7 @@ def test_jit_replay_compiles_where_the_original_did_without_a_trial(monkeypatch:
     ]
     records = Decisions(cfg, SOLO)
     records.keep("jit", original.record, "measured")
-    monkeypatch.setenv(REPLAY_ENV, json.dumps(records.records()))
-    replay, model, said = _jit(Decisions(cfg, SOLO))
+    replay, model, said = _jit(Decisions(cfg, SOLO, orders=_replay_orders(records)))
     # timings that would decide otherwise change nothing: compiled from the same step, untimed
     assert _jit_steps(replay, model, [0.01, 0.01, 9.0, 9.0, 9.0]) == [
         "eager",
@@ -383,8 +386,7 @@ def test_memory_reuses_its_cached_plan_and_so_does_a_replay(monkeypatch: pytest.
 
     records = Decisions(cfg, SOLO)
     records.keep("memory", first._decision_record({}), "measured")
-    monkeypatch.setenv(REPLAY_ENV, json.dumps(records.records()))
-    replay, said = _memory(cfg, Decisions(cfg, SOLO))
+    replay, said = _memory(cfg, Decisions(cfg, SOLO, orders=_replay_orders(records)))
     assert _memory_steps(replay, range(8))[2:] == [chosen] * 6 and replay.timeline == []  # its turn: no trials
     assert said == [f"memory=auto chose {chosen} (re-applied from the replayed run)"]
 

@@ -1,0 +1,278 @@
+"""Everything a run has, built from its config and restored from its latest checkpoint.
+
+``build_run(cfg, run_dir)`` returns a ``Run``: the process group, the data, the model with
+its strategies applied, the optimizer and schedule, the methods and components, the step,
+the loaders, and every part a checkpoint holds, at the step the run stands at. The loop
+(``fwk.engine.trainer.train``) only runs it; ``finish`` summarises it.
+
+A caller that changes the model before training (``fwk export`` trains its pruned model,
+``fwk profile`` labels every module) builds it with ``fresh_model`` and passes it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fwk.components.best import BestKeeper
+from fwk.components.checkpoint import Checkpointer, RewindPoint, set_rng_state
+from fwk.components.diagnostics import Diagnostics
+from fwk.components.metrics import Reporter
+from fwk.components.reproduce import deterministic, record_decisions, record_launch
+from fwk.components.sinks import Tracking
+from fwk.config.schema import Config
+from fwk.config.target import Target, parse_target
+from fwk.data import loader as loading
+from fwk.data.base import DataBundle
+from fwk.data.loader_plan import LoaderPlan, for_run, measures
+from fwk.data.prefetch import DevicePrefetcher, OnDevice
+from fwk.distributed.collectives import broadcast_object
+from fwk.distributed.group import Dist, init
+from fwk.distributed.shares import split
+from fwk.engine.build import build_data, build_model, example_input
+from fwk.engine.evaluate import evaluate
+from fwk.engine.resize import derived_seed, written_world_size
+from fwk.engine.state import Clock, Resumable, seed_everything
+from fwk.engine.step import TrainStep
+from fwk.engine.trials import Replayable
+from fwk.errors import UserError
+from fwk.methods import Methods
+from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
+from fwk.optim.schedule_free import EvalWeights
+from fwk.strategies.decisions import Decisions
+from fwk.strategies.fsdp import is_sharded
+from fwk.strategies.parallelize import Strategies
+from fwk.track.store import RunDir
+
+
+@dataclass
+class Progress:
+    """This launch's counts, for the summary: what the loop adds up as it steps."""
+
+    train_time: float = 0.0
+    samples: int = 0
+    data_wait: float = 0.0
+    first_step_at: float | None = None  # this launch's first step, as a Unix time: the benchmarks' start-up figure
+    final_eval: dict[str, float] = field(default_factory=dict)
+    finished: bool = False  # reached its end (max_steps, its target, early stop); False: stopped by a signal
+
+
+@dataclass
+class Run:
+    """One run in this process, built and restored: ``model`` is the plain model (what the
+    optimizer, evaluation and checkpoints use), ``trained`` the one each step calls (compiled,
+    DDP-wrapped)."""
+
+    cfg: Config
+    dir: RunDir
+    dist: Dist
+    data: DataBundle
+    reporter: Reporter
+    decisions: Decisions
+    strategies: Strategies
+    methods: Methods
+    model: nn.Module
+    trained: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    diagnostics: Diagnostics
+    step_fn: TrainStep
+    loader: Replayable
+    val: OnDevice
+    checkpoints: Checkpointer
+    rewind: RewindPoint
+    best: BestKeeper
+    averaged: EvalWeights
+    clock: Clock
+    resumable: Resumable
+    target: Target | None
+    per_rank: int
+    written: int | None  # the process count that wrote its latest checkpoint, None for a new run
+    undo_settings: Callable[[], None]  # puts back the process-wide settings the run changed
+    started: float = field(default_factory=time.perf_counter)
+    step: int = 0
+    resumed_from: Path | None = None
+    progress: Progress = field(default_factory=Progress)
+
+    def save(self) -> None:
+        self.checkpoints.save(self.step, self.resumable.state_dict(self.step))
+
+    def validate(self) -> dict[str, float]:
+        """The metrics of the model a method evaluates (ema: the average), else of the trained
+        one; schedule-free's at its averaged weights."""
+        with self.averaged.weights():
+            return evaluate(
+                self.methods.eval_model(self.model),
+                self.val,
+                self.strategies.precision,
+                self.data.task,
+                self.dist,
+                self.cfg.train.eval_batches,
+            )
+
+
+def fresh_model(cfg: Config) -> nn.Module:
+    """The config's model as ``build_run`` would build it (same seed), for a caller that
+    changes it before training (``build_run(..., model=)``)."""
+    seed_everything(cfg.seed)
+    return build_model(cfg.model, build_data(cfg.data, seed=cfg.seed), lambda line: None)
+
+
+def loader_plan(
+    cfg: Config, data: Any, per_rank: int, dist: Dist, decisions: Decisions, say: Callable[[str], None]
+) -> LoaderPlan:
+    """loader=auto's plan: recalled (replay, cache) where it would be measured, else decided;
+    a measured plan is kept (rank 0's: the ranks of a node share its cores)."""
+    measured = measures(cfg.loader, data)
+    record, source = decisions.recall("loader") if measured else (None, "")
+    recalled = LoaderPlan(**record["plan"]) if record is not None else None
+    plan = for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", say, recalled, source)
+    if measured and recalled is None:  # rank 0's, as a recalled plan is: a streamed set is split by the worker count
+        plan = broadcast_object(plan, dist)  # type: ignore[assignment]
+    if measured:
+        decisions.keep(
+            "loader", record or {"choice": plan.num_workers, "plan": dataclasses.asdict(plan)}, source or "measured"
+        )
+    return plan
+
+
+def build_run(cfg: Config, run_dir: RunDir, tracking: Tracking | None = None, model: nn.Module | None = None) -> Run:
+    """Everything the run has, at the step its latest checkpoint holds (step 0 for a new run).
+
+    ``tracking`` gets every logged row (the worker's TensorBoard and MLflow sinks; its caller
+    closes it). ``model``: the plain model to train instead of the config's freshly built
+    one (``fresh_model``); it must be the same on every launch, so that a resumed run
+    matches its checkpoint."""
+    started = time.perf_counter()
+    undo = deterministic(cfg.train.deterministic)
+    try:
+        run = _build(cfg, run_dir, tracking, model, undo)
+    except BaseException:
+        undo()
+        raise
+    run.started = started
+    return run
+
+
+def _build(cfg: Config, run_dir: RunDir, tracking: Tracking | None, model: nn.Module | None, undo: Any) -> Run:
+    dist = init(cfg.parallel.backend, cfg.train.device, cfg.parallel.collective_timeout_s)
+    if dist.device.type == "cuda":  # this run's peak, not an earlier run's in the same process
+        torch.cuda.reset_peak_memory_stats(dist.device)
+    seed_everything(cfg.seed)  # the same on every rank: identical initial weights
+    data = build_data(cfg.data, seed=cfg.seed)
+    written = written_world_size(run_dir.checkpoints)  # another process count may resume (fwk/engine/resize.py)
+    if written not in (None, dist.world_size) and data.train_loader is not None:
+        raise UserError(
+            f"run {run_dir.id} was written by {written} processes and streamed data resumes on that many only "
+            f"(this launch has {dist.world_size}); set parallel.nproc_per_node / nnodes to make {written}"
+        )
+    per_rank, accum_factor = split(cfg.train.batch_size, dist.world_size, written)
+    if accum_factor > 1:  # fewer processes than wrote it: each keeps its batch, accumulated
+        cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, accum_steps=cfg.train.accum_steps * accum_factor)
+        )
+    reporter = Reporter(run_dir.metrics, dist, cfg.train.max_steps, tracking)
+    say = reporter.message
+    decisions = Decisions(cfg, dist, orders=run_dir.read_orders())
+    decisions.on_change = lambda records: record_decisions(run_dir, records)
+    strategies = Strategies(cfg, dist, per_rank, say, decisions)
+    methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
+    plain = (model if model is not None else build_model(cfg.model, data, say)).to(dist.device)
+    methods.prepare(plain, data.task, say if dist.is_main else lambda line: None, example_input(data))
+    raw, trained = strategies.apply(plain, state_floats_per_param(cfg.optim))
+    check_sharding(cfg.optim, is_sharded(raw))
+    optimizer = build_optimizer(
+        cfg.optim, raw, fused=strategies.kernels.triton, compute_dtype=strategies.precision.compute_dtype
+    )
+    for line in notes(cfg.optim, cfg.schedule, optimizer, raw) if dist.is_main else ():
+        say(line)
+    scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
+    diagnostics = Diagnostics(
+        cfg.diagnostics, dist, raw, optimizer, scheduler, strategies.precision, cfg.train.log_every, say
+    )
+
+    def reshaped(steps_taken: int | None) -> None:  # a method replaced parameters: what holds them follows
+        strategies.reshaped()
+        diagnostics.reshaped(steps_taken)
+
+    methods.attach(optimizer, raw, reshaped)
+    hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
+    smoothing = methods.label_smoothing(cfg.train.label_smoothing)
+    train_cfg = dataclasses.replace(cfg.train, label_smoothing=smoothing)
+    step_fn = TrainStep(trained, optimizer, *hooks, train_cfg, dist, diagnostics)
+    plan = loader_plan(cfg, data, per_rank, dist, decisions, say)
+    # the batches as the loop takes them: a trial's are handed out again when its steps are redone
+    loader = Replayable(
+        loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, say, cfg.train.accum_steps)
+    )
+    val = OnDevice(
+        loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
+    )
+    sharded = is_sharded(raw)
+    calibration = loading.calibration_loader(data.train, per_rank, cfg.seed, plan, data.collate)
+    bn_batches = getattr(cfg.optim, "bn_batches", 0)  # optim=adamw_schedulefree's x, else inactive
+    calibrated = lambda: DevicePrefetcher(calibration(), dist.device, data.finish)  # noqa: E731
+    averaged = EvalWeights(optimizer, raw, calibrated, bn_batches, strategies.precision.autocast)
+    best = BestKeeper(cfg.checkpoint, run_dir.path, dist, sharded)
+    clock = Clock()  # training time over every launch: the time to target
+    parts = dict(scheduler=scheduler, loader=loader, **strategies.parts(), diagnostics=diagnostics)
+    parts.update(best=best, clock=clock, methods=methods, **({"eval_weights": averaged} if averaged.active else {}))
+    run = Run(
+        cfg=cfg,
+        dir=run_dir,
+        dist=dist,
+        data=data,
+        reporter=reporter,
+        decisions=decisions,
+        strategies=strategies,
+        methods=methods,
+        model=raw,
+        trained=trained,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        diagnostics=diagnostics,
+        step_fn=step_fn,
+        loader=loader,
+        val=val,
+        checkpoints=Checkpointer(run_dir.checkpoints, dist, cfg.checkpoint.keep, cfg.checkpoint.on_corrupt, sharded),
+        rewind=RewindPoint(run_dir.path / "rewind", dist, cfg.checkpoint.rewind_at, cfg.train.max_steps),
+        best=best,
+        averaged=averaged,
+        clock=clock,
+        resumable=Resumable(raw, optimizer, **parts),
+        target=parse_target(cfg.train.stop_at) if cfg.train.stop_at else None,
+        per_rank=per_rank,
+        written=written,
+        undo_settings=undo,
+    )
+    _restore(run, accum_factor)
+    record_launch(run_dir, dist, data, cfg.seed, run.step, decisions.records())
+    return run
+
+
+def _restore(run: Run, accum_factor: int) -> None:
+    """The run at its latest checkpoint (model, optimizer, every part, the RNG streams), or
+    seeded for its first step."""
+    dist, say = run.dist, run.reporter.message
+    found = run.checkpoints.load_latest(say, template=run.resumable.template)
+    if found is None:
+        seed_everything(run.cfg.seed + dist.rank)  # per-rank streams for dropout and the like
+        run.averaged.start()
+        return
+    latest, state, rng = found
+    run.step, run.resumed_from = run.resumable.load_state_dict(state), latest
+    run.strategies.comm.accum_steps *= accum_factor  # the written run's (adapted) accumulation, on fewer processes
+    if rng is not None:
+        set_rng_state(rng)
+    else:  # written on another world size: no RNG file for this rank
+        seed_everything(derived_seed(run.cfg.seed, run.step, dist.rank))
+    if dist.is_main and (dropped := run.dir.truncate_metrics(after_step=run.step)):
+        say(dropped)
+    run.averaged.start()
