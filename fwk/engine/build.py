@@ -103,7 +103,7 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
 
     The model is built on the meta device: its structure without allocating its weights.
     """
-    from fwk.strategies import activation_memory, hardware, kernels, precision
+    from fwk.strategies import hardware, kernels, memory, precision
 
     asked = asks(cfg, typed)
     if asked.arguments:
@@ -128,7 +128,7 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
             else MODELS.get(cfg.model.name).builder(cfg.model)
         )
     precision.check_model(cfg.precision, model, device, typed)
-    activation_memory.check_model(cfg.memory, model, typed)
+    memory.check_model(cfg.memory, model, typed)
     if asked.muon:
         from fwk.optim.muon import check_model as check_muon
 

@@ -22,9 +22,9 @@ from torch.profiler import record_function
 from fwk.components.diagnostics import Diagnostics
 from fwk.config.schema import TrainConfig
 from fwk.distributed.group import Dist
-from fwk.strategies.activation_memory import Memory
-from fwk.strategies.compile import Jit
+from fwk.strategies.jit import Jit
 from fwk.strategies.kernels import Kernels
+from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision
 
 Batch = tuple[torch.Tensor, torch.Tensor]

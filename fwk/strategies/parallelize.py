@@ -35,11 +35,11 @@ from torch import nn
 from fwk.config.schema import Config
 from fwk.distributed.group import Dist
 from fwk.strategies import parallel
-from fwk.strategies.activation_memory import Memory
-from fwk.strategies.compile import Jit
 from fwk.strategies.ddp import CommMonitor
 from fwk.strategies.decisions import Decisions
+from fwk.strategies.jit import Jit
 from fwk.strategies.kernels import Kernels
+from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision
 
 ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` runs them (tests check it)
@@ -89,9 +89,7 @@ class Strategies:
         for module in self.trained.modules():
             if isinstance(module, Replicated):
                 module.rebuild()
-        self.memory.meter.ignore = {
-            t.untyped_storage().data_ptr() for t in [*self.raw.parameters(), *self.raw.buffers()]
-        }
+        self.memory.reshaped(self.raw)
 
     def parts(self) -> dict[str, Any]:
         """name -> strategy with ``state_dict()``/``load_state_dict()``/``summary()``: the

@@ -1,5 +1,5 @@
 """What a step holds for backward on the training device, counted: memory=auto's measure
-of activation memory on a CPU (``activation_memory.py``), where no allocator reports a peak."""
+of activation memory on a CPU (``memory.py``), where no allocator reports a peak."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ class SavedTensorMeter:
         self.active = False
         self.peak = 0
         self._seen: dict[int, int] = {}
+
+    def leave_out(self, model: torch.nn.Module) -> None:
+        """Count nothing that ``model``'s parameters and buffers hold (called again when a
+        method replaced them)."""
+        self.ignore = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
 
     def hold(self, t: Any) -> None:
         if isinstance(t, tuple):  # save_on_cpu packs (device, tensor)

@@ -22,9 +22,9 @@ from fwk.distributed.group import Dist
 from fwk.engine.step import TrainStep
 from fwk.models import MODELS
 from fwk.optim import build_optimizer, build_schedule
-from fwk.strategies.activation_memory import Memory
-from fwk.strategies.compile import Jit
+from fwk.strategies.jit import Jit
 from fwk.strategies.kernels import Kernels
+from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision
 
 

@@ -14,8 +14,8 @@ from fwk.config.schema import Config, JitConfig, PrecisionConfig
 from fwk.distributed.group import Dist
 from fwk.strategies import hardware
 from fwk.strategies.auto_precision import trial_order
-from fwk.strategies.compile import Jit
 from fwk.strategies.decisions import Decisions
+from fwk.strategies.jit import Jit
 from fwk.strategies.precision import Precision
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -301,8 +301,8 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     from fwk.config.schema import KernelsConfig, MemoryConfig, TrainConfig
     from fwk.engine.step import TrainStep
     from fwk.models.gpt import GPT
-    from fwk.strategies.activation_memory import Memory
     from fwk.strategies.kernels import Kernels
+    from fwk.strategies.memory import Memory
 
     monkeypatch.setattr(hardware, "probe", lambda device: BF16_CPU)
     cfg = _config()
@@ -332,7 +332,7 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
 
 
 def _memory(cfg: Config, d: Decisions, max_steps: int | None = None):
-    from fwk.strategies.activation_memory import Memory
+    from fwk.strategies.memory import Memory
 
     said: list[str] = []
     memory = Memory(cfg.memory, SOLO, 8, said.append, d, max_steps=max_steps)

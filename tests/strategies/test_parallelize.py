@@ -9,7 +9,7 @@ from fwk.config.compose import compose
 from fwk.config.validate import to_typed
 from fwk.distributed.group import Dist
 from fwk.engine.build import build_data, build_model
-from fwk.strategies import activation_memory, compile, kernels, parallel, parallelize, precision
+from fwk.strategies import jit, kernels, memory, parallel, parallelize, precision
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -35,8 +35,8 @@ def test_strategies_are_applied_in_the_one_order(monkeypatch: pytest.MonkeyPatch
 
     recording(kernels.Kernels, "apply", "kernels")
     recording(precision.Precision, "prepare", "precision")
-    recording(activation_memory.Memory, "apply", "memory")
-    recording(compile.Jit, "wrap", "jit")
+    recording(memory.Memory, "apply", "memory")
+    recording(jit.Jit, "wrap", "jit")
     recording(parallel, "wrap", "parallel")
     strategies, model, _ = _strategies(["memory=checkpoint", "jit=auto"])
     raw, trained = strategies.apply(model, optimizer_floats=2.0)

@@ -10,9 +10,9 @@ from fwk.config.schema import JitConfig, KernelsConfig, MemoryConfig, PrecisionC
 from fwk.distributed.group import Dist
 from fwk.engine.step import TrainStep
 from fwk.models.gpt import GPT
-from fwk.strategies.activation_memory import Memory
-from fwk.strategies.compile import Jit, _Dispatch, compile_estimate_s
+from fwk.strategies.jit import Jit, _Dispatch, compile_estimate_s
 from fwk.strategies.kernels import Kernels
+from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -150,7 +150,7 @@ class Memory:
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Install the (switchable) checkpoint wrappers on the plain model."""
-        self.meter.ignore = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        self.meter.leave_out(model)
         if self.cfg.name in ("checkpoint", "auto"):
             patterns, left_out = fitting(model, self.cfg.modules, "memory.modules")
             if left_out and self.dist.is_main:
@@ -163,6 +163,10 @@ class Memory:
             where = f" of {len(self.targets)} modules ({self._target_text()})" if self.targets else ""
             self.say(f"memory={self.plan.describe()}{where}")
         return model
+
+    def reshaped(self, model: nn.Module) -> None:
+        """A method replaced the plain model's parameters (prune_gradually): the meter leaves the new ones out."""
+        self.meter.leave_out(model)
 
     def _target_text(self) -> str:
         shown = self.targets[:3] + (["..."] if len(self.targets) > 3 else [])

@@ -16,9 +16,9 @@ from fwk.engine.step import TrainStep
 from fwk.errors import UserError
 from fwk.models.cnn import SmallCNN
 from fwk.models.gpt import GPT
-from fwk.strategies.activation_memory import Memory, MemoryPlan
-from fwk.strategies.compile import Jit
+from fwk.strategies.jit import Jit
 from fwk.strategies.kernels import Kernels
+from fwk.strategies.memory import Memory, MemoryPlan
 from fwk.strategies.modules import blocks
 from fwk.strategies.precision import Precision
 
