@@ -27,7 +27,6 @@ def _problems(c: Config) -> Iterator[str]:
     yield from _stop_at(c.train)
     yield from _early_stop_patience(c.train)
     yield from _best(c.checkpoint, c.train)
-    yield from _label_smoothing(c)
     yield from _seq_warmup(c)
     yield from _progressive_resize(c)
 
@@ -90,16 +89,6 @@ def _best(ck: CheckpointConfig, t: TrainConfig) -> Iterator[str]:
                 f"checkpoint.{key}={value:g} applies to the best checkpoint, and checkpoint.best is empty: "
                 f"set checkpoint.best=val_acc (or val_loss), or drop checkpoint.{key}"
             )
-
-
-def _label_smoothing(c: Config) -> Iterator[str]:
-    ours, method = c.train.label_smoothing, c.method.label_smoothing.smoothing
-    if "label_smoothing" in c.methods and ours and ours != method:  # the method's value replaces train's
-        yield (
-            f"train.label_smoothing={ours:g} is not used with methods=[label_smoothing], which smooths by "
-            f"method.label_smoothing.smoothing={method:g}; set train.label_smoothing=0, or "
-            f"method.label_smoothing.smoothing={ours:g}"
-        )
 
 
 def _seq_warmup(c: Config) -> Iterator[str]:

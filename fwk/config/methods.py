@@ -4,6 +4,7 @@ run, fwk/methods/ runs them). Torch-free, as the rest of the schema."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from fwk.registry import doc
 
@@ -76,3 +77,8 @@ class MethodConfig:
     prune_gradually: PruneGraduallyConfig = field(
         default_factory=PruneGraduallyConfig, metadata={"doc": "methods=[prune_gradually]"}
     )
+
+
+def label_smoothing(config: dict[str, Any]) -> float:
+    """The label smoothing a resolved config (as a dict) trains with: ``methods=[label_smoothing]``'s, else 0."""
+    return float(config["method"]["label_smoothing"]["smoothing"]) if "label_smoothing" in config["methods"] else 0.0

@@ -38,7 +38,6 @@ class TrainConfig:
     eval_every: int = doc(100, "evaluate every N steps (and at the end); 0 = only at the end")
     eval_batches: int = doc(0, "cap on validation batches per evaluation; 0 = the whole set")
     log_every: int = doc(10, "log loss, lr, samples/s and data-wait fraction every N steps")
-    label_smoothing: float = doc(0.0, "cross-entropy label smoothing in [0, 1)")
     grad_clip: float = doc(0.0, "clip the global gradient norm to this value; 0 = off")
     accum_steps: int = doc(1, "loader batches whose gradients are summed into one optimizer step (1 = none)")
     device: str = doc("auto", "'auto' (cuda if available, else cpu), 'cpu' or 'cuda'")

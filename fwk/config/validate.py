@@ -40,8 +40,18 @@ def invalid(key: str, value: Any, allowed: str) -> UserError:
     return UserError(f"{key}={value!r} is not allowed: expected {allowed} (fix it with {key}=...)")
 
 
+# keys that moved: where each one went (an override or a recorded config that still names it)
+MOVED = {
+    "train.label_smoothing": "label smoothing is a method now: methods=[label_smoothing] "
+    "method.label_smoothing.smoothing=X (0.1 by default)",
+}
+
+
 def unknown_key(key: str, valid: list[str]) -> UserError:
-    """A key the config does not have: the closest valid one at that level, and all of them."""
+    """A key the config does not have: where it moved, else the closest valid one at that
+    level, and all of them."""
+    if key.lstrip("+") in MOVED:
+        return UserError(f"{key.lstrip('+')} is gone; {MOVED[key.lstrip('+')]}")
     prefix, _, last = key.rpartition(".")
     close = difflib.get_close_matches(last, valid, n=1, cutoff=0.6)
     hint = f"did you mean {prefix + '.' if prefix else ''}{close[0]}? " if close else ""
@@ -126,7 +136,6 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0"
     yield t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "an integer >= 0"
     yield t.log_every > 0, "train.log_every", t.log_every, "an integer > 0"
-    yield 0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)"
     yield t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)"
     yield t.device in ("auto", "cpu", "cuda"), "train.device", t.device, "one of auto, cpu, cuda"
     problem = _target_problem(t.stop_at)

@@ -204,9 +204,7 @@ def _build(cfg: Config, run_dir: RunDir, tracking: Tracking | None, model: nn.Mo
 
     methods.attach(optimizer, raw, reshaped)
     hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
-    smoothing = methods.label_smoothing(cfg.train.label_smoothing)
-    train_cfg = dataclasses.replace(cfg.train, label_smoothing=smoothing)
-    step_fn = TrainStep(trained, optimizer, *hooks, train_cfg, dist, diagnostics)
+    step_fn = TrainStep(trained, optimizer, *hooks, cfg.train, dist, diagnostics, methods.label_smoothing())
     plan = loader_plan(cfg, data, per_rank, dist, decisions, say)
     # the batches as the loop takes them: a trial's are handed out again when its steps are redone
     loader = Replayable(

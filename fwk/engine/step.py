@@ -48,9 +48,11 @@ class TrainStep:
         cfg: TrainConfig,
         dist: Dist,
         diagnostics: Diagnostics | None = None,
+        label_smoothing: float = 0.0,
     ) -> None:
         self.model, self.optimizer, self.precision, self.memory, self.jit = model, optimizer, precision, memory, jit
         self.kernels, self.cfg, self.dist, self.diagnostics = kernels, cfg, dist, diagnostics
+        self.label_smoothing = label_smoothing  # methods=[label_smoothing]
         self._begun: int | None = None
         self._settled = False
 
@@ -116,7 +118,7 @@ class TrainStep:
                 with label("fwk.data"):
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with label("fwk.forward"), self.precision.autocast():
-                    loss = self.kernels.loss(self.model, self.precision.input(x), y, self.cfg.label_smoothing)
+                    loss = self.kernels.loss(self.model, self.precision.input(x), y, self.label_smoothing)
                 with label("fwk.backward"):
                     self.precision.backward(loss if weight == 1.0 else loss * weight)
             loss_sum += loss.detach() * weight
@@ -135,5 +137,5 @@ class TrainStep:
         for x, y in pieces:
             x, y = x.to(self.dist.device), y.to(self.dist.device)
             with self.precision.autocast():
-                loss = self.kernels.loss(raw, self.precision.input(x), y, self.cfg.label_smoothing)
+                loss = self.kernels.loss(raw, self.precision.input(x), y, self.label_smoothing)
             loss.backward()

@@ -19,7 +19,7 @@ from typing import Any
 
 from fwk.config.resolve import Resolved, check_inputs
 from fwk.launch.launcher import LaunchPlan, launch, plan
-from fwk.launch.report import already_complete, finished
+from fwk.launch.outcome import already_complete, finished
 from fwk.track import index
 from fwk.track.store import RunDir
 

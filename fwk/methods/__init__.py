@@ -66,9 +66,10 @@ class Methods:
             model = m.eval_model(model)
         return model
 
-    def label_smoothing(self, default: float) -> float:
+    def label_smoothing(self) -> float:
+        """The cross-entropy's label smoothing: methods=[label_smoothing]'s, else none."""
         found = [s for m in self.active if (s := m.label_smoothing()) is not None]
-        return found[-1] if found else default
+        return found[-1] if found else 0.0
 
     def state_dict(self) -> dict[str, Any]:
         return {m.name: m.state_dict() for m in self.active}

@@ -8,7 +8,7 @@ what it measured in a per-user cache, ``$XDG_CACHE_HOME/fwk/decisions/`` (defaul
 ``~/.cache``). A record's key is this machine (device, CPU, threads, torch version, world
 size), the decision's name, the resolved config less the keys that cannot change what a
 step costs (``IGNORED``: a new option is in the key unless it is listed there), and the
-decisions made before it (precision, then memory, then jit: ``ORDER``). A later run of
+decisions made before it (precision, then memory, then jit: ``DECISION_ORDER``). A later run of
 the same model here reuses the record without trial steps; a measuring run redoes its
 trial steps as decided (``fwk/engine/trials.py``), so both compute the same thing.
 
@@ -41,7 +41,7 @@ from fwk.distributed.group import Dist
 from fwk.strategies import hardware
 from fwk.track.store import cache_root, write_atomic
 
-ORDER = ("precision", "memory", "jit")  # each decides on the result of those before it
+DECISION_ORDER = ("precision", "memory", "jit")  # each decides on the result of those before it
 # The config that cannot change what a timed step costs (dotted paths into the resolved
 # config): who and where, how long and how often the run evaluates, logs and saves, and
 # the decision cache's own switch. Everything else (model, data and its transforms, batch,
@@ -130,7 +130,7 @@ class Decisions:
     def key(self, name: str) -> str:
         if self._machine is None:
             self._machine = machine(self.dist)
-        earlier = ORDER[: ORDER.index(name)] if name in ORDER else ()
+        earlier = DECISION_ORDER[: DECISION_ORDER.index(name)] if name in DECISION_ORDER else ()
         before = {n: self.made[n].get("choice") for n in earlier if n in self.made}
         parts = {
             "machine": self._machine,

@@ -18,7 +18,7 @@ nowhere else:
 ``Strategies`` builds each from its own config section, applies them (``apply``), and
 hands the loop what it iterates over: their checkpoint state, metrics and summary.
 
-The measured ones decide one at a time, in ``decisions.ORDER``: precision (its range probe
+The measured ones decide one at a time, in ``decisions.DECISION_ORDER``: precision (its range probe
 and trial steps), then memory=auto, then jit=auto; each decides on the result of those
 before it, and none counts another's trial steps (``TrainStep.begin`` tells each when it is
 its turn). What they decide is recalled from, and kept in, ``Decisions``; the steps one
@@ -42,7 +42,7 @@ from fwk.strategies.kernels import Kernels
 from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision
 
-ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` runs them (tests check it)
+APPLY_ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` runs them (tests check it)
 
 
 class Strategies:

@@ -118,6 +118,7 @@ def plain_spec(fwk_overrides: list[str], size: Size, photos: Path) -> dict:
     from omegaconf import OmegaConf
 
     from fwk.config.compose import compose
+    from fwk.config.methods import label_smoothing
     from fwk.config.validate import to_typed
 
     cfg = OmegaConf.to_container(OmegaConf.structured(to_typed(compose(fwk_overrides))), resolve=True)
@@ -130,7 +131,8 @@ def plain_spec(fwk_overrides: list[str], size: Size, photos: Path) -> dict:
         **{k: model[k] for k in ("num_classes", "zero_init_residual")},
         **{k: optim[k] for k in ("lr", "momentum", "weight_decay")},
         **{k: sched[k] for k in ("warmup_steps", "min_lr_ratio")},
-        **{k: train[k] for k in ("batch_size", "max_steps", "eval_every", "label_smoothing")},
+        **{k: train[k] for k in ("batch_size", "max_steps", "eval_every")},
+        "label_smoothing": label_smoothing(cfg),
         "workers": min(16, os.cpu_count() or 1),  # the reference's -j 16, or the cores where fewer
         "seed": cfg["seed"],
         "device": size.device,

@@ -178,6 +178,7 @@ def plain_spec(overrides: list[str], **changes: object) -> dict:
     from omegaconf import OmegaConf
 
     from fwk.config.compose import compose
+    from fwk.config.methods import label_smoothing
     from fwk.config.validate import to_typed
 
     cfg = OmegaConf.to_container(OmegaConf.structured(to_typed(compose(overrides))), resolve=True)
@@ -200,7 +201,7 @@ def plain_spec(overrides: list[str], **changes: object) -> dict:
         "eval_batches": t["eval_batches"],
         "log_every": t["log_every"],
         "grad_clip": t["grad_clip"],
-        "label_smoothing": t["label_smoothing"],
+        "label_smoothing": label_smoothing(cfg),
         "device": t["device"] if t["device"] != "auto" else "cpu",
         "amp": None,
         "bn_recompute": 0,

@@ -78,7 +78,7 @@ def common_args(cfg: Config, cuda: bool) -> list[str]:
         f"--weight-decay={o.weight_decay}",
         f"--warmup-steps={s.warmup_steps}",
         f"--min-lr-ratio={s.min_lr_ratio}",
-        f"--label-smoothing={t.label_smoothing}",
+        f"--label-smoothing={cfg.method.label_smoothing.smoothing if 'label_smoothing' in cfg.methods else 0.0}",
         f"--grad-clip={t.grad_clip}",
         f"--eval-every={t.eval_every}",
         f"--log-every={t.log_every}",
@@ -161,7 +161,7 @@ def check_plain_covers(cfg: Config, names: tuple[str, str, str]) -> None:
         ("schedule.decay", cfg.schedule.decay, "cosine"),
         ("train.accum_steps", cfg.train.accum_steps, 1),
         ("train.eval_batches", cfg.train.eval_batches, 0),
-        ("methods", cfg.methods, []),
+        ("methods", [m for m in cfg.methods if m != "label_smoothing"], []),  # it smooths (--label-smoothing)
         ("parallel.nproc_per_node x parallel.nnodes", cfg.parallel.nproc_per_node * cfg.parallel.nnodes, 1),
     ]
     for key, got, want in rules:

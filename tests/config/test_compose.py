@@ -125,6 +125,11 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["optim._target_=a.B"], "optim takes no _target_ (there is no optim=custom); choose optim=one of: adamw"),
         (["+foo=1"], "unknown key 'foo'"),
         (
+            ["train.label_smoothing=0.1"],
+            "train.label_smoothing is gone; label smoothing is a method now: methods=[label_smoothing] "
+            "method.label_smoothing.smoothing=X (0.1 by default)",
+        ),
+        (
             ["recipe=gpt_stdlib", "data.seq_len=256"],
             "data.seq_len=256 is not allowed: expected at most model.block_size=128",
         ),
@@ -170,3 +175,13 @@ def test_bad_overrides_are_one_line(overrides: list[str], expected: str) -> None
     message = str(err.value)
     assert expected in message
     assert "\n" not in message
+
+
+def test_a_recorded_config_with_a_moved_key_says_where_it_went() -> None:
+    """A run recorded before train.label_smoothing moved (fwk replay reads its config.yaml)."""
+    from fwk.config.resolve import from_dict, resolve
+
+    recorded = resolve([]).as_dict
+    recorded["train"]["label_smoothing"] = 0.1
+    with pytest.raises(UserError, match=r"^train.label_smoothing is gone; label smoothing is a method now"):
+        from_dict(recorded)

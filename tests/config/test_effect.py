@@ -61,11 +61,6 @@ REFUSED = [
         "set checkpoint.best=val_acc (or val_loss), or drop checkpoint.patience",
     ),
     (
-        ["methods=[label_smoothing]", "train.label_smoothing=0.2"],
-        "train.label_smoothing=0.2 is not used with methods=[label_smoothing], which smooths by "
-        "method.label_smoothing.smoothing=0.1; set train.label_smoothing=0, or method.label_smoothing.smoothing=0.2",
-    ),
-    (
         ["recipe=gpt_stdlib", "methods=[seq_warmup]", "method.seq_warmup.start_len=128"],
         "method.seq_warmup.start_len=128 is not below data.seq_len=128: every step would train full-length "
         "sequences; lower start_len, or drop seq_warmup from methods",
@@ -98,7 +93,6 @@ def test_a_setting_that_cannot_take_effect_is_one_line(overrides: list[str], lin
         ["train.stop_at=val_acc>=1", "train.eval_every=299"],  # one evaluation (step 299) before the end
         ["train.early_stop_patience=2", "checkpoint.best=val_acc", "train.eval_every=99"],  # 3 before the end
         ["checkpoint.best=val_acc", "checkpoint.min_improvement=0.01", "checkpoint.patience=2"],
-        ["methods=[label_smoothing]", "train.label_smoothing=0.1"],  # the same value: nothing is lost
         ["recipe=gpt_stdlib", "methods=[seq_warmup]", "method.seq_warmup.start_len=127"],
         ["methods=[progressive_resize]"],  # 4 px, then 8
         ["model._target_=tests.strategies.user_models.UserNet"],

@@ -40,7 +40,7 @@ def test_strategies_are_applied_in_the_one_order(monkeypatch: pytest.MonkeyPatch
     recording(parallel, "wrap", "parallel")
     strategies, model, _ = _strategies(["memory=checkpoint", "jit=auto"])
     raw, trained = strategies.apply(model, optimizer_floats=2.0)
-    assert calls == list(parallelize.ORDER) == ["kernels", "precision", "memory", "jit", "parallel"]
+    assert calls == list(parallelize.APPLY_ORDER) == ["kernels", "precision", "memory", "jit", "parallel"]
     assert raw is model  # kernels, precision and memory work on the plain model in place
     assert trained is not raw  # jit=auto: the loop trains through the JIT's switch
     with pytest.raises(AssertionError, match="applied once"):
