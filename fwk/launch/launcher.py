@@ -87,7 +87,10 @@ def launch(
     guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "", say)
     with guard as held:
         run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
-        write_atomic(run.orders, json.dumps(orders or {}, indent=2) + "\n")
+        if orders:
+            write_atomic(run.orders, json.dumps(orders, indent=2) + "\n")
+        else:  # none outlives the launch that gave it
+            run.orders.unlink(missing_ok=True)
         index.record_quietly(run, "running")
         status, outcome = 1, "failed"
         try:

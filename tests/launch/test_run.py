@@ -105,6 +105,8 @@ def test_a_launchs_orders_reach_its_workers_through_the_run_dir_and_end_with_it(
         status, _ = launch(p, resolved.as_yaml, 1, orders=orders, say=lambda line: None)
         assert status == 0
     assert seen == [{"redecide": True}, {}, {"replay": {"jit": {"choice": "eager"}}}]
+    launch(p, resolved.as_yaml, 1, say=lambda line: None)
+    assert not (p.run_dir / "orders.json").exists()  # a plain launch leaves no orders behind
     assert "FWK_REDECIDE" not in os.environ
 
 
