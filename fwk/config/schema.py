@@ -17,6 +17,9 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16", "staged")
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SWITCHES = ("auto", "true", "false")
 PARALLELS = ("auto", "none", "ddp", "fsdp", "hsdp")
+# why fp16 cannot train a sharded model: refused up front for parallel=fsdp/hsdp (config/validate.py)
+# and when parallel=auto picks one (strategies/parallel.py)
+FP16_SHARDED = "its loss scaler sees only this rank's gradient shard under fsdp/hsdp"
 MEMORIES = ("none", "checkpoint", "offload", "microbatch", "auto")
 JITS = ("auto", "off", "compile")
 KERNELS = ("auto", "triton", "torch")
@@ -213,7 +216,6 @@ class JitConfig:
     trial_steps: int = doc(3, "auto on CPU: compiled steps timed against eager; the faster is kept")
     max_trial_share: float = doc(0.05, "auto on CPU: try compiling only if it costs at most this share of time left")
     min_speedup: float = doc(1.05, "auto on CPU: keep compiled only when this much faster than eager (ties stay eager)")
-
 
 
 @dataclass

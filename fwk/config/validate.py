@@ -20,6 +20,7 @@ from fwk.config.schema import (
     COMM_HOOKS,
     COMPILE_MODES,
     DECAYS,
+    FP16_SHARDED,
     JITS,
     KERNELS,
     LOADERS,
@@ -148,18 +149,15 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         "0 unless checkpoint.best names the metric to watch (checkpoint.best=val_acc)",
     )
     optim_name = c.optim.get("name") if isinstance(c.optim, dict) else getattr(c.optim, "name", None)
-    yield (
-        optim_name != "muon" or p.name not in ("fsdp", "hsdp"),
-        "parallel.name",
-        p.name,
-        "ddp, none or auto with optim=muon (its Newton-Schulz step needs whole matrices; FSDP holds shards)",
-    )
-    yield (
-        optim_name != "adamw_schedulefree" or p.name not in ("fsdp", "hsdp"),
-        "parallel.name",
-        p.name,
-        "ddp, none or auto with optim=adamw_schedulefree (fwk keeps its averaged weights whole; FSDP holds shards)",
-    )
+    from fwk.optim import WHOLE_TENSORS  # the same refusal as parallel=auto's choice of FSDP (check_sharding)
+
+    for name, why in WHOLE_TENSORS.items():
+        yield (
+            optim_name != name or p.name not in ("fsdp", "hsdp"),
+            "parallel.name",
+            p.name,
+            f"ddp, none or auto with optim={name} ({why}; FSDP holds shards)",
+        )
     yield (
         optim_name != "adamw_schedulefree" or "ema" not in c.methods,
         "methods",
@@ -264,7 +262,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         not (fp16 and p.name in ("fsdp", "hsdp")),
         "parallel.name",
         p.name,
-        "ddp with fp16 (a loss scaler sees only one rank's shard under fsdp/hsdp), or precision=bf16 or fp32",
+        f"ddp with fp16 ({FP16_SHARDED}), or precision=bf16 or fp32",
     )
     shard = p.shard_size or p.nproc_per_node
     yield p.shard_size >= 0, "parallel.shard_size", p.shard_size, "an integer >= 0 (0 = nproc_per_node)"

@@ -118,11 +118,12 @@ class Run:
             )
 
 
-def fresh_model(cfg: Config) -> nn.Module:
+def fresh_model(cfg: Config, say: Callable[[str], None] = lambda line: None) -> nn.Module:
     """The config's model as ``build_run`` would build it (same seed), for a caller that
-    changes it before training (``build_run(..., model=)``)."""
+    changes it before training (``build_run(..., model=)``); ``say`` gets the line on keys a
+    ``_target_`` class does not take."""
     seed_everything(cfg.seed)
-    return build_model(cfg.model, build_data(cfg.data, seed=cfg.seed), lambda line: None)
+    return build_model(cfg.model, build_data(cfg.data, seed=cfg.seed), say)
 
 
 def loader_plan(
@@ -161,7 +162,9 @@ def build_run(cfg: Config, run_dir: RunDir, tracking: Tracking | None = None, mo
     return run
 
 
-def _build(cfg: Config, run_dir: RunDir, tracking: Tracking | None, model: nn.Module | None, undo: Any) -> Run:
+def _build(
+    cfg: Config, run_dir: RunDir, tracking: Tracking | None, model: nn.Module | None, undo: Callable[[], None]
+) -> Run:
     dist = init(cfg.parallel.backend, cfg.train.device, cfg.parallel.collective_timeout_s)
     if dist.device.type == "cuda":  # this run's peak, not an earlier run's in the same process
         torch.cuda.reset_peak_memory_stats(dist.device)

@@ -186,7 +186,7 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str]
         contextlib.redirect_stdout(engine),
         prof,
     ):
-        run = build_run(short, RunDir(Path(tmp)), model=labels.attach(fresh_model(short)))
+        run = build_run(short, RunDir(Path(tmp)), model=labels.attach(fresh_model(short, say)))
         for _ in trainer.steps(run):
             if device.type == "cuda":  # the step's queued kernels first: each recorded step holds its own work
                 torch.cuda.synchronize(device)

@@ -83,11 +83,12 @@ def wrap(
     from fwk.strategies import fsdp
 
     if precision.format == "fp16":
+        from fwk.config.schema import FP16_SHARDED
         from fwk.errors import UserError
 
         raise UserError(
-            f"parallel={strategy} with fp16 (precision={precision.cfg.name}) is not supported: its loss "
-            "scaler sees only this rank's gradient shard; use precision=bf16 or fp32, or parallel=ddp"
+            f"parallel={strategy} with fp16 (precision={precision.cfg.name}) is not supported: {FP16_SHARDED}; "
+            "use precision=bf16 or fp32, or parallel=ddp"
         )
     shard_size = (cfg.shard_size or cfg.nproc_per_node) if strategy == "hsdp" else None
     mesh = fsdp.mesh(dist.device, dist.world_size, shard_size)
