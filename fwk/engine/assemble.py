@@ -96,7 +96,7 @@ class Run:
     per_rank: int
     written: int | None  # the process count that wrote its latest checkpoint, None for a new run
     undo_settings: Callable[[], None]  # puts back the process-wide settings the run changed
-    started: float = field(default_factory=time.perf_counter)
+    started: float  # time.perf_counter() when build_run began: the summary's wall time
     step: int = 0
     resumed_from: Path | None = None
     progress: Progress = field(default_factory=Progress)
@@ -154,16 +154,19 @@ def build_run(cfg: Config, run_dir: RunDir, tracking: Tracking | None = None, mo
     started = time.perf_counter()
     undo = deterministic(cfg.train.deterministic)
     try:
-        run = _build(cfg, run_dir, tracking, model, undo)
+        return _build(cfg, run_dir, tracking, model, undo, started)
     except BaseException:
         undo()
         raise
-    run.started = started
-    return run
 
 
 def _build(
-    cfg: Config, run_dir: RunDir, tracking: Tracking | None, model: nn.Module | None, undo: Callable[[], None]
+    cfg: Config,
+    run_dir: RunDir,
+    tracking: Tracking | None,
+    model: nn.Module | None,
+    undo: Callable[[], None],
+    started: float,
 ) -> Run:
     dist = init(cfg.parallel.backend, cfg.train.device, cfg.parallel.collective_timeout_s)
     if dist.device.type == "cuda":  # this run's peak, not an earlier run's in the same process
@@ -252,6 +255,7 @@ def _build(
         per_rank=per_rank,
         written=written,
         undo_settings=undo,
+        started=started,
     )
     _restore(run, accum_factor)
     record_launch(run_dir, dist, data, cfg.seed, run.step, decisions.records())
