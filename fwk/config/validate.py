@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from fwk.config.elastic import elastic_rules
+from fwk.config.methods import rules as method_rules
 from fwk.config.schema import (
     AMP_DTYPES,
     BACKENDS,
@@ -158,41 +159,13 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
             p.name,
             f"ddp, none or auto with optim={name} ({why}; FSDP holds shards)",
         )
-    yield (
-        optim_name != "adamw_schedulefree" or "ema" not in c.methods,
-        "methods",
-        list(c.methods),
-        "no ema with optim=adamw_schedulefree (it evaluates an average of the weights already); drop one",
-    )
-    bn = getattr(c.optim, "bn_batches", None) if not isinstance(c.optim, dict) else c.optim.get("bn_batches")
-    yield bn is None or bn >= 0, "optim.bn_batches", bn, "an integer >= 0 (0 = keep the running statistics)"
+    rules = getattr(c.optim, "rules", None)  # an optimizer's settings check themselves (not a _target_ dict)
+    if rules is not None:
+        yield from rules(c)
     for name in c.methods:
         yield name in METHODS, "methods", list(c.methods), f"a list of {', '.join(METHODS)}"
     yield len(set(c.methods)) == len(c.methods), "methods", list(c.methods), "each method once"
-    me = c.method
-    yield me.ema.half_life > 0, "method.ema.half_life", me.ema.half_life, "a number of steps > 0"
-    ls = me.label_smoothing.smoothing
-    yield 0 < ls < 1, "method.label_smoothing.smoothing", ls, "a number in (0, 1)"
-    sw = me.seq_warmup
-    yield sw.start_len >= 1, "method.seq_warmup.start_len", sw.start_len, "an integer >= 1"
-    yield 0 < sw.duration <= 1, "method.seq_warmup.duration", sw.duration, "a share of train.max_steps in (0, 1]"
-    yield sw.multiple >= 1, "method.seq_warmup.multiple", sw.multiple, "an integer >= 1"
-    pr = me.progressive_resize
-    yield 0 < pr.initial_scale <= 1, "method.progressive_resize.initial_scale", pr.initial_scale, "a number in (0, 1]"
-    yield (
-        0 <= pr.delay_fraction and 0 <= pr.finetune_fraction and pr.delay_fraction + pr.finetune_fraction <= 1,
-        "method.progressive_resize.delay_fraction",
-        pr.delay_fraction,
-        "a share in [0, 1] with delay_fraction + finetune_fraction <= 1",
-    )
-    yield pr.size_increment >= 1, "method.progressive_resize.size_increment", pr.size_increment, "an integer >= 1"
-    yield from _prune_rules(c)
-    yield (
-        "ema" not in c.methods or p.name not in ("fsdp", "hsdp"),
-        "methods",
-        list(c.methods),
-        "no ema with parallel=fsdp/hsdp (the average would hold the whole model on every rank); use parallel=ddp",
-    )
+    yield from method_rules(c)
     ck = c.checkpoint
     yield not ck.best or ck.best in EVAL_METRICS, "checkpoint.best", ck.best, f"one of {', '.join(EVAL_METRICS)}"
     yield ck.min_improvement >= 0, "checkpoint.min_improvement", ck.min_improvement, "a number >= 0"
@@ -356,38 +329,3 @@ def _loader_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     for key in ("pin_memory", "persistent_workers"):
         value = getattr(lo, key)
         yield str(value).lower() in switches, f"loader.{key}", value, f"one of {', '.join(switches)}"
-
-
-def _prune_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
-    """methods=[prune_gradually]: its settings, and what it cannot be combined with."""
-    pg, p = c.method.prune_gradually, c.parallel
-    yield 0 < pg.ratio < 1, "method.prune_gradually.ratio", pg.ratio, "a share in (0, 1)"
-    yield pg.steps >= 1, "method.prune_gradually.steps", pg.steps, "an integer >= 1"
-    yield (
-        0 <= pg.start <= pg.end < 1,
-        "method.prune_gradually.start",
-        pg.start,
-        "a share of train.max_steps with 0 <= start <= end < 1",
-    )
-    yield pg.round_to >= 1, "method.prune_gradually.round_to", pg.round_to, "an integer >= 1"
-    if "prune_gradually" not in c.methods:
-        return
-    yield (
-        p.name not in ("fsdp", "hsdp"),
-        "parallel.name",
-        p.name,
-        "ddp, none or auto with methods=[prune_gradually] (it slices whole weights; FSDP holds shards)",
-    )
-    yield (
-        "ema" not in c.methods,
-        "methods",
-        list(c.methods),
-        "no ema with prune_gradually (the average would keep the removed channels); drop one",
-    )
-    yield (
-        c.memory.name == "none",
-        "memory.name",
-        c.memory.name,
-        "none with methods=[prune_gradually] (torch-pruning traces the model's graph, which activation "
-        "checkpointing hides)",
-    )

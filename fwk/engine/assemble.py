@@ -38,6 +38,7 @@ from fwk.distributed.group import Dist, init
 from fwk.distributed.shares import split
 from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import evaluate
+from fwk.engine.loss import CrossEntropy
 from fwk.engine.resize import derived_seed, written_world_size
 from fwk.engine.state import Clock, Resumable, seed_everything
 from fwk.engine.step import TrainStep
@@ -188,7 +189,7 @@ def _build(
     say = reporter.message
     decisions = Decisions(cfg, dist, orders=run_dir.read_orders())
     decisions.on_change = lambda records: record_decisions(run_dir, records)
-    strategies = Strategies(cfg, dist, per_rank, say, decisions)
+    strategies = Strategies(cfg, dist, per_rank, say, decisions, accum_factor)
     methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
     plain = (model if model is not None else build_model(cfg.model, data, say)).to(dist.device)
     methods.prepare(plain, data.task, say if dist.is_main else lambda line: None, example_input(data))
@@ -209,8 +210,10 @@ def _build(
         diagnostics.reshaped(steps_taken)
 
     methods.attach(optimizer, raw, reshaped)
-    hooks = strategies.precision, strategies.memory, strategies.jit, strategies.kernels  # what a step calls
-    step_fn = TrainStep(trained, optimizer, *hooks, cfg.train, dist, diagnostics, methods.label_smoothing())
+    loss = CrossEntropy(methods.label_smoothing(), fused=strategies.kernels.fused_loss)
+    step_fn = TrainStep(
+        trained, optimizer, strategies.per_step(), strategies.plan, loss, cfg.train.grad_clip, dist, diagnostics
+    )
     plan = loader_plan(cfg, data, per_rank, dist, decisions, say)
     # the batches as the loop takes them: a trial's are handed out again when its steps are redone
     loader = Replayable(
@@ -257,12 +260,12 @@ def _build(
         undo_settings=undo,
         started=started,
     )
-    _restore(run, accum_factor)
+    _restore(run)
     record_launch(run_dir, dist, data, cfg.seed, run.step, decisions.records())
     return run
 
 
-def _restore(run: Run, accum_factor: int) -> None:
+def _restore(run: Run) -> None:
     """The run at its latest checkpoint (model, optimizer, every part, the RNG streams), or
     seeded for its first step."""
     dist, say = run.dist, run.reporter.message
@@ -273,7 +276,6 @@ def _restore(run: Run, accum_factor: int) -> None:
         return
     latest, state, rng = found
     run.step, run.resumed_from = run.resumable.load_state_dict(state), latest
-    run.strategies.comm.accum_steps *= accum_factor  # the written run's (adapted) accumulation, on fewer processes
     if rng is not None:
         set_rng_state(rng)
     else:  # written on another world size: no RNG file for this rank

@@ -1,9 +1,12 @@
-"""One optimizer step: gradient accumulation, micro-batches, precision, OOM retry.
+"""One optimizer step: the step plan's pieces, the strategies' per-step hooks, the OOM redo.
 
-A step consumes ``train.accum_steps`` loader batches; the memory plan may split each into
+A step consumes ``StepPlan.accum_steps`` loader batches, each cut into the plan's
 micro-batches. Each piece's loss is weighted by its share of the step's targets, so the
 summed gradient is the gradient of the mean loss over the whole step, as one big batch
-would give. DDP all-reduces gradients only on the last piece (``no_sync`` before).
+would give. DDP all-reduces gradients only on the last piece (``no_sync`` before). What
+the strategies do in a step (autocast, loss scaling, saved tensors, timing a decision,
+recovering from a failed compile) comes through their ``PerStep`` hooks
+(``fwk/strategies/per_step.py``); the step names none of them.
 
 The parts of a step are labelled for ``torch.profiler`` (``fwk.data``: the copy to the
 device, ``fwk.forward``, ``fwk.backward``, ``fwk.optimizer``): ``fwk profile`` splits the
@@ -14,20 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.profiler import record_function
 
 from fwk.components.diagnostics import Diagnostics
-from fwk.config.schema import TrainConfig
 from fwk.distributed.group import Dist
-from fwk.strategies.jit import Jit
-from fwk.strategies.kernels import Kernels
-from fwk.strategies.memory import Memory
-from fwk.strategies.precision import Precision
+from fwk.strategies.per_step import PerStep, entered, overriding
+from fwk.strategies.step_plan import Batch, StepPlan
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # (model, inputs, targets) -> mean loss
 
 
 def label(name: str) -> contextlib.AbstractContextManager:
@@ -41,54 +42,60 @@ class TrainStep:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        precision: Precision,
-        memory: Memory,
-        jit: Jit,
-        kernels: Kernels,
-        cfg: TrainConfig,
+        strategies: Sequence[PerStep],
+        plan: StepPlan,
+        loss: Loss,
+        grad_clip: float,
         dist: Dist,
         diagnostics: Diagnostics | None = None,
-        label_smoothing: float = 0.0,
     ) -> None:
-        self.model, self.optimizer, self.precision, self.memory, self.jit = model, optimizer, precision, memory, jit
-        self.kernels, self.cfg, self.dist, self.diagnostics = kernels, cfg, dist, diagnostics
-        self.label_smoothing = label_smoothing  # methods=[label_smoothing]
+        """``strategies``: in the order they decide (``decisions.DECISION_ORDER``); ``plan``:
+        how the step's batches are split; ``model``: the model to train."""
+        self.model, self.optimizer, self.strategies, self.plan, self.loss = model, optimizer, strategies, plan, loss
+        self.grad_clip, self.dist, self.diagnostics = grad_clip, dist, diagnostics
+        # the hooks each strategy overrides, looked up once (the rest do nothing)
+        self._around_step = overriding(strategies, "around_step")
+        self._around_piece = overriding(strategies, "around_piece")
+        self._around_forward = overriding(strategies, "around_forward")
+        self._inputs = overriding(strategies, "prepare_input")
+        self._scale = overriding(strategies, "scale_loss")
+        self._unscale = overriding(strategies, "unscale")
+        self._optimizer_step = overriding(strategies, "optimizer_step")
+        self._recover = overriding(strategies, "recover")
+        self._done = overriding(strategies, "step_done")
         self._begun: int | None = None
-        self._settled = False
 
     def begin(self, step: int) -> None:
         """Before the step: each strategy's setting for it, and whose turn it is to decide. The
         loop calls it before drawing the step's batches (a trial's snapshot is taken then);
         the step calls it itself when not."""
-        self.precision.begin(step)
-        self.memory.begin(step, turn=self.precision.decided)
-        # one decision at a time: precision, then memory, then jit; none counts another's trial steps
-        self._settled = self.precision.decided and not self.memory.measuring
+        turn = True
+        for strategy in self.strategies:  # one decision at a time; none counts another's trial steps
+            turn = strategy.begin(step, turn)
         self._begun = step
 
     @property
     def trying(self) -> bool:
         """Whether this step is a trial step: it runs a candidate a decision is timing, which a
         run that recalled the decision would not run (``fwk/engine/trials.py`` redoes it)."""
-        return self.precision.trying or self.memory.trying or self.jit.trying
+        return any(s.trying for s in self.strategies)
 
     def __call__(self, step: int, batches: list[Batch]) -> torch.Tensor:
-        """Run the step; returns the detached mean loss. An OOM, or a failed compilation, redoes
-        it with the same data."""
+        """Run the step; returns the detached mean loss. An OOM, or an error a strategy
+        recovers from (a failed compilation), redoes it with the same data."""
         if self._begun != step:
             self.begin(step)
         self._begun = None
-        settled = self._settled
         while True:
             t0 = time.perf_counter()
             out_of_memory = False
             try:
-                with self.memory.measure():
+                with entered(self._around_step):
                     loss = self._run(step, batches)
             except torch.cuda.OutOfMemoryError:  # also raised by CPU tests that simulate it
                 out_of_memory = True
             except Exception as exc:
-                if not self.jit.recover(exc):
+                if not any(recover(exc) for recover in self._recover):
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 continue
@@ -96,46 +103,63 @@ class TrainStep:
                 # out here, not in the except block: its traceback's frames hold the failed
                 # step's activations, which the redo needs freed
                 self.optimizer.zero_grad(set_to_none=True)
-                self.memory.retry_after_oom(step)
+                self.plan.out_of_memory(step)
                 continue
-            if (self.jit.timing or self.precision.timing) and self.dist.device.type == "cuda":
+            if self.dist.device.type == "cuda" and any(s.timing for s in self.strategies):
                 torch.cuda.synchronize(self.dist.device)  # only while a decision is timing steps
             seconds = time.perf_counter() - t0
-            self.precision.step_done(step, seconds)
-            self.jit.step_done(step, seconds, settled)
+            for done in self._done:
+                done(step, seconds)
             return loss
+
+    def _forward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for prepare in self._inputs:
+            x = prepare(x)
+        with entered(self._around_forward):
+            return self.loss(model, x, y)
 
     def _run(self, step: int, batches: list[Batch]) -> torch.Tensor:
         device = self.dist.device
-        pieces = [p for x, y in batches for p in self.memory.split(x, y)]
+        pieces = self.plan.pieces(batches)
         total = sum(y.numel() for _, y in pieces)
         loss_sum = torch.zeros((), device=device)
         for i, (x, y) in enumerate(pieces):
             weight = y.numel() / total
             last = i == len(pieces) - 1
             no_sync = getattr(self.model, "no_sync", None)
-            with contextlib.nullcontext() if last or no_sync is None else no_sync(), self.memory.saved_tensors():
+            with contextlib.nullcontext() if last or no_sync is None else no_sync(), entered(self._around_piece):
                 with label("fwk.data"):
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with label("fwk.forward"), self.precision.autocast():
-                    loss = self.kernels.loss(self.model, self.precision.input(x), y, self.label_smoothing)
+                with label("fwk.forward"):
+                    loss = self._forward(self.model, x, y)
                 with label("fwk.backward"):
-                    self.precision.backward(loss if weight == 1.0 else loss * weight)
+                    scaled = loss if weight == 1.0 else loss * weight
+                    for scale in self._scale:
+                        scaled = scale(scaled)
+                    scaled.backward()
             loss_sum += loss.detach() * weight
         # a non-finite loss or gradient (or a spike) never reaches the optimizer
         trial = self.trying  # a trial step is redone: no rollback point
         ok = self.diagnostics is None or self.diagnostics.check(step, loss_sum, lambda: self._rerun(pieces), trial)
         with label("fwk.optimizer"):
             if ok:
-                self.precision.step(self.optimizer, self.model.parameters(), self.cfg.grad_clip)
+                self._step_optimizer()
             self.optimizer.zero_grad(set_to_none=True)
         return loss_sum
+
+    def _step_optimizer(self) -> None:
+        """Clip (the true gradients), then step: by a strategy that steps it itself (fp16's
+        scaler), else plainly."""
+        if self.grad_clip > 0:
+            for unscale in self._unscale:
+                unscale(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if not any(step(self.optimizer) for step in self._optimizer_step):
+            self.optimizer.step()
 
     def _rerun(self, pieces: list[Batch]) -> None:
         """The step's forward and backward again, on the unwrapped model, for diagnostics' hooks."""
         raw = self.diagnostics.raw  # type: ignore[union-attr]  # only diagnostics calls it
         for x, y in pieces:
             x, y = x.to(self.dist.device), y.to(self.dist.device)
-            with self.precision.autocast():
-                loss = self.kernels.loss(raw, self.precision.input(x), y, self.label_smoothing)
-            loss.backward()
+            self._forward(raw, x, y).backward()

@@ -48,9 +48,9 @@ def steps(run: Run) -> Iterator[int]:
             p.first_step_at = p.first_step_at or time.time()
             run.step_fn.begin(run.step)
             trials.before(run.step)
-            samples_per_step = cfg.train.batch_size * strategies.comm.accum_steps
+            samples_per_step = cfg.train.batch_size * strategies.plan.accum_steps
             with label("fwk.data"):  # the data wait, for fwk profile's step split
-                step_batches = [run.methods.batch(run.step, *next(batches)) for _ in range(strategies.comm.accum_steps)]
+                step_batches = [run.methods.batch(run.step, *next(batches)) for _ in range(strategies.plan.accum_steps)]
             t1 = time.perf_counter()
             loss = run.step_fn(run.step, step_batches)
             run.methods.after_step(run.step, run.model)
@@ -102,7 +102,7 @@ def _start(run: Run) -> None:
         return
     run.reporter.message(f"resumed run {run.dir.id} from {run.resumed_from.name} (step {run.step})")
     if run.written != run.dist.world_size:
-        n, accum = run.dist.world_size, run.strategies.comm.accum_steps
+        n, accum = run.dist.world_size, run.strategies.plan.accum_steps
         run.reporter.message(
             f"resuming step {run.step} of run {run.dir.id} on {n} process{'es' * (n > 1)} "
             f"(written by {run.written}): same global batch {run.per_rank * n * accum}"

@@ -11,16 +11,19 @@ import torch when they are called.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fwk.config.methods import Rule
 from fwk.config.schema import ScheduleConfig
 from fwk.registry import Registry, doc
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from fwk.config.schema import Config
 
 OPTIMIZERS = Registry("optimizer")
 
@@ -156,6 +159,16 @@ class ScheduleFreeConfig:
     bn_batches: int = doc(
         8, "training batches that recompute BatchNorm statistics at the averaged weights before each eval"
     )
+
+    def rules(self, c: Config) -> Iterator[Rule]:
+        allowed = "an integer >= 0 (0 = keep the running statistics)"
+        yield self.bn_batches >= 0, "optim.bn_batches", self.bn_batches, allowed
+        yield (
+            "ema" not in c.methods,
+            "methods",
+            list(c.methods),
+            "no ema with optim=adamw_schedulefree (it evaluates an average of the weights already); drop one",
+        )
 
 
 @OPTIMIZERS.register(ScheduleFreeConfig)

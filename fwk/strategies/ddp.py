@@ -33,7 +33,7 @@ import gc
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -43,6 +43,9 @@ from torch.nn.parallel import DistributedDataParallel
 from fwk.config.schema import ParallelConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
+
+if TYPE_CHECKING:
+    from fwk.strategies.step_plan import StepPlan
 
 Hook = Callable[[Any, Any], torch.futures.Future]
 
@@ -186,11 +189,12 @@ class CommMonitor:
     """Per window: the share of time waiting on collectives; adapts when it stays high."""
 
     def __init__(
-        self, cfg: ParallelConfig, dist: Dist, accum_steps: int, model: nn.Module, say: Callable[[str], None]
+        self, cfg: ParallelConfig, dist: Dist, plan: StepPlan, model: nn.Module, say: Callable[[str], None]
     ) -> None:
+        """``plan``: the run's step plan; the last rung raises its accumulation."""
         self.cfg, self.dist, self.say = cfg.adapt, dist, say
         self.replicated = model if isinstance(model, Replicated) else None
-        self.accum_steps = accum_steps
+        self.plan = plan
         self.high = 0  # consecutive windows above the threshold
         self.changes: list[str] = []
         self._pending: tuple[str, float] | None = None  # (what changed, share before)
@@ -243,12 +247,10 @@ class CommMonitor:
             what = r.compress()
         elif r.bucket_cap_mb < self.cfg.max_bucket_mb:
             what = r.grow_buckets(self.cfg.max_bucket_mb)
-        elif self.accum_steps < self.cfg.max_accum_steps:
-            before = self.accum_steps
-            self.accum_steps = min(before * 2, self.cfg.max_accum_steps)
-            what = f"raised gradient accumulation {before} -> {self.accum_steps} steps"
         else:
-            return
+            what = self.plan.accumulate_more(self.cfg.max_accum_steps)
+            if what is None:
+                return
         self.high = 0
         # the next window starts after the change (rebuilding DDP is not step time)
         self._started, self._explicit = time.perf_counter(), self.dist.collective_s.total
@@ -264,11 +266,13 @@ class CommMonitor:
 
     def state_dict(self) -> dict[str, Any]:
         replicated = self.replicated.settings() if self.replicated is not None else {}
-        return {"accum_steps": self.accum_steps, "changes": list(self.changes), "replicated": replicated}
+        # the accumulation is the plan's; the monitor's state carries it (its last rung raises it)
+        return {"accum_steps": self.plan.accum_steps, "changes": list(self.changes), "replicated": replicated}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
             return
-        self.accum_steps, self.changes = int(state["accum_steps"]), list(state["changes"])
+        self.plan.resume(int(state["accum_steps"]))
+        self.changes = list(state["changes"])
         if self.replicated is not None and state["replicated"]:
             self.replicated.apply_settings(state["replicated"])

@@ -37,6 +37,7 @@ from fwk.config.schema import JitConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
 from fwk.strategies.decisions import Decisions
+from fwk.strategies.per_step import PerStep
 
 Signature = tuple
 # Inductor's compile of a training step (forward and backward) on CPU, measured on a 2-core
@@ -86,7 +87,7 @@ class _Dispatch(nn.Module):
         return self._jit[0].call(self.model, args, kwargs)
 
 
-class Jit:
+class Jit(PerStep):
     def __init__(
         self,
         cfg: JitConfig,
@@ -117,6 +118,7 @@ class Jit:
         self.used_compiled = False
         self.compiled_at: int | None = None
         self._announced = False  # the first compiled step's time is said once (trial steps are redone)
+        self._settled = True  # the decisions before jit's are made (begin)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """The model to train: ``model`` behind a switch between eager and compiled."""
@@ -150,12 +152,16 @@ class Jit:
         self.used_compiled = True
         return self.compiled(*args, **kwargs)
 
-    def step_done(self, step: int, seconds: float, settled: bool = True) -> None:
-        """After each optimizer step (``step`` is its 0-based index): decide what comes next.
+    def begin(self, step: int, turn: bool = True) -> bool:
+        """``turn`` is False while another strategy is still deciding (auto precision's range
+        probe, auto memory's trials): those steps do not count as stable."""
+        self._settled = turn
+        return turn
 
-        ``settled`` is False while another strategy is still deciding (auto precision's range
-        probe, auto memory's trials): those steps do not count as stable.
-        """
+    def step_done(self, step: int, seconds: float, settled: bool | None = None) -> None:
+        """After each optimizer step (``step`` is its 0-based index): decide what comes next.
+        ``settled``: as ``begin``'s ``turn`` (given, it stands for it)."""
+        settled = self._settled if settled is None else settled
         sigs, self.step_sigs = tuple(self.step_sigs), []
         used, self.used_compiled = self.used_compiled, False
         if self.state == "eager" and self.cfg.name == "auto":

@@ -19,7 +19,6 @@ import os
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fwk.config.schema import KernelsConfig
@@ -81,13 +80,3 @@ class Kernels:
         head = ", chunked linear cross-entropy" if self.fused_loss else ""
         self.say(f"kernels: Triton for {swapped} norm layers{head}, fused optimizer step")
         return model
-
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-        """Mean cross-entropy of the model on (x, y), in fp32."""
-        if self.fused_loss:
-            return model(x, targets=y, label_smoothing=label_smoothing)
-        logits = model(x)
-        # (N, classes) for images, (B*T, vocab) for tokens; the loss in fp32 for stability.
-        return F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), label_smoothing=label_smoothing
-        )

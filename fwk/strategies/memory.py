@@ -40,6 +40,7 @@ from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.modules import blocks, fitting, match, outermost, wrap_forward
+from fwk.strategies.per_step import PerStep
 from fwk.strategies.saved_tensors import SavedTensorMeter
 
 GB = 1e9
@@ -110,7 +111,7 @@ def check_model(cfg: MemoryConfig, model: nn.Module, typed: Collection[str] = ()
         checkpoint_targets(model, cfg, cfg.modules)
 
 
-class Memory:
+class Memory(PerStep):
     def __init__(
         self,
         cfg: MemoryConfig,
@@ -173,14 +174,15 @@ class Memory:
         return ", ".join(shown)
 
     # ---- per step -----------------------------------------------------------------
-    def begin(self, step: int, turn: bool = True) -> None:
+    def begin(self, step: int, turn: bool = True) -> bool:
         """Before each step; ``turn``: the decisions before memory's are made (precision's),
-        so auto may recall its decision, or time this step."""
+        so auto may recall its decision, or time this step. The next may decide once memory has."""
         self.step, self._turn = step, turn
         if turn and self.trials is not None and not self._recalled:
             self._recalled = True
             self._recall()
             self._too_short(step)
+        return turn and not self.measuring
 
     def _too_short(self, step: int) -> None:
         """A run that would end amid auto's trial steps (a warm-up, then one per plan) keeps
@@ -210,20 +212,14 @@ class Memory:
             )
             self.say(f"memory=auto chose {self.plan.describe()} ({how})")
 
-    def saved_tensors(self) -> contextlib.AbstractContextManager:
-        """Around forward and backward of one micro-batch."""
+    def around_piece(self) -> contextlib.AbstractContextManager:
+        """Around forward and backward of one micro-batch: offload, or the meter while auto measures."""
         offload = (
             torch.autograd.graph.save_on_cpu(pin_memory=self.dist.device.type == "cuda") if self.plan.offload else None
         )
         if self.measuring:
             return self.meter.counting(offload)
         return offload if offload is not None else contextlib.nullcontext()
-
-    def split(self, x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        n = self.plan.micro_batches
-        if n == 1:
-            return [(x, y)]
-        return list(zip(torch.tensor_split(x, n), torch.tensor_split(y, n), strict=False))
 
     @property
     def measuring(self) -> bool:
@@ -241,7 +237,7 @@ class Memory:
             self.plan = MemoryPlan(**before["plan"])
 
     @contextlib.contextmanager
-    def measure(self) -> Iterator[None]:
+    def around_step(self) -> Iterator[None]:
         """Around one whole step: while auto decides (its turn), time it and record its peak memory."""
         if not self.measuring or not self._turn:
             yield

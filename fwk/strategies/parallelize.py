@@ -21,7 +21,7 @@ hands the loop what it iterates over: their checkpoint state, metrics and summar
 The measured ones decide one at a time, in ``decisions.DECISION_ORDER``: precision (its range probe
 and trial steps), then memory=auto, then jit=auto; each decides on the result of those
 before it, and none counts another's trial steps (``TrainStep.begin`` tells each when it is
-its turn). What they decide is recalled from, and kept in, ``Decisions``; the steps one
+its turn, through ``PerStep.begin``). What they decide is recalled from, and kept in, ``Decisions``; the steps one
 tries candidates on are redone once it has decided (``fwk/engine/trials.py``).
 """
 
@@ -36,11 +36,13 @@ from fwk.config.schema import Config
 from fwk.distributed.group import Dist
 from fwk.strategies import parallel
 from fwk.strategies.ddp import CommMonitor
-from fwk.strategies.decisions import Decisions
+from fwk.strategies.decisions import DECISION_ORDER, Decisions
 from fwk.strategies.jit import Jit
 from fwk.strategies.kernels import Kernels
 from fwk.strategies.memory import Memory
+from fwk.strategies.per_step import PerStep
 from fwk.strategies.precision import Precision
+from fwk.strategies.step_plan import StepPlan
 
 APPLY_ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` runs them (tests check it)
 
@@ -55,7 +57,10 @@ class Strategies:
         per_rank_batch: int,
         say: Callable[[str], None],
         decisions: Decisions | None = None,
+        accum_factor: int = 1,
     ) -> None:
+        """``accum_factor``: how many times more each process accumulates than
+        ``train.accum_steps`` says (already in it): a run resumed by fewer processes."""
         self.cfg, self.dist, self.say = cfg, dist, say
         self.decisions = decisions if decisions is not None else Decisions(cfg, dist)
         d, steps, deterministic = self.decisions, cfg.train.max_steps, cfg.train.deterministic
@@ -63,6 +68,7 @@ class Strategies:
         self.precision = Precision(cfg.precision, dist, steps, say, d, deterministic)
         self.memory = Memory(cfg.memory, dist, per_rank_batch, say, d, max_steps=steps)
         self.jit = Jit(cfg.jit, dist, steps, say, deterministic, d)
+        self.plan = StepPlan(cfg.train.accum_steps, self.memory, accum_factor)
         self.comm: CommMonitor | None = None  # watches the wrapped model: made by apply()
 
     def apply(self, model: nn.Module, optimizer_floats: float) -> tuple[nn.Module, nn.Module]:
@@ -77,7 +83,7 @@ class Strategies:
         raw = self.memory.apply(raw)  # 3
         compiled = self.jit.wrap(raw)  # 4
         trained = parallel.wrap(compiled, raw, cfg.parallel, self.dist, self.precision, optimizer_floats, self.say)  # 5
-        self.comm = CommMonitor(cfg.parallel, self.dist, cfg.train.accum_steps, trained, self.say)
+        self.comm = CommMonitor(cfg.parallel, self.dist, self.plan, trained, self.say)
         self.raw, self.trained = raw, trained
         return raw, trained
 
@@ -90,6 +96,11 @@ class Strategies:
             if isinstance(module, Replicated):
                 module.rebuild()
         self.memory.reshaped(self.raw)
+
+    def per_step(self) -> list[PerStep]:
+        """What a step calls (``PerStep``'s hooks), in the order they decide."""
+        by_name: dict[str, PerStep] = {"precision": self.precision, "memory": self.memory, "jit": self.jit}
+        return [by_name[name] for name in DECISION_ORDER]
 
     def parts(self) -> dict[str, Any]:
         """name -> strategy with ``state_dict()``/``load_state_dict()``/``summary()``: the

@@ -18,7 +18,7 @@ ranges) is part of the checkpoint, and the phase follows from the step, so resum
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -36,6 +36,7 @@ from fwk.strategies.decisions import Decisions
 from fwk.strategies.hardware import choose_format
 from fwk.strategies.islands import Gate, fp32_forward
 from fwk.strategies.modules import fitting, last_linear, match, outermost, wrap_forward
+from fwk.strategies.per_step import PerStep
 from fwk.strategies.ranges import RangeProbe, describe
 
 FP16_MAX = 65504.0
@@ -56,7 +57,7 @@ def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device, ty
         )
 
 
-class Precision:
+class Precision(PerStep):
     def __init__(
         self,
         cfg: PrecisionConfig,
@@ -258,9 +259,9 @@ class Precision:
         return [named[n] for n in sorted(self._kept)]
 
     # ---- per step -----------------------------------------------------------------
-    def begin(self, step: int) -> None:
+    def begin(self, step: int, turn: bool = True) -> bool:
         """Called before each step: ends the range probe, sets auto's format for the step,
-        switches staged phases."""
+        switches staged phases. Precision decides first; the next decision may once it has."""
         if self.auto is not None:
             self.format = self.auto.format_at(step)
             self._relayout(step)
@@ -273,6 +274,7 @@ class Precision:
             self.phase = phase
         self._keep.on = self.amp_on
         self._final.on = self.amp_on and self.phase == "final"
+        return self.decided
 
     def _phase_text(self, phase: str) -> str:
         texts = {"warmup": "fp32", "main": f"{self.format} autocast", "final": f"{self.format}, final layers fp32"}
@@ -294,7 +296,10 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=_DTYPES[self.format])
 
-    def input(self, x: torch.Tensor) -> torch.Tensor:
+    def around_forward(self) -> AbstractContextManager:
+        return self.autocast()
+
+    def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last and x.dim() == 4:
             return x.contiguous(memory_format=torch.channels_last)
         return x
@@ -304,23 +309,23 @@ class Precision:
         """Whether this step's loss is scaled (fp16; not auto's fp32 trial steps)."""
         return self.scaler is not None and self.format == "fp16"
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaling else loss).backward()  # type: ignore[union-attr]
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.scaling else loss  # type: ignore[union-attr]
 
-    def step(self, optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], clip: float) -> None:
-        """Unscale, clip, step. Under fp16 a step with inf/NaN gradients is skipped and counted."""
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before the gradients are clipped: their true values (under fp16 they are scaled)."""
+        if self.scaling:
+            self.scaler.unscale_(optimizer)  # type: ignore[union-attr]
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Under fp16 the scaler steps: a step with inf/NaN gradients is skipped, and counted."""
         if not self.scaling or self.scaler is None:
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, clip)
-            optimizer.step()
-            return
-        if clip > 0:
-            self.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, clip)
+            return False
         before = self._scale().clone()
         self.scaler.step(optimizer)
         self.scaler.update()
         self._skipped += (self._scale() < before).long()  # the scale backs off exactly on a skipped step
+        return True
 
     def _scale(self) -> torch.Tensor:
         assert self.scaler is not None

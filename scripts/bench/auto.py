@@ -29,19 +29,19 @@ def one(workload: str, quick: bool) -> list:
     extra = [*autos, *(["data.seq_len=32"] if quick and workload == "gpt" else [])]
     cfg = config(workload, batch, size, extra)
     said: list[str] = []
-    fwk, precision, memory = engine_step(cfg, device, batch, jit=True, say=said.append)
+    fwk, precision, memory, jit, _ = engine_step(cfg, device, batch, jit=True, say=said.append)
     x, y = batch_for(cfg, batch, device)
     plain_cfg = config(workload, batch, size, ["precision=fp32", "jit=off", "memory=none", "kernels=torch",
                                                *extra[5:]])
     plain = plain_step(plain_cfg, device)
     i, t0 = 0, time.perf_counter()
     cap_steps, cap_s = (12, 60) if quick else (60, 150)
-    while (fwk.jit.timing or not precision.probe_done or memory.measuring) and i < cap_steps:
+    while (jit.timing or not precision.probe_done or memory.measuring) and i < cap_steps:
         fwk(i, [(x, y)])
         i += 1
         if time.perf_counter() - t0 > cap_s:
             break
-    settled = not (fwk.jit.timing or not precision.probe_done or memory.measuring)
+    settled = not (jit.timing or not precision.probe_done or memory.measuring)
     k, reps = (1, 3) if quick else (3, 5)
     fwk_k, plain_k = k_steps(fwk, plain, x, y, k, start=i)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -55,7 +55,7 @@ def one(workload: str, quick: bool) -> list:
 
     pair = measure_pair(timed(fwk_k), timed(plain_k), reps, warmup=1)
     rate = lambda ts: batch * k / sorted(ts)[len(ts) // 2]  # noqa: E731
-    chose = f"precision {precision.format}, jit {fwk.jit.state}, memory {memory.summary().get('memory', '?')}"
+    chose = f"precision {precision.format}, jit {jit.state}, memory {memory.summary().get('memory', '?')}"
     verdict = next((m for m in said if m.startswith("jit=auto")), "")
     size_text = f"{size} px" if workload == "resnet50" else f"seq {cfg.data.seq_len}"
     notes = f"auto chose: {chose}; settled after {i} steps" + ("" if settled else " (NOT settled: capped)")

@@ -10,6 +10,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +20,7 @@ from fwk.config.compose import compose
 from fwk.config.schema import JitConfig
 from fwk.config.validate import to_typed
 from fwk.distributed.group import Dist
+from fwk.engine.loss import CrossEntropy
 from fwk.engine.step import TrainStep
 from fwk.models import MODELS
 from fwk.optim import build_optimizer, build_schedule
@@ -26,6 +28,7 @@ from fwk.strategies.jit import Jit
 from fwk.strategies.kernels import Kernels
 from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision
+from fwk.strategies.step_plan import StepPlan
 
 
 def config(workload: str, batch: int, image_size: int, extra: list[str]):
@@ -60,9 +63,17 @@ def _quiet(text: str) -> None:
     pass
 
 
+class Engine(NamedTuple):
+    step: TrainStep
+    precision: Precision
+    memory: Memory
+    jit: Jit
+    kernels: Kernels
+
+
 def engine_step(
     cfg, device: torch.device, batch: int, jit: bool = False, say: Callable[[str], None] = _quiet
-) -> tuple[TrainStep, Precision, Memory]:
+) -> Engine:
     """The same objects the trainer builds, in the same order, for one process. The JIT is
     off unless ``jit`` (the strategy benchmarks time eager steps; jit.py times compiling).
     ``say`` gets the strategies' log lines (what auto chose and why)."""
@@ -81,8 +92,11 @@ def engine_step(
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     # the per-step NaN/spike checks and rollback snapshots, as in every run
     diagnostics = Diagnostics(cfg.diagnostics, d, raw, optimizer, scheduler, precision, cfg.train.log_every, quiet)
-    step = TrainStep(compiler.wrap(raw), optimizer, precision, memory, compiler, kernels, cfg.train, d, diagnostics)
-    return step, precision, memory
+    loss = CrossEntropy(fused=kernels.fused_loss)
+    strategies = [precision, memory, compiler]  # decisions.DECISION_ORDER
+    plan = StepPlan(cfg.train.accum_steps, memory)
+    step = TrainStep(compiler.wrap(raw), optimizer, strategies, plan, loss, cfg.train.grad_clip, d, diagnostics)
+    return Engine(step, precision, memory, compiler, kernels)
 
 
 def sync(device: torch.device) -> None:

@@ -52,15 +52,15 @@ def measure(workload: str, args):
             f"train.device={device.type}",
         ]
         cfg = config(workload, batch, args.image_size, extra)
-        step, _, _ = engine_step(cfg, device, batch, jit=True)
+        step, _, _, jit, _ = engine_step(cfg, device, batch, jit=True)
         x, y = batch_for(cfg, batch, device)
         said: list[str] = []
-        step.jit.say = said.append
+        jit.say = said.append
         i = 0
-        while i < 30 and (i < 2 or step.jit.state in ("eager", "trial")) and mode != "off":
+        while i < 30 and (i < 2 or jit.state in ("eager", "trial")) and mode != "off":
             t0 = time.perf_counter()
             step(i, [(x, y)])
-            if step.jit.compiled_at == i:
+            if jit.compiled_at == i:
                 compile_s[label] = time.perf_counter() - t0
             i += 1
         verdict[label] = next((m for m in said if m.startswith("jit=auto keeps") or "back to eager" in m), "")

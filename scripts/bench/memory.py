@@ -52,7 +52,7 @@ def _setup(workload: str, strategy: str, args: argparse.Namespace):
     batch = args.batch if workload == "resnet50" else args.gpt_batch
     extra = [*STRATEGIES[strategy], "precision=fp32", f"train.device={device.type}"]
     cfg = config(workload, batch, args.image_size, extra)
-    step, _, memory = engine_step(cfg, device, batch)
+    step, _, memory, *_ = engine_step(cfg, device, batch)
     return device, step, memory, batch_for(cfg, batch, device)
 
 

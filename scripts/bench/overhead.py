@@ -98,7 +98,7 @@ def step_rows(quick: bool) -> list:
     reps, rep_s = (3, 0.1) if quick else (15, 0.5)  # 15 reps: a digits step is ~8 ms, near the noise
     for name, (full, small) in WORKLOADS.items():
         cfg, (x, y), _ = workload(small if quick else full)
-        fwk, _, _ = engine_step(cfg, torch.device("cpu"), cfg.train.batch_size)
+        fwk = engine_step(cfg, torch.device("cpu"), cfg.train.batch_size).step
         plain = plain_step(cfg)
         k = steps_per_rep(plain, x, y, rep_s)
         fwk_k, plain_k = k_steps(fwk, plain, x, y, k)

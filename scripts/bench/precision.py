@@ -38,7 +38,7 @@ def measure(workload: str, args: argparse.Namespace) -> tuple[dict[str, list[flo
         extra = [f"precision={name}", "train.max_steps=1000", f"train.device={device.type}"]
         cfg = config(workload, batch, args.image_size, extra)  # digits: the recipe's 8 px
         with _cpu_bf16_units(bool(units)):
-            step, precision, _ = engine_step(cfg, device, batch)
+            step, precision, *_ = engine_step(cfg, device, batch)
         x, y = batch_for(cfg, batch, device)
         for at in range(precision.trial_end):  # auto: its range probe and trial steps, deciding as a run does
             step(at, [(x, y)])

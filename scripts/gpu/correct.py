@@ -126,12 +126,12 @@ def triton_gpt(device) -> str:
     for kernels in ("triton", "torch"):
         cfg = recipe(device, [f"kernels={kernels}", "precision=fp32", "memory=none", "train.grad_clip=0"])
         batch = cfg.train.batch_size
-        step, _, _ = engine_step(cfg, device, batch)  # seeds torch with cfg.seed first: the same init
+        step, _, _, _, kernel = engine_step(cfg, device, batch)  # seeds torch with cfg.seed first: the same init
         grads = handed_grads(step)
         swapped = sum(type(m).__module__.startswith("fwk.kernels") for m in step.model.modules())
         norms = sum(isinstance(m, torch.nn.LayerNorm) for m in step.model.modules())
         loss = step(0, [batch_for(cfg, batch, device)])
-        runs[kernels] = loss, grads, step.kernels, swapped, norms
+        runs[kernels] = loss, grads, kernel, swapped, norms
     loss, grads, kernels, swapped, norms = runs["triton"]
     if not (kernels.triton and kernels.fused_loss and swapped == norms > 0 and runs["torch"][3] == 0):
         raise Failed(
@@ -148,7 +148,7 @@ def fp16_inf(device) -> str:
 
     cfg = recipe(device, ["precision=fp16", "memory=none"])
     batch = cfg.train.batch_size
-    step, precision, _ = engine_step(cfg, device, batch)
+    step, precision, _, _, kernels = engine_step(cfg, device, batch)
     data = [batch_for(cfg, batch, device)]
     params = dict(step.model.named_parameters())
     poisoned, target = list(params.items())[-1]
@@ -199,7 +199,7 @@ def fp16_inf(device) -> str:
             f"loss scale {scale_inf:g} -> {scale_after:g}, skipped steps {skipped_inf} -> {skipped_after}"
         )
     return (
-        f"({device.type}, kernels {'triton' if step.kernels.triton else 'torch'}) inf in {poisoned}'s gradient: "
+        f"({device.type}, kernels {'triton' if kernels.triton else 'torch'}) inf in {poisoned}'s gradient: "
         f"step skipped (0/{n} weight tensors changed), loss scale {scale:g} -> {scale_inf:g}, skipped steps "
         f"{skipped} -> {skipped_inf}; next clean step changed {changed_after}/{n}, scale {scale_after:g}"
     )
@@ -218,7 +218,7 @@ def oom_redo(device) -> str:
         """One step of a fresh build (same init, same batch): loss, gradients, the batch sizes
         the model's forward saw, peak allocated bytes, and the memory plan after."""
         cfg = recipe(device, ["precision=fp32", "train.grad_clip=0", f"train.batch_size={batch}", *memory])
-        step, _, mem = engine_step(cfg, device, batch)
+        step, _, mem, _, _ = engine_step(cfg, device, batch)
         grads, sizes = handed_grads(step), []
 
         def seen(module, args) -> None:

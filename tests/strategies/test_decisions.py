@@ -298,11 +298,12 @@ def test_jit_replay_compiles_where_the_original_did_without_a_trial(monkeypatch:
 def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real loop's step on a tiny GPT: memory=auto's trials start only once precision's
     trial is over, and jit=auto counts stable steps only once memory has chosen."""
-    from fwk.config.schema import KernelsConfig, MemoryConfig, TrainConfig
+    from fwk.config.schema import MemoryConfig, TrainConfig
+    from fwk.engine.loss import CrossEntropy
     from fwk.engine.step import TrainStep
     from fwk.models.gpt import GPT
-    from fwk.strategies.kernels import Kernels
     from fwk.strategies.memory import Memory
+    from fwk.strategies.step_plan import StepPlan
 
     monkeypatch.setattr(hardware, "probe", lambda device: BF16_CPU)
     cfg = _config()
@@ -316,8 +317,9 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     raw = memory.apply(precision.prepare(GPT(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16)))
     model = jit.wrap(raw)
     opt = torch.optim.SGD(raw.parameters(), lr=0.1)
-    kernels = Kernels(KernelsConfig(name="torch"), SOLO.device, [].append)
-    step_fn = TrainStep(model, opt, precision, memory, jit, kernels, TrainConfig(), SOLO)
+    step_fn = TrainStep(
+        model, opt, [precision, memory, jit], StepPlan(1, memory), CrossEntropy(), TrainConfig().grad_clip, SOLO
+    )
     g = torch.Generator().manual_seed(0)
     trying = []
     for step in range(20):
@@ -344,7 +346,7 @@ def _memory_steps(memory, steps: range) -> list[str]:
     for step in steps:
         memory.begin(step, turn=step >= 2)  # precision decides over steps 0-1
         plans.append(memory.plan.describe())  # the plan this step runs under
-        with memory.measure():
+        with memory.around_step():
             pass
     return plans
 

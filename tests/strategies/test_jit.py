@@ -6,17 +6,17 @@ import pytest
 import torch
 from torch import nn
 
-from fwk.config.schema import JitConfig, KernelsConfig, MemoryConfig, PrecisionConfig, TrainConfig
+from fwk.config.schema import JitConfig, MemoryConfig, PrecisionConfig, TrainConfig
 from fwk.distributed.group import Dist
+from fwk.engine.loss import CrossEntropy
 from fwk.engine.step import TrainStep
 from fwk.models.gpt import GPT
 from fwk.strategies.jit import Jit, _Dispatch, compile_estimate_s
-from fwk.strategies.kernels import Kernels
 from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision
+from fwk.strategies.step_plan import StepPlan
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-PLAIN = Kernels(KernelsConfig(name="torch"), torch.device("cpu"), lambda s: None)
 
 
 def _gpt() -> nn.Module:
@@ -38,7 +38,8 @@ def _build(jit_cfg: JitConfig, memory: str = "none", max_steps: int = 100, preci
     raw = mem.apply(precision.prepare(_gpt()))
     model = jit.wrap(raw)
     opt = torch.optim.SGD(raw.parameters(), lr=0.1)
-    return TrainStep(model, opt, precision, mem, jit, PLAIN, TrainConfig(), SOLO), jit, raw, said
+    step = TrainStep(model, opt, [precision, mem, jit], StepPlan(1, mem), CrossEntropy(), TrainConfig().grad_clip, SOLO)
+    return step, jit, raw, said
 
 
 def test_auto_compiles_after_stable_steps_and_cpu_keeps_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fwk.config.schema import KernelsConfig
+from fwk.engine.loss import CrossEntropy
 from fwk.errors import UserError
 from fwk.kernels import available
 from fwk.models.gpt import GPT
@@ -54,8 +55,8 @@ def test_triton_swaps_norms_and_the_head_loss_and_matches_plain() -> None:
     assert said == ["kernels: Triton for 5 norm layers, chunked linear cross-entropy, fused optimizer step"]
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)
-    plain_loss = Kernels(KernelsConfig(name="torch"), CPU, print).loss(plain, x, y, 0.1)
-    fast_loss = kernels.loss(fast, x, y, 0.1)
+    plain_loss = CrossEntropy(0.1)(plain, x, y)
+    fast_loss = CrossEntropy(0.1, fused=kernels.fused_loss)(fast, x, y)
     plain_loss.backward()
     fast_loss.backward()
     # the same math in other summation orders (row sums, chunked log-sum-exp): fp32 ulps

@@ -10,20 +10,20 @@ import torch
 import torchvision
 from torch import nn
 
-from fwk.config.schema import JitConfig, KernelsConfig, MemoryConfig, PrecisionConfig, TrainConfig
+from fwk.config.schema import JitConfig, MemoryConfig, PrecisionConfig, TrainConfig
 from fwk.distributed.group import Dist
+from fwk.engine.loss import CrossEntropy
 from fwk.engine.step import TrainStep
 from fwk.errors import UserError
 from fwk.models.cnn import SmallCNN
 from fwk.models.gpt import GPT
 from fwk.strategies.jit import Jit
-from fwk.strategies.kernels import Kernels
 from fwk.strategies.memory import Memory, MemoryPlan
 from fwk.strategies.modules import blocks
 from fwk.strategies.precision import Precision
+from fwk.strategies.step_plan import StepPlan
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-PLAIN = Kernels(KernelsConfig(name="torch"), torch.device("cpu"), lambda s: None)
 # Splitting a batch changes only the order of float32 additions in the gradient sums
 # (one reduction over 16 samples vs four over 4, then added): about 1e-7 relative.
 SPLIT_TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -58,7 +58,9 @@ def _stepper(model: nn.Module, memory: MemoryConfig, lr: float = 0.1, **train) -
     model = mem.apply(precision.prepare(model))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     jit = Jit(JitConfig(name="off"), SOLO, 100, lambda s: None)
-    return TrainStep(model, opt, precision, mem, jit, PLAIN, TrainConfig(**train), SOLO), mem
+    cfg = TrainConfig(**train)
+    plan = StepPlan(cfg.accum_steps, mem)
+    return TrainStep(model, opt, [precision, mem, jit], plan, CrossEntropy(), cfg.grad_clip, SOLO), mem
 
 
 def _grads(model: nn.Module, memory: MemoryConfig) -> dict[str, torch.Tensor]:

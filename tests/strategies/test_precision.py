@@ -197,8 +197,10 @@ def test_fp16_inf_gradient_skips_the_step_and_lowers_the_scale(monkeypatch: pyte
     p.begin(0)
     with p.autocast():
         loss = model(torch.randn(2, 8)).float().sum() * float("inf")  # an injected inf
-    p.backward(loss)
-    p.step(opt, model.parameters(), clip=1.0)
+    p.scale_loss(loss).backward()
+    p.unscale(opt)  # before clipping
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert p.optimizer_step(opt)  # the scaler steps, not the caller
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=False))  # skipped
     assert p.metrics() == {"loss_scale": 512.0, "skipped_steps": 1}  # backoff 0.5
 
@@ -206,8 +208,8 @@ def test_fp16_inf_gradient_skips_the_step_and_lowers_the_scale(monkeypatch: pyte
     p.begin(1)
     with p.autocast():
         loss = model(torch.randn(2, 8)).float().sum()
-    p.backward(loss)
-    p.step(opt, model.parameters(), clip=0.0)
+    p.scale_loss(loss).backward()
+    assert p.optimizer_step(opt)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=False))  # a clean step updates
     assert p.summary() == {"precision": "fp16", "skipped_steps": 1}
 
@@ -230,7 +232,7 @@ def test_auto_under_fp16_moves_hot_modules_to_fp32(monkeypatch: pytest.MonkeyPat
         assert (p.format, p.amp_on) == [("fp16", False), ("fp16", False), ("fp32", False), ("fp16", True)][step]
         with p.autocast():
             out = model(torch.randn(4, 8))
-        p.backward(out.float().mean() * 1e-6)  # small gradients: only the activation is hot
+        p.scale_loss(out.float().mean() * 1e-6).backward()  # small gradients: only the activation is hot
     assert p.ranges["3"][0] > 65504 / 16
     assert p.ranges["0"][0] < 65504 / 16
     assert p.said[-1].endswith("1 module(s) above 4094 join keep_fp32: 3")

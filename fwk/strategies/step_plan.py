@@ -1,0 +1,54 @@
+"""How one optimizer step's global batch is split: the one object the loop and the step ask.
+
+A step takes ``accum_steps`` loader batches and cuts each into ``micro_batches`` pieces; each
+piece runs forward and backward, and the gradients add up (``fwk/engine/step.py``). What
+sets the two numbers:
+
+- ``accum_steps``: ``train.accum_steps``; times ``factor`` on a run resumed by fewer
+  processes than wrote it (each keeps its per-process batch and accumulates more, so the
+  global batch holds: ``fwk/engine/resize.py``); doubled by DDP's communication adaptation
+  (``accumulate_more``), which its checkpoint state carries.
+- ``micro_batches``: memory's plan (memory=microbatch; memory=auto's trial plans and its
+  choice), and after an out-of-memory error memory's next plan: ``out_of_memory`` asks it,
+  then the step is redone with the same batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fwk.strategies.memory import Memory
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class StepPlan:
+    def __init__(self, accum_steps: int, memory: Memory, factor: int = 1) -> None:
+        """``accum_steps``: the config's (``factor`` already in it)."""
+        self.accum_steps, self.memory, self.factor = accum_steps, memory, factor
+
+    @property
+    def micro_batches(self) -> int:
+        return self.memory.plan.micro_batches
+
+    def pieces(self, batches: list[Batch]) -> list[Batch]:
+        """The step's loader batches, each cut into the current number of micro-batches."""
+        n = self.micro_batches
+        if n == 1:
+            return list(batches)
+        return [p for x, y in batches for p in zip(torch.tensor_split(x, n), torch.tensor_split(y, n), strict=False)]
+
+    def out_of_memory(self, step: int) -> None:
+        """After a step that ran out of memory: memory's next plan, or a one-line error."""
+        self.memory.retry_after_oom(step)
+
+    def accumulate_more(self, limit: int) -> str | None:
+        """Double the accumulation, up to ``limit``: what changed, or None at the limit."""
+        if self.accum_steps >= limit:
+            return None
+        before, self.accum_steps = self.accum_steps, min(self.accum_steps * 2, limit)
+        return f"raised gradient accumulation {before} -> {self.accum_steps} steps"
+
+    def resume(self, written: int) -> None:
+        """The accumulation a checkpoint recorded (its launch's, adapted), on this launch's processes."""
+        self.accum_steps = written * self.factor

@@ -1,0 +1,46 @@
+"""Each method's settings check themselves (``rules``): a bad value, or a method that cannot
+run with the rest of the config, is one line naming the key; validate names no method."""
+
+from __future__ import annotations
+
+import pytest
+
+from fwk.config.compose import compose
+from fwk.config.methods import METHODS, MethodConfig
+from fwk.config.validate import to_typed
+from fwk.errors import UserError
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["method.ema.half_life=0"], "method.ema.half_life=0.0 is not allowed: expected a number of steps > 0"),
+        (["methods=[ema]", "parallel=fsdp"], "expected no ema with parallel=fsdp/hsdp"),
+        (["method.label_smoothing.smoothing=1"], "method.label_smoothing.smoothing=1.0 is not allowed"),
+        (["method.seq_warmup.start_len=0"], "method.seq_warmup.start_len=0 is not allowed: expected an integer >= 1"),
+        (["method.seq_warmup.duration=1.5"], "method.seq_warmup.duration=1.5 is not allowed"),
+        (["method.progressive_resize.initial_scale=0"], "method.progressive_resize.initial_scale=0.0 is not"),
+        (
+            ["method.progressive_resize.delay_fraction=0.9"],
+            "expected a share in [0, 1] with delay_fraction + finetune_fraction <= 1",
+        ),
+        (["method.prune_gradually.ratio=1"], "method.prune_gradually.ratio=1.0 is not allowed: expected a share"),
+        (["method.prune_gradually.start=0.6"], "method.prune_gradually.start=0.6 is not allowed"),
+        (["methods=[prune_gradually,ema]"], "expected no ema with prune_gradually"),
+        (["methods=[prune_gradually]", "memory=checkpoint"], "memory.name='checkpoint' is not allowed: expected none"),
+        (["optim=adamw_schedulefree", "optim.bn_batches=-1"], "optim.bn_batches=-1 is not allowed"),
+        (["optim=adamw_schedulefree", "methods=[ema]"], "expected no ema with optim=adamw_schedulefree"),
+    ],
+)
+def test_a_methods_own_rule_is_one_line(overrides: list[str], expected: str) -> None:
+    with pytest.raises(UserError) as info:
+        to_typed(compose(overrides))
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_method_has_its_settings_and_its_rules() -> None:
+    cfg = to_typed(compose([]))
+    for name in METHODS:
+        settings = getattr(MethodConfig(), name)
+        assert list(settings.rules(cfg)), name  # each checks at least its own values
+        assert all(ok for ok, *_ in settings.rules(cfg)), name  # and its defaults pass them
