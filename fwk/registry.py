@@ -4,16 +4,22 @@ A builder's config dataclass is the typed schema of its config section: every fi
 a default and a one-line doc (``field(metadata={"doc": ...})``). The name in the YAML is
 the name of the function in the code (timm's ``@register_model`` habit).
 
-Configs and builders live in different modules: composing and validating a config (and so
-`fwk train --cfg`, `--dry-run`, a run that is already complete) needs only the config
-dataclasses, which import no torch; the builders, which do, are imported on the first
-lookup of a builder. A registry names both kinds of module and imports each when needed.
+Composing and validating a config (and so `fwk train --cfg`, `--dry-run`, a run that is
+already complete) needs only the config dataclasses, which import no torch. A registry finds
+its entries one of two ways:
+
+- it names the modules: ``configs`` (torch-free, imported for any lookup) and ``builders``
+  (torch, imported on the first lookup of a builder): models and data;
+- it names a ``package`` and imports every module in it (each one entry, its config
+  dataclass beside its class, torch imported only where it runs): methods. Adding one is
+  adding its file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,12 +51,21 @@ class Registry:
     """
 
     def __init__(
-        self, kind: str, configs: str | None = None, builders: tuple[str, ...] = (), alone: dict[str, str] | None = None
+        self,
+        kind: str,
+        configs: str | None = None,
+        builders: tuple[str, ...] = (),
+        alone: dict[str, str] | None = None,
+        package: str | None = None,
     ) -> None:
+        """``package``: every module in it (``_``-prefixed ones aside) is imported on first
+        need: the files of a package of one entry each."""
         self.kind = kind
         self._configs_module = configs
         self._builder_modules = builders
         self._alone = alone or {}
+        self._package = package
+        self._found: list[str] | None = None  # the package's modules, listed once
         self._configs: dict[str, type] = {}
         self._builders: dict[str, Callable[..., Any]] = {}
 
@@ -62,11 +77,13 @@ class Registry:
         self._configs[name] = config
         return config
 
-    def register(self, config: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Function decorator: register a builder under its function name, with its config."""
+    def register(self, config: type, name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register a builder (a function or a class) under ``name`` (default: the
+        function's name), with its config dataclass."""
 
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-            name = fn.__name__
+            nonlocal name
+            name = name or fn.__name__
             if name in self._builders:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             if self._configs.get(name, config) is not config:
@@ -100,8 +117,17 @@ class Registry:
     def _load(self, builders: bool) -> None:
         # importlib caches modules: after the first call each import is a dict lookup
         modules = [self._configs_module] if self._configs_module else []
-        for module in modules + list(self._builder_modules if builders else ()):
+        for module in modules + list(self._builder_modules if builders else ()) + self._package_modules():
             importlib.import_module(module)
+
+    def _package_modules(self) -> list[str]:
+        if self._package is None:
+            return []
+        if self._found is None:
+            package = importlib.import_module(self._package)
+            found = pkgutil.iter_modules(package.__path__, f"{self._package}.")
+            self._found = sorted(m.name for m in found if not m.name.rpartition(".")[2].startswith("_") and not m.ispkg)
+        return self._found
 
 
 def _default_name(config: type) -> str:

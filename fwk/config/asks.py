@@ -19,10 +19,11 @@ class Asks:
     arguments: bool  # a ``_target_`` model: does its class take the model keys the user typed, and build?
     muon: bool  # optim=muon typed: has the model hidden matrices for it?
     meta: bool  # the model built on the meta device: a ``_target_`` class, module patterns typed, fp16, Muon
+    optimizer: bool  # a ``_target_`` optimizer: does its class build with the settings given?
 
     @property
     def anything(self) -> bool:
-        return self.format is not None or self.kernels or self.arguments or self.meta
+        return self.format is not None or self.kernels or self.arguments or self.meta or self.optimizer
 
 
 def asks(cfg: Any, typed: Collection[str] = ()) -> Asks:
@@ -34,4 +35,4 @@ def asks(cfg: Any, typed: Collection[str] = ()) -> Asks:
     patterns = {"precision.keep_fp32", "precision.final_fp32"} | ({"memory.modules"} if m.name in MODULES else set())
     target = isinstance(cfg.model, dict)
     meta = target or bool(patterns & set(typed)) or named == "fp16" or muon
-    return Asks(named, cfg.kernels.name == "triton", target, muon, meta)
+    return Asks(named, cfg.kernels.name == "triton", target, muon, meta, optimizer=isinstance(cfg.optim, dict))

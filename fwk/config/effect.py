@@ -4,8 +4,9 @@ key and what would work, before any run dir (``resolve.check_inputs`` calls ``ch
 
 Launch checks, not ``validate.to_typed`` rules: a config already in a run dir is read back
 by its workers and by ``fwk export`` whatever a later launch would refuse. Each check is
-named by its option; the evaluation schedule they share is the loop's (fwk/engine/trainer.py):
-it evaluates every ``train.eval_every`` steps and after the last one.
+named by its option (a method's are its settings' ``effects(c)``, in its own file); the
+evaluation schedule they share is the loop's (fwk/engine/trainer.py): it evaluates every
+``train.eval_every`` steps and after the last one.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def _problems(c: Config) -> Iterator[str]:
     yield from _stop_at(c.train)
     yield from _early_stop_patience(c.train)
     yield from _best(c.checkpoint, c.train)
-    yield from _seq_warmup(c)
-    yield from _progressive_resize(c)
+    for name in c.methods:  # a method's settings that its run could never act on (its ``effects``)
+        effects = getattr(getattr(c.method, name), "effects", None)
+        if effects is not None:
+            yield from effects(c)
 
 
 def evaluations_before_end(t: TrainConfig) -> int:
@@ -89,23 +92,3 @@ def _best(ck: CheckpointConfig, t: TrainConfig) -> Iterator[str]:
                 f"checkpoint.{key}={value:g} applies to the best checkpoint, and checkpoint.best is empty: "
                 f"set checkpoint.best=val_acc (or val_loss), or drop checkpoint.{key}"
             )
-
-
-def _seq_warmup(c: Config) -> Iterator[str]:
-    full, start = getattr(c.data, "seq_len", None), c.method.seq_warmup.start_len
-    if "seq_warmup" in c.methods and full is not None and start >= full:
-        yield (
-            f"method.seq_warmup.start_len={start} is not below data.seq_len={full}: every step would train "
-            "full-length sequences; lower start_len, or drop seq_warmup from methods"
-        )
-
-
-def _progressive_resize(c: Config) -> Iterator[str]:
-    pr, full = c.method.progressive_resize, getattr(c.data, "image_size", None)
-    if "progressive_resize" in c.methods and full is not None and pr.first_side(full) >= full:
-        yield (
-            f"methods=[progressive_resize] would never resize data.image_size={full} images: "
-            f"method.progressive_resize.initial_scale={pr.initial_scale:g} of them, rounded down to a multiple of "
-            f"size_increment={pr.size_increment}, is still {full} px; lower initial_scale or size_increment, "
-            "or drop progressive_resize from methods"
-        )

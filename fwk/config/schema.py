@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fwk.config.methods import METHODS, MethodConfig
+from fwk.config.methods import METHODS, settings_section
 from fwk.registry import doc
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "staged")
@@ -30,6 +30,8 @@ DECAYS = ("cosine", "linear", "constant", "wsd")
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 TRACKINGS = ("tensorboard", "mlflow")
+
+MethodConfig = settings_section()  # one field per method file in fwk/methods/
 
 
 @dataclass
@@ -298,7 +300,10 @@ class Config:
     kernels: KernelsConfig = field(default_factory=KernelsConfig, metadata={"doc": "Triton kernels"})
     auto: AutoConfig = field(default_factory=AutoConfig, metadata={"doc": "the cache of measured decisions"})
     methods: list[str] = doc(
-        [], "speed-up methods the loop applies, in this order: " + ", ".join(METHODS) + " (settings: method.NAME.*)"
+        [],
+        "speed-up methods the loop applies, in this order: "
+        + ", ".join(METHODS.names())
+        + " (settings: method.NAME.*)",
     )
     method: MethodConfig = field(default_factory=MethodConfig, metadata={"doc": "each method's settings"})
     diagnostics: DiagnosticsConfig = field(

@@ -163,7 +163,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     if rules is not None:
         yield from rules(c)
     for name in c.methods:
-        yield name in METHODS, "methods", list(c.methods), f"a list of {', '.join(METHODS)}"
+        yield name in METHODS, "methods", list(c.methods), f"a list of {', '.join(METHODS.names())}"
     yield len(set(c.methods)) == len(c.methods), "methods", list(c.methods), "each method once"
     yield from method_rules(c)
     ck = c.checkpoint

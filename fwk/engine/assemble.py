@@ -44,7 +44,7 @@ from fwk.engine.state import Clock, Resumable, seed_everything
 from fwk.engine.step import TrainStep
 from fwk.engine.trials import Replayable
 from fwk.errors import UserError
-from fwk.methods import Methods
+from fwk.methods.base import Methods
 from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
 from fwk.optim.schedule_free import EvalWeights
 from fwk.strategies.decisions import Decisions

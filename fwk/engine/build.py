@@ -12,6 +12,7 @@ from fwk.config.asks import asks
 from fwk.data import DATA, DataBundle
 from fwk.errors import UserError
 from fwk.models import MODELS
+from fwk.optim import build_optimizer
 
 
 def _instantiate(section: dict[str, Any], **kwargs: Any) -> Any:
@@ -98,7 +99,8 @@ def build_model(cfg: Any, data: DataBundle, say: Callable[[str], None] = _silent
 def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
     """Checks that need the model or the device, run before any run dir exists: the module
     patterns of precision and memory that the user typed (``typed``: the keys of the
-    command's overrides) match, the device runs the asked format and kernels. Returns the
+    command's overrides) match, a ``_target_`` model and optimizer take the settings given,
+    the device runs the asked format and kernels. Returns the
     lines to say before the run starts: an asked format that is slow on this device.
 
     The model is built on the meta device: its structure without allocating its weights.
@@ -114,6 +116,8 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
                 f"model.{typed_here[0]}: {section['_target_']} takes no argument '{typed_here[0]}'; "
                 "give only the arguments of its __init__"
             )
+    if asked.optimizer:  # a class of your own: built once on a small layer, so a wrong setting is one line now
+        build_optimizer(cfg.optim, nn.Linear(2, 2))
     cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
     kernels.check_available(cfg.kernels, device)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fwk.errors import UserError
+from fwk.optim import peak_lr, with_lr
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +41,7 @@ def retrain_config(cfg: Config, steps: int, lr_factor: float = 1.0) -> Config:
     warmup = round(cfg.schedule.warmup_steps * steps / max(cfg.train.max_steps, 1))
     return replace(
         cfg,
-        optim=replace(cfg.optim, lr=cfg.optim.lr * lr_factor),
+        optim=with_lr(cfg.optim, lr * lr_factor) if (lr := peak_lr(cfg.optim)) is not None else cfg.optim,
         schedule=replace(cfg.schedule, warmup_steps=min(warmup, steps - 1)),
         train=replace(cfg.train, max_steps=steps, eval_every=0),
         checkpoint=replace(cfg.checkpoint, every=0, keep=1, rewind_at=0.0),
@@ -67,7 +68,8 @@ def retrain(
     out.mkdir(parents=True)
     run = RunDir(out)
     run.config.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    say(f"retraining {cfg.train.max_steps} steps (lr {cfg.optim.lr:g}) into {out.name}/")
+    lr = peak_lr(cfg.optim)
+    say(f"retraining {cfg.train.max_steps} steps (lr {'its default' if lr is None else f'{lr:g}'}) into {out.name}/")
     summary = train(build_run(cfg, run, model=model))  # summary.json written
     if summary is None:  # stopped by a signal: the export's temp dir goes with it
         raise UserError("fwk export was interrupted while retraining; run the same command again to redo it")

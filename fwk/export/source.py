@@ -103,7 +103,7 @@ def _pruned_in_training(model: Any, saved: dict[str, Any], data: Any) -> list:
     """A run trained with methods=[prune_gradually]: its removals replayed on the fresh
     model, which then takes the smaller weights; returns them (none: [])."""
     from fwk.engine.build import example_input
-    from fwk.methods.prune import trained_history
+    from fwk.methods.prune_gradually import trained_history
     from fwk.models.pruning import replay
 
     history = trained_history(saved)

@@ -6,16 +6,25 @@ the device; ``after_step`` after each optimizer step; ``eval_model``, the module
 evaluation, best checkpoints and ``fwk export`` use. A method keeps its state in the
 checkpoint (``state_dict``), and anything it changes is a function of the step or of that
 state, so a resumed run continues exactly.
+
+A method is one file in ``fwk/methods/``: the dataclass of its settings, checking its own
+values (``rules``), beside its class, registered by ``@method``. The registry imports every
+file of the package, so adding a method is adding its file; so it imports no torch at the
+top (``fwk train --cfg`` reads every method's settings without torch).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from fwk.config.methods import METHODS
+from fwk.errors import UserError
+
+if TYPE_CHECKING:  # a method's module imports no torch until it runs (``fwk train --cfg`` reads its settings)
+    import torch
+    from torch import nn
 
 
 class Method(ABC):
@@ -25,7 +34,7 @@ class Method(ABC):
 
     def __init__(self, cfg: Any, max_steps: int) -> None:
         self.cfg, self.max_steps = cfg, max_steps
-        self.example: torch.Tensor = torch.zeros(0)  # one input of batch size 1 (set before prepare)
+        self.example: torch.Tensor | None = None  # one input of batch size 1 (set before prepare)
         self.say: Callable[[str], None] = print  # rank 0's report lines (set before prepare)
 
     def prepare(self, model: nn.Module) -> None:
@@ -62,3 +71,73 @@ class Method(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None  # a method whose behaviour is a function of the step keeps no state
+
+
+def method(settings: type) -> Callable[[type[Method]], type[Method]]:
+    """Class decorator: register a ``Method`` under its ``name``, with the dataclass of its
+    settings (``method.NAME.*``; its ``rules(c)`` checks them)."""
+
+    def register(cls: type[Method]) -> type[Method]:
+        return METHODS.register(settings, name=cls.name)(cls)
+
+    return register
+
+
+class Methods:
+    """The run's active methods, in the order ``methods`` lists them; what the loop calls."""
+
+    def __init__(self, names: list[str], cfg: Any, max_steps: int) -> None:
+        """``cfg``: the config's ``method`` section (each method's settings)."""
+        self.active: list[Method] = [METHODS.get(n).builder(getattr(cfg, n), max_steps) for n in names]
+        self.load_before_model = any(m.reshapes for m in self.active)  # Resumable: replay shapes, then load
+
+    def prepare(
+        self, model: nn.Module, task: str, say: Callable[[str], None], example: torch.Tensor | None = None
+    ) -> None:
+        """Refuse a method this model's task cannot serve (one line), then prepare each.
+        ``example``: one input of batch size 1 (what a method that traces the model runs)."""
+        for m in self.active:
+            if task not in m.tasks:
+                raise UserError(
+                    f"methods: {m.name} serves {' and '.join(m.tasks)} recipes, not this {task} model; "
+                    f"remove it from methods"
+                )
+        for m in self.active:
+            m.say = say
+            if example is not None:
+                m.example = example
+            m.prepare(model)
+            say(m.describe())
+
+    def attach(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, reshaped: Callable[[int | None], None]
+    ) -> None:
+        for m in self.active:
+            m.attach(optimizer, model, reshaped)
+
+    def batch(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for m in self.active:
+            x, y = m.batch(step, x, y)
+        return x, y
+
+    def after_step(self, step: int, model: nn.Module) -> None:
+        for m in self.active:
+            m.after_step(step, model)
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        for m in self.active:
+            model = m.eval_model(model)
+        return model
+
+    def label_smoothing(self) -> float:
+        """The cross-entropy's label smoothing: methods=[label_smoothing]'s, else none."""
+        found = [s for m in self.active if (s := m.label_smoothing()) is not None]
+        return found[-1] if found else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {m.name: m.state_dict() for m in self.active}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for m in self.active:
+            if m.name in state:
+                m.load_state_dict(state[m.name])

@@ -9,18 +9,43 @@ the decay per step is ``0.5 ** (1 / half_life)``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from fwk.config.methods import SHARDED, Config, Rule
+from fwk.methods.base import Method, method
+from fwk.registry import doc
 
-from fwk.methods.base import Method
+if TYPE_CHECKING:
+    from torch import nn
 
 
+@dataclass
+class EmaConfig:
+    """An exponential moving average of the weights, used by evaluation, best checkpoints and export."""
+
+    half_life: float = doc(100.0, "steps over which an earlier weight's share in the average halves")
+
+    def rules(self, c: Config) -> Iterator[Rule]:
+        yield self.half_life > 0, "method.ema.half_life", self.half_life, "a number of steps > 0"
+        if "ema" in c.methods:
+            yield (
+                c.parallel.name not in SHARDED,
+                "methods",
+                list(c.methods),
+                "no ema with parallel=fsdp/hsdp (the average would hold the whole model on every rank); "
+                "use parallel=ddp",
+            )
+
+
+@method(EmaConfig)
 class Ema(Method):
     name = "ema"
 
     def prepare(self, model: nn.Module) -> None:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
         self.decay = 0.5 ** (1.0 / self.cfg.half_life)
         self.average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True)
 

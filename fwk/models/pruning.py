@@ -9,13 +9,16 @@ input, the BatchNorm, the residual add). Never pruned: the classifier's output (
 model's last Linear/Conv) and, in transformers, the residual stream (the embedding width);
 attention loses whole heads, the MLP hidden units. Every removal is recorded in
 torch-pruning's pruning history (module name, in/out, indices), which ``replay`` applies
-to a fresh model.
+to a fresh model. While training, ``following`` slices the optimizer's state with each
+weight it removes from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -148,3 +151,71 @@ def replay(model: nn.Module, example: torch.Tensor, history: History) -> nn.Modu
     graph.load_pruning_history([list(h) for h in history])
     _set_heads(model, dims)
     return model
+
+
+# --- the optimizer follows a removal (methods=[prune_gradually] prunes while training) ------
+
+
+def _holders(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """The optimizers that own parameter state (optim=muon: its Muon and its AdamW)."""
+    from fwk.optim.muon import MuonAdamW
+
+    return [optimizer.muon, optimizer.adamw] if isinstance(optimizer, MuonAdamW) else [optimizer]
+
+
+@contextmanager
+def following(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
+    """While torch-pruning slices parameters: slice the optimizer's state of each the same
+    way, and put the new parameters in its groups in place of the old.
+
+    Every slice goes through torch-pruning's ``BasePruningFunc._prune_parameter_and_grad``
+    (weight, kept indices, dim) -> new parameter; a weight sliced twice (its outputs, then
+    its inputs) is followed through both."""
+    from torch_pruning.pruner.function import BasePruningFunc
+
+    original = BasePruningFunc._prune_parameter_and_grad
+    origin: dict[int, nn.Parameter] = {}  # new parameter -> the optimizer's parameter it replaces
+    states: dict[int, dict[str, Any]] = {}  # new parameter -> its sliced state
+    made: dict[int, nn.Parameter] = {}  # every parameter torch-pruning made, by id
+    holders = _holders(optimizer) if optimizer is not None else []
+
+    def slicing(self: Any, weight: nn.Parameter, keep_idxs: list[int], pruning_dim: int) -> nn.Parameter:
+        pruned = original(self, weight, keep_idxs, pruning_dim)
+        if weight.dim() == 4 and _format(weight) == torch.channels_last:
+            pruned.data = pruned.data.contiguous(memory_format=torch.channels_last)  # as it was
+        first = origin.pop(id(weight), weight)
+        state = states.pop(id(weight), None)
+        if state is None:
+            state = next((dict(h.state[first]) for h in holders if first in h.state), {})
+        keep = torch.tensor(keep_idxs, dtype=torch.long, device=weight.device)
+        states[id(pruned)] = {
+            k: v.index_select(pruning_dim, keep).contiguous(memory_format=_format(pruned))
+            if isinstance(v, torch.Tensor) and v.shape == weight.shape
+            else v
+            for k, v in state.items()
+        }
+        origin[id(pruned)], made[id(pruned)] = first, pruned
+        return pruned
+
+    BasePruningFunc._prune_parameter_and_grad = slicing
+    try:
+        yield
+    finally:
+        BasePruningFunc._prune_parameter_and_grad = original
+    replaced = {id(origin[i]): made[i] for i in origin}  # the optimizer's parameter -> its last slice
+    for holder in holders:
+        for group in holder.param_groups:
+            group["params"] = [replaced.get(id(p), p) for p in group["params"]]
+        for i in origin:
+            old, new = origin[i], made[i]
+            if holder.state.pop(old, None) is not None and states[i]:
+                holder.state[new] = states[i]
+
+
+def _format(p: torch.Tensor) -> torch.memory_format:
+    channels_last = p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def size(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,6 +1,7 @@
 """Optimizer registry and the learning-rate schedule.
 
-``optim.name`` in the config is a function name here. Weight decay applies to matrices
+``optim.name`` in the config is a function name here, or ``optim._target_`` names an
+optimizer class of your own (``optim=custom``; ``_own``). Weight decay applies to matrices
 and convolution kernels only (dim >= 2): biases and norm scales are not decayed.
 
 Composing and validating a config imports this module for its config dataclasses, and
@@ -10,10 +11,11 @@ import torch when they are called.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fwk.config.methods import Rule
 from fwk.config.schema import ScheduleConfig
@@ -190,14 +192,64 @@ def is_schedule_free(optimizer: torch.optim.Optimizer) -> bool:
     return bool(optimizer.param_groups) and "train_mode" in optimizer.param_groups[0]
 
 
+def registered_name(cfg) -> str | None:
+    """The registered optimizer's name; None for a class of your own (``optim._target_``)."""
+    return None if isinstance(cfg, dict) else cfg.name
+
+
 def build_optimizer(
     cfg, model: nn.Module, fused: bool = False, compute_dtype: Callable[[], torch.dtype] | None = None
 ) -> torch.optim.Optimizer:
-    """The registered optimizer; ``fused``: its fused step (fwk's Triton Lion, PyTorch's on
-    CUDA); ``compute_dtype()``: the dtype the training step computes in now (Muon runs its
-    Newton-Schulz step in it; None: bf16, torch's)."""
+    """The registered optimizer, or your own class (``optim._target_``); ``fused``: its fused
+    step (fwk's Triton Lion, PyTorch's on CUDA); ``compute_dtype()``: the dtype the training
+    step computes in now (Muon runs its Newton-Schulz step in it; None: bf16, torch's)."""
+    if isinstance(cfg, dict):
+        return _own(cfg, model)
     extra = {"compute_dtype": compute_dtype} if compute_dtype is not None and cfg.name == "muon" else {}
     return OPTIMIZERS.get(cfg.name).builder(cfg, model, fused=fused, **extra)
+
+
+def _own(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
+    """``optim._target_=pkg.Class``: a ``torch.optim.Optimizer`` of your own, built on the
+    model's trainable parameters (with ``optim.weight_decay``: two groups, the weights with
+    dim >= 2 decayed, as fwk's own optimizers do); every other key is a keyword argument."""
+    import torch
+    from hydra.utils import get_object
+
+    from fwk.errors import UserError
+
+    target, args = cfg["_target_"], {k: v for k, v in cfg.items() if k != "_target_"}
+    try:
+        cls = get_object(target)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to fix: one line
+        raise UserError(f"optim._target_={target}: cannot import it ({type(exc).__name__}: {exc})") from None
+    if "weight_decay" in args:
+        params: Any = _param_groups(model, args.pop("weight_decay"))
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        optimizer = cls(params, **args)
+    except Exception as exc:  # noqa: BLE001 - the user's class refused its settings: one line, its reason
+        given = ", ".join(f"optim.{k}={v}" for k, v in args.items()) or "no settings"
+        raise UserError(
+            f"optim._target_={target} cannot be built with {given} ({type(exc).__name__}: {exc}); "
+            "give only the arguments of its __init__ after the parameters"
+        ) from None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UserError(f"optim._target_={target} made a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    return optimizer
+
+
+def peak_lr(cfg) -> float | None:
+    """The configured peak learning rate (a class of your own without ``optim.lr``: None, its default)."""
+    return cfg.get("lr") if isinstance(cfg, dict) else cfg.lr
+
+
+def with_lr(cfg, lr: float):
+    """The same optimizer settings with peak learning rate ``lr``."""
+    if isinstance(cfg, dict):
+        return {**cfg, "lr": lr}
+    return dataclasses.replace(cfg, lr=lr)
 
 
 WHOLE_TENSORS = {  # optimizers that refuse a sharded model, and why
@@ -209,7 +261,7 @@ WHOLE_TENSORS = {  # optimizers that refuse a sharded model, and why
 def check_sharding(cfg, sharded: bool) -> None:
     """Refuse an optimizer that needs whole tensors on a sharded model (parallel=auto chose
     FSDP for a model too big to replicate): one line (validate refuses parallel=fsdp/hsdp)."""
-    if sharded and cfg.name in WHOLE_TENSORS:
+    if sharded and registered_name(cfg) in WHOLE_TENSORS:
         from fwk.errors import UserError
 
         raise UserError(
@@ -222,9 +274,10 @@ def notes(cfg, schedule: ScheduleConfig, optimizer: torch.optim.Optimizer, model
     """What the built optimizer does that its config does not say (one line each)."""
     from fwk.optim.muon import MuonAdamW
 
-    if cfg.name == "muon" and not isinstance(optimizer, MuonAdamW):
+    name = registered_name(cfg)
+    if name == "muon" and not isinstance(optimizer, MuonAdamW):
         return [f"optim=muon: {type(model).__name__} has no hidden weight matrices for Muon; AdamW trains all of it"]
-    if cfg.name == "adamw_schedulefree":
+    if name == "adamw_schedulefree":
         unused = f" (schedule.decay={schedule.decay} unused)" if schedule.decay != "constant" else ""
         return [
             f"optim=adamw_schedulefree: warmup over {schedule.warmup_steps} steps, then no decay{unused}; "

@@ -108,7 +108,7 @@ def measure_saved(step, memory, x, y) -> int:
     """Bytes kept for backward by one step (the largest micro-batch's), as memory=auto counts them."""
     memory.meter.take()
     inner = torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda) if memory.plan.offload else None
-    for xs, ys in memory.split(x, y):
+    for xs, ys in step.plan.pieces([(x, y)]):
         with memory.meter.counting(inner):
             logits = step.model(xs)
             torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ys.reshape(-1)).backward()

@@ -122,7 +122,7 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["parallel=none", "parallel.nproc_per_node=2"], "parallel.name='none' is not allowed"),
         (["model=custom"], "model._target_ is not set"),
         (["model=gpt", "model._target_=a.B"], "write model=custom model._target_=pkg.Class"),
-        (["optim._target_=a.B"], "optim takes no _target_ (there is no optim=custom); choose optim=one of: adamw"),
+        (["precision._target_=a.B"], "precision takes no _target_ (there is no precision=custom); choose"),
         (["+foo=1"], "unknown key 'foo'"),
         (
             ["train.label_smoothing=0.1"],

@@ -8,7 +8,6 @@ import pytest
 
 from fwk.config.effect import evaluations_before_end
 from fwk.config.locate import missing_module
-from fwk.config.methods import ProgressiveResizeConfig
 from fwk.config.resolve import check_inputs, resolve
 from fwk.config.schema import TrainConfig
 from fwk.errors import UserError
@@ -112,7 +111,7 @@ def test_evaluations_before_end_are_the_loops(max_steps: int, eval_every: int, b
 
 
 def test_first_side_is_progressive_resizes() -> None:
-    from fwk.methods.schedules import ProgressiveResize
+    from fwk.methods.progressive_resize import ProgressiveResize, ProgressiveResizeConfig
 
     for scale in (0.3, 0.5, 0.75, 1.0):
         for increment in (1, 4, 8, 32):

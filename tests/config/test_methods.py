@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fwk.config.compose import compose
-from fwk.config.methods import METHODS, MethodConfig
+from fwk.config.methods import METHODS
+from fwk.config.schema import MethodConfig
 from fwk.config.validate import to_typed
 from fwk.errors import UserError
 
@@ -40,7 +41,19 @@ def test_a_methods_own_rule_is_one_line(overrides: list[str], expected: str) -> 
 
 def test_every_method_has_its_settings_and_its_rules() -> None:
     cfg = to_typed(compose([]))
-    for name in METHODS:
+    for name in METHODS.names():
         settings = getattr(MethodConfig(), name)
         assert list(settings.rules(cfg)), name  # each checks at least its own values
         assert all(ok for ok, *_ in settings.rules(cfg)), name  # and its defaults pass them
+
+
+def test_each_file_of_fwk_methods_registers_one_method_and_its_settings() -> None:
+    import pkgutil
+
+    import fwk.methods
+
+    files = sorted(m.name for m in pkgutil.iter_modules(fwk.methods.__path__) if m.name != "base")
+    owners = sorted(METHODS.get(name).builder.__module__.rpartition(".")[2] for name in METHODS.names())
+    assert owners == files == METHODS.names()  # one method per file, named as its file
+    for name in METHODS.names():
+        assert METHODS.get(name).builder.__module__ == METHODS.config(name).__module__  # its settings beside it

@@ -10,10 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from fwk.config.methods import MethodConfig, ProgressiveResizeConfig, SeqWarmupConfig
+from fwk.config.schema import MethodConfig
 from fwk.errors import UserError
-from fwk.methods import Methods
-from fwk.methods.schedules import ProgressiveResize, SeqWarmup
+from fwk.methods.base import Methods
+from fwk.methods.progressive_resize import ProgressiveResize, ProgressiveResizeConfig
+from fwk.methods.seq_warmup import SeqWarmup, SeqWarmupConfig
 from tests.conftest import require, resumes_bit_exactly, run_fwk
 
 
@@ -64,7 +65,7 @@ def test_a_bad_method_name_is_one_line_before_any_run_dir(runs: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip() == (
         "fwk: error: methods=['ema', 'warp_drive'] is not allowed: expected a list of ema, label_smoothing, "
-        "seq_warmup, progressive_resize, prune_gradually (fix it with methods=...)"
+        "progressive_resize, prune_gradually, seq_warmup (fix it with methods=...)"
     )
     assert not runs.exists()
 
@@ -74,8 +75,13 @@ CASES = {
     "label_smoothing": ["methods=[label_smoothing]"],
     "progressive_resize": ["methods=[progressive_resize]"],  # the digits' 8 px: 4 px, then 8
     # 16 KB of val text: its two evaluations a run take 128 windows, not 2,048 (~1 s each)
-    "seq_warmup": ["methods=[seq_warmup]", "recipe=gpt_stdlib", "model.n_embd=32", "model.n_head=2",
-                   "data.val_max_bytes=16384"],
+    "seq_warmup": [
+        "methods=[seq_warmup]",
+        "recipe=gpt_stdlib",
+        "model.n_embd=32",
+        "model.n_head=2",
+        "data.val_max_bytes=16384",
+    ],
     "prune_gradually": ["methods=[prune_gradually]"],  # stages after steps 2, 5, 8, 10: the resume replays two
 }
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from fwk.config.methods import PruneGraduallyConfig
-from fwk.methods.prune import PruneGradually, following
-from fwk.models.pruning import prune_round
+from fwk.methods.prune_gradually import PruneGradually, PruneGraduallyConfig
+from fwk.models.pruning import following, prune_round
 from fwk.optim import MuonConfig, build_optimizer
 from tests.conftest import require, run_fwk
 

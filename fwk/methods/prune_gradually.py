@@ -21,79 +21,61 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from fwk.config.methods import SHARDED, Config, Rule
+from fwk.errors import UserError
+from fwk.methods.base import Method, method
+from fwk.registry import doc
 
-from fwk.methods.base import Method
-
-
-def _holders(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
-    """The optimizers that own parameter state (optim=muon: its Muon and its AdamW)."""
-    from fwk.optim.muon import MuonAdamW
-
-    return [optimizer.muon, optimizer.adamw] if isinstance(optimizer, MuonAdamW) else [optimizer]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
-@contextmanager
-def following(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
-    """While torch-pruning slices parameters: slice the optimizer's state of each the same
-    way, and put the new parameters in its groups in place of the old.
+@dataclass
+class PruneGraduallyConfig:
+    """Channels (and attention heads) removed in even stages during training (torch-pruning)."""
 
-    Every slice goes through torch-pruning's ``BasePruningFunc._prune_parameter_and_grad``
-    (weight, kept indices, dim) -> new parameter; a weight sliced twice (its outputs, then
-    its inputs) is followed through both."""
-    from torch_pruning.pruner.function import BasePruningFunc
+    ratio: float = doc(0.5, "share of the channels (and heads) removed by the last stage, in (0, 1)")
+    steps: int = doc(4, "number of even pruning stages, each removing the same share of the channels left")
+    start: float = doc(0.1, "share of train.max_steps after which the first stage prunes")
+    end: float = doc(0.5, "share of train.max_steps after which the last stage prunes")
+    round_to: int = doc(8, "the last stage keeps channel counts at multiples of this (where every layer keeps 4x)")
 
-    original = BasePruningFunc._prune_parameter_and_grad
-    origin: dict[int, nn.Parameter] = {}  # new parameter -> the optimizer's parameter it replaces
-    states: dict[int, dict[str, Any]] = {}  # new parameter -> its sliced state
-    made: dict[int, nn.Parameter] = {}  # every parameter torch-pruning made, by id
-    holders = _holders(optimizer) if optimizer is not None else []
-
-    def slicing(self: Any, weight: nn.Parameter, keep_idxs: list[int], pruning_dim: int) -> nn.Parameter:
-        pruned = original(self, weight, keep_idxs, pruning_dim)
-        if weight.dim() == 4 and _format(weight) == torch.channels_last:
-            pruned.data = pruned.data.contiguous(memory_format=torch.channels_last)  # as it was
-        first = origin.pop(id(weight), weight)
-        state = states.pop(id(weight), None)
-        if state is None:
-            state = next((dict(h.state[first]) for h in holders if first in h.state), {})
-        keep = torch.tensor(keep_idxs, dtype=torch.long, device=weight.device)
-        states[id(pruned)] = {
-            k: v.index_select(pruning_dim, keep).contiguous(memory_format=_format(pruned))
-            if isinstance(v, torch.Tensor) and v.shape == weight.shape
-            else v
-            for k, v in state.items()
-        }
-        origin[id(pruned)], made[id(pruned)] = first, pruned
-        return pruned
-
-    BasePruningFunc._prune_parameter_and_grad = slicing
-    try:
-        yield
-    finally:
-        BasePruningFunc._prune_parameter_and_grad = original
-    replaced = {id(origin[i]): made[i] for i in origin}  # the optimizer's parameter -> its last slice
-    for holder in holders:
-        for group in holder.param_groups:
-            group["params"] = [replaced.get(id(p), p) for p in group["params"]]
-        for i in origin:
-            old, new = origin[i], made[i]
-            if holder.state.pop(old, None) is not None and states[i]:
-                holder.state[new] = states[i]
+    def rules(self, c: Config) -> Iterator[Rule]:
+        """Its settings, and what it cannot be combined with."""
+        key = "method.prune_gradually."
+        yield 0 < self.ratio < 1, f"{key}ratio", self.ratio, "a share in (0, 1)"
+        yield self.steps >= 1, f"{key}steps", self.steps, "an integer >= 1"
+        share = "a share of train.max_steps with 0 <= start <= end < 1"
+        yield 0 <= self.start <= self.end < 1, f"{key}start", self.start, share
+        yield self.round_to >= 1, f"{key}round_to", self.round_to, "an integer >= 1"
+        if "prune_gradually" not in c.methods:
+            return
+        yield (
+            c.parallel.name not in SHARDED,
+            "parallel.name",
+            c.parallel.name,
+            "ddp, none or auto with methods=[prune_gradually] (it slices whole weights; FSDP holds shards)",
+        )
+        yield (
+            "ema" not in c.methods,
+            "methods",
+            list(c.methods),
+            "no ema with prune_gradually (the average would keep the removed channels); drop one",
+        )
+        yield (
+            c.memory.name == "none",
+            "memory.name",
+            c.memory.name,
+            "none with methods=[prune_gradually] (torch-pruning traces the model's graph, which activation "
+            "checkpointing hides)",
+        )
 
 
-def _format(p: torch.Tensor) -> torch.memory_format:
-    channels_last = p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-    return torch.channels_last if channels_last else torch.contiguous_format
-
-
-def _size(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
+@method(PruneGraduallyConfig)
 class PruneGradually(Method):
     name = "prune_gradually"
     reshapes = True  # the loop loads its state before the model's (a resume replays the removals first)
@@ -109,16 +91,16 @@ class PruneGradually(Method):
         self.reshaped: Callable[[int | None], None] = lambda steps: None
 
     def prepare(self, model: nn.Module) -> None:
-        from fwk.models.pruning import per_round
+        from torch import nn
+
+        from fwk.models.pruning import per_round, size
 
         if not any(isinstance(m, (nn.Linear, nn.Conv2d)) for m in model.modules()):
-            from fwk.errors import UserError
-
             raise UserError(
                 f"methods: prune_gradually removes channels of Linear and Conv2d layers, and "
                 f"{type(model).__name__} has none; remove it from methods"
             )
-        self.model, self.full = model, _size(model)
+        self.model, self.full = model, size(model)
         self.share = per_round(self.cfg.ratio, len(self.at))
 
     def attach(
@@ -127,8 +109,6 @@ class PruneGradually(Method):
         from fwk.strategies.fsdp import is_sharded
 
         if is_sharded(model):  # parallel=auto chose FSDP for a model too big to replicate
-            from fwk.errors import UserError
-
             raise UserError(
                 "methods=[prune_gradually] with a sharded model (parallel=auto chose FSDP): it slices whole "
                 "weights; use parallel=ddp if the model fits each device, or drop prune_gradually"
@@ -138,7 +118,7 @@ class PruneGradually(Method):
     def after_step(self, step: int, model: nn.Module) -> None:
         if self.done >= len(self.at) or step + 1 != self.at[self.done]:
             return
-        from fwk.models.pruning import prune_round
+        from fwk.models.pruning import following, prune_round, size
 
         last = self.done == len(self.at) - 1
         with self._quiet(model), following(self.optimizer):
@@ -147,7 +127,7 @@ class PruneGradually(Method):
             )
         self.done += 1
         self.reshaped(step + 1)
-        left = _size(model)
+        left = size(model)
         self.say(
             f"step {step + 1}: prune_gradually stage {self.done}/{len(self.at)}: {left:,} of {self.full:,} "
             f"parameters left ({left / self.full:.1%})"
@@ -179,7 +159,7 @@ class PruneGradually(Method):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replay the checkpoint's removals on the freshly built model (before its weights load)."""
-        from fwk.models.pruning import replay
+        from fwk.models.pruning import following, replay
 
         history = [(str(n), bool(o), [int(i) for i in idx]) for n, o, idx in state["history"]]
         if history and not self.history:

@@ -1,0 +1,33 @@
+"""``label_smoothing``: cross-entropy against smoothed targets (classification). The loss
+reads it (``Methods.label_smoothing``: ``fwk/engine/loss.py``'s ``CrossEntropy``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from fwk.config.methods import Config, Rule
+from fwk.methods.base import Method, method
+from fwk.registry import doc
+
+
+@dataclass
+class LabelSmoothingConfig:
+    """Cross-entropy against smoothed targets (classification)."""
+
+    smoothing: float = doc(0.1, "share of the target's mass spread over the other classes, in (0, 1)")
+
+    def rules(self, c: Config) -> Iterator[Rule]:
+        yield 0 < self.smoothing < 1, "method.label_smoothing.smoothing", self.smoothing, "a number in (0, 1)"
+
+
+@method(LabelSmoothingConfig)
+class LabelSmoothing(Method):
+    name = "label_smoothing"
+    tasks = ("classification",)
+
+    def label_smoothing(self) -> float | None:
+        return self.cfg.smoothing
+
+    def describe(self) -> str:
+        return f"label_smoothing: cross-entropy against targets smoothed by {self.cfg.smoothing:g}"
