@@ -332,22 +332,22 @@ class Checkpointer:
 
 
 # ---- model and optimizer state: whole tensors, or this rank's FSDP shards ---------------
-def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Model and optimizer state to checkpoint: full tensors, or this rank's shards (FSDP)."""
     from fwk.strategies import fsdp  # torch.distributed.fsdp: imported by sharded runs only
 
-    if fsdp.is_sharded(raw):
-        return fsdp.model_state(raw, optimizer)
-    return {"model": raw.state_dict(), "optimizer": optimizer.state_dict()}
+    if fsdp.is_sharded(model):
+        return fsdp.model_state(model, optimizer)
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
 
-def named_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def named_model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Model and optimizer state keyed by parameter names: this rank's shards, or whole
     tensors when the model is not sharded. What a sharded checkpoint loads into, on any
     number of processes: torch.distributed.checkpoint reshards as it reads."""
     from fwk.strategies import fsdp
 
-    return fsdp.model_state(raw, optimizer)
+    return fsdp.model_state(model, optimizer)
 
 
 def _by_name(optimizer_state: dict[str, Any]) -> bool:
@@ -357,13 +357,13 @@ def _by_name(optimizer_state: dict[str, Any]) -> bool:
     return any(isinstance(p, str) for p in groups[0].get("params", []))
 
 
-def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     from fwk.strategies import fsdp
 
-    if fsdp.is_sharded(raw) and not _by_name(state["optimizer"]):  # written unsharded, by one process
-        fsdp.load_whole_state(raw, optimizer, state)
-    elif fsdp.is_sharded(raw) or _by_name(state["optimizer"]):
-        fsdp.load_model_state(raw, optimizer, state)
+    if fsdp.is_sharded(model) and not _by_name(state["optimizer"]):  # written unsharded, by one process
+        fsdp.load_whole_state(model, optimizer, state)
+    elif fsdp.is_sharded(model) or _by_name(state["optimizer"]):
+        fsdp.load_model_state(model, optimizer, state)
     else:
-        raw.load_state_dict(state["model"])
+        model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

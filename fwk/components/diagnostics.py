@@ -97,14 +97,14 @@ class Diagnostics:
         self,
         cfg: DiagnosticsConfig,
         dist: Dist,
-        raw: nn.Module,
+        model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         precision: Precision,
         log_every: int,
         say: Callable[[str], None],
     ) -> None:
-        self.cfg, self.dist, self.raw, self.optimizer, self.scheduler = cfg, dist, raw, optimizer, scheduler
+        self.cfg, self.dist, self.model, self.optimizer, self.scheduler = cfg, dist, model, optimizer, scheduler
         self.precision, self.log_every, self.say = precision, log_every, say
         self.losses: deque[float] = deque(maxlen=cfg.spike_window)
         self.bad_steps, self.rollbacks = 0, 0
@@ -143,7 +143,7 @@ class Diagnostics:
     def _grads_finite(self) -> bool:
         if self.precision.scaling:  # fp16: the scaler finds and skips inf/NaN gradients
             return True
-        grads = [_local(p.grad) for p in self.raw.parameters() if p.grad is not None]
+        grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
         # one norm per gradient (a norm is finite iff every element is), checked together; not
         # get_total_norm: its grouping by device and dtype costs more than the norms on a small model
         return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
@@ -161,7 +161,7 @@ class Diagnostics:
         scaler = self.precision.scaler
         scale = float(scaler.get_scale()) if scaler is not None and self.precision.scaling else 1.0
         row = {}
-        for name, module in _groups(self.raw):
+        for name, module in _groups(self.model):
             grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
             if grads:
                 row[f"grad_norm/{name}"] = float(torch.nn.utils.get_total_norm(grads)) / scale
@@ -177,7 +177,7 @@ class Diagnostics:
             found = self.locate(rerun)
             what = f"non-finite loss or gradient at step {n}" + ("" if math.isfinite(value) else f" (loss {value:.4g})")
             if found.module:
-                kind_name = type(self.raw.get_submodule(found.module)).__name__
+                kind_name = type(self.model.get_submodule(found.module)).__name__
                 where = f"first non-finite {found.where} in module {found.module} ({kind_name})"
             else:
                 where = found.where
@@ -238,7 +238,7 @@ class Diagnostics:
     def _take_snapshot(self, step: int) -> None:
         """Keep the state after ``step`` steps, written over the last snapshot's tensors where
         they fit: never two snapshots at once, nor new host memory every ``snapshot_every``."""
-        state = {**model_state(self.raw, self.optimizer), "precision": self.precision.state_dict()}
+        state = {**model_state(self.model, self.optimizer), "precision": self.precision.state_dict()}
         held = self._snapshot[1] if self._snapshot is not None else None
         self._snapshot = None
         self._snapshot = (step, host_copy_into(held, state))
@@ -250,13 +250,13 @@ class Diagnostics:
         assert self._snapshot is not None  # _handle stops a launch whose first step is bad
         step, state = self._snapshot
         optimizer = host_copy(state["optimizer"])
-        load_model_state(self.raw, self.optimizer, {"model": state["model"], "optimizer": optimizer})
+        load_model_state(self.model, self.optimizer, {"model": state["model"], "optimizer": optimizer})
         self.precision.load_state_dict(state["precision"])
         return step
 
     def locate(self, rerun: Callable[[], None]) -> Finding:
         """Re-run the bad step with hooks on every module of the unwrapped model."""
-        names = {m: n for n, m in self.raw.named_modules() if n}
+        names = {m: n for n, m in self.model.named_modules() if n}
         order: list[str] = []
         bad_out: list[str] = []
         bad_grad: list[int] = []
@@ -276,8 +276,8 @@ class Diagnostics:
 
         inputs_bad: list[bool] = []
         handles = [m.register_forward_hook(forward_hook) for m in names]
-        pre = self.raw.register_forward_pre_hook(lambda m, args: inputs_bad.append(not _finite(_tensors(args))))
-        buffers = {n: b.clone() for n, b in self.raw.named_buffers()}  # BatchNorm statistics: left as they were
+        pre = self.model.register_forward_pre_hook(lambda m, args: inputs_bad.append(not _finite(_tensors(args))))
+        buffers = {n: b.clone() for n, b in self.model.named_buffers()}  # BatchNorm statistics: left as they were
         try:
             rerun()
         except Exception:  # noqa: BLE001 - the re-run is a diagnosis; its own failure must not hide the NaN
@@ -286,7 +286,7 @@ class Diagnostics:
             for h in [*handles, pre]:
                 h.remove()
             with torch.no_grad():
-                for n, b in self.raw.named_buffers():
+                for n, b in self.model.named_buffers():
                     b.copy_(buffers[n])
             self.optimizer.zero_grad(set_to_none=True)
         if any(inputs_bad):
@@ -300,7 +300,7 @@ class Diagnostics:
         return Finding(None, "transient", "a re-run of the same batch was finite")
 
     def _suggest(self, name: str) -> str:
-        module = self.raw.get_submodule(name)
+        module = self.model.get_submodule(name)
         weights = [_local(p) for p in module.parameters(recurse=False)]
         largest = max((float(w.detach().abs().max()) for w in weights if w.numel()), default=0.0)
         if weights and (not math.isfinite(largest) or largest > _HUGE):

@@ -191,25 +191,25 @@ def _build(
     decisions.on_change = lambda records: record_decisions(run_dir, records)
     strategies = Strategies(cfg, dist, per_rank, say, decisions, accum_factor)
     methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
-    plain = (model if model is not None else build_model(cfg.model, data, say)).to(dist.device)
-    methods.prepare(plain, data.task, say if dist.is_main else lambda line: None, example_input(data))
-    raw, trained = strategies.apply(plain, state_floats_per_param(cfg.optim))
-    check_sharding(cfg.optim, is_sharded(raw))
+    model = (model if model is not None else build_model(cfg.model, data, say)).to(dist.device)
+    methods.prepare(model, data.task, say if dist.is_main else lambda line: None, example_input(data))
+    model, trained = strategies.apply(model, state_floats_per_param(cfg.optim))
+    check_sharding(cfg.optim, is_sharded(model))
     optimizer = build_optimizer(
-        cfg.optim, raw, fused=strategies.kernels.triton, compute_dtype=strategies.precision.compute_dtype
+        cfg.optim, model, fused=strategies.kernels.triton, compute_dtype=strategies.precision.compute_dtype
     )
-    for line in notes(cfg.optim, cfg.schedule, optimizer, raw) if dist.is_main else ():
+    for line in notes(cfg.optim, cfg.schedule, optimizer, model) if dist.is_main else ():
         say(line)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     diagnostics = Diagnostics(
-        cfg.diagnostics, dist, raw, optimizer, scheduler, strategies.precision, cfg.train.log_every, say
+        cfg.diagnostics, dist, model, optimizer, scheduler, strategies.precision, cfg.train.log_every, say
     )
 
     def reshaped(steps_taken: int | None) -> None:  # a method replaced parameters: what holds them follows
         strategies.reshaped()
         diagnostics.reshaped(steps_taken)
 
-    methods.attach(optimizer, raw, reshaped)
+    methods.attach(optimizer, model, reshaped)
     loss = CrossEntropy(methods.label_smoothing(), fused=strategies.kernels.fused_loss)
     step_fn = TrainStep(
         trained, optimizer, strategies.per_step(), strategies.plan, loss, cfg.train.grad_clip, dist, diagnostics
@@ -222,11 +222,11 @@ def _build(
     val = OnDevice(
         loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
     )
-    sharded = is_sharded(raw)
+    sharded = is_sharded(model)
     calibration = loading.calibration_loader(data.train, per_rank, cfg.seed, plan, data.collate)
     bn_batches = getattr(cfg.optim, "bn_batches", 0)  # optim=adamw_schedulefree's x, else inactive
     calibrated = lambda: DevicePrefetcher(calibration(), dist.device, data.finish)  # noqa: E731
-    averaged = EvalWeights(optimizer, raw, calibrated, bn_batches, strategies.precision.autocast)
+    averaged = EvalWeights(optimizer, model, calibrated, bn_batches, strategies.precision.autocast)
     best = BestKeeper(cfg.checkpoint, run_dir.path, dist, sharded)
     clock = Clock()  # training time over every launch: the time to target
     parts = dict(scheduler=scheduler, loader=loader, **strategies.parts(), diagnostics=diagnostics)
@@ -240,7 +240,7 @@ def _build(
         decisions=decisions,
         strategies=strategies,
         methods=methods,
-        model=raw,
+        model=model,
         trained=trained,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -253,7 +253,7 @@ def _build(
         best=best,
         averaged=averaged,
         clock=clock,
-        resumable=Resumable(raw, optimizer, **parts),
+        resumable=Resumable(model, optimizer, **parts),
         target=parse_target(cfg.train.stop_at) if cfg.train.stop_at else None,
         per_rank=per_rank,
         written=written,

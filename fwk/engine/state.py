@@ -69,16 +69,16 @@ class Resumable:
     """What a checkpoint holds: the model and optimizer (whole, or this rank's shards) and
     the state of every object the loop calls, gathered from them and given back to them."""
 
-    def __init__(self, raw: torch.nn.Module, optimizer: torch.optim.Optimizer, **parts: Any) -> None:
-        self.raw, self.optimizer, self.parts = raw, optimizer, parts
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **parts: Any) -> None:
+        self.model, self.optimizer, self.parts = model, optimizer, parts
 
     def template(self) -> dict[str, Any]:
         """What a sharded checkpoint loads into, on this run's number of processes."""
-        return named_model_state(self.raw, self.optimizer)
+        return named_model_state(self.model, self.optimizer)
 
     def state_dict(self, step: int) -> dict[str, Any]:
         parts = {name: part.state_dict() for name, part in self.parts.items()}
-        return {**model_state(self.raw, self.optimizer), **parts, "step": step}
+        return {**model_state(self.model, self.optimizer), **parts, "step": step}
 
     def load_state_dict(self, state: dict[str, Any]) -> int:
         """Restore everything; returns the step the checkpoint was taken at. A part that
@@ -88,7 +88,7 @@ class Resumable:
         order = [*first, None, *(n for n in self.parts if n not in first)]
         for name in order:
             if name is None:
-                load_model_state(self.raw, self.optimizer, state)
+                load_model_state(self.model, self.optimizer, state)
             elif name in state:  # a checkpoint from before a part existed leaves it as built
                 self.parts[name].load_state_dict(state[name])
         return int(state["step"])

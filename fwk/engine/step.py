@@ -159,7 +159,7 @@ class TrainStep:
 
     def _rerun(self, pieces: list[Batch]) -> None:
         """The step's forward and backward again, on the unwrapped model, for diagnostics' hooks."""
-        raw = self.diagnostics.raw  # type: ignore[union-attr]  # only diagnostics calls it
+        model = self.diagnostics.model  # type: ignore[union-attr]  # only diagnostics calls it
         for x, y in pieces:
             x, y = x.to(self.dist.device), y.to(self.dist.device)
-            self._forward(raw, x, y).backward()
+            self._forward(model, x, y).backward()

@@ -121,7 +121,7 @@ class Trials:
             return None
         step, state, rng, counters, fresh = self._held
         self._held = None
-        load_model_state(self.resumable.raw, self.resumable.optimizer, state)
+        load_model_state(self.resumable.model, self.resumable.optimizer, state)
         if fresh:
             self.resumable.optimizer.state.clear()
         for name, part in self.resumable.parts.items():

@@ -36,46 +36,46 @@ def mesh(device: torch.device, world: int, shard_size: int | None) -> DeviceMesh
 
 
 def shard(
-    raw: nn.Module,
+    model: nn.Module,
     device_mesh: DeviceMesh,
     param_dtype: torch.dtype | None,
     fp32_islands: list[nn.Module],
     reshard_after_forward: bool,
 ) -> list[str]:
-    """Shard ``raw`` in place; returns the names of the units (inner first, root last).
+    """Shard ``model`` in place; returns the names of the units (inner first, root last).
 
     FSDP2 shards contiguous parameters only, and its all-gather gives contiguous ones back
     each step, so conv weights that the precision strategy made channels-last go back to
-    the contiguous format here. The inputs stay channels-last (``Precision.input``), and
+    the contiguous format here. The inputs stay channels-last (``Precision.prepare_input``), and
     that is what makes oneDNN and cuDNN pick their NHWC kernels: their convolutions return
     channels-last activations when the input is channels-last, whatever the weight's format
     (scripts/bench/channels_last.py measures both against fully channels-last DDP).
     """
-    raw.to(memory_format=torch.contiguous_format)  # in place, as Module.to is; a no-op when already so
+    model.to(memory_format=torch.contiguous_format)  # in place, as Module.to is; a no-op when already so
     mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     fp32 = MixedPrecisionPolicy()
-    named = {id(m): n for n, m in raw.named_modules()}
+    named = {id(m): n for n, m in model.named_modules()}
     units: list[str] = []
-    block_list = [m for _, m in blocks(raw)]
+    block_list = [m for _, m in blocks(model)]
     if param_dtype is not None:
         # BatchNorms keep fp32 parameters, as FSDP1's MixedPrecision leaves them out by default:
         # their running statistics stay fp32, and the CPU kernel refuses bf16 weights beside
         # them ("expected scalar type BFloat16 but found Float"). Leaves first: inner units
         # are sharded before the modules that hold them.
-        norms = [m for m in raw.modules() if isinstance(m, _BATCH_NORMS) and m is not raw]
+        norms = [m for m in model.modules() if isinstance(m, _BATCH_NORMS) and m is not model]
         for module in {id(m): m for m in [*norms, *fp32_islands]}.values():  # an island may be a norm
-            if module is not raw and not any(module is b for b in block_list):
+            if module is not model and not any(module is b for b in block_list):
                 fully_shard(module, mesh=device_mesh, mp_policy=fp32, reshard_after_forward=reshard_after_forward)
                 units.append(named[id(module)])
     islands = {id(m) for m in fp32_islands}
     for block in block_list:
-        if block is raw:
+        if block is model:
             continue
         policy = fp32 if id(block) in islands else mixed
         fully_shard(block, mesh=device_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
         units.append(named[id(block)])
     # the root keeps its parameters gathered after forward: backward needs them first
-    fully_shard(raw, mesh=device_mesh, mp_policy=fp32 if id(raw) in islands else mixed, reshard_after_forward=False)
+    fully_shard(model, mesh=device_mesh, mp_policy=fp32 if id(model) in islands else mixed, reshard_after_forward=False)
     units.append("<root>")
     return units
 
@@ -110,23 +110,23 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def model_state(raw: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """{"model", "optimizer"} state as DTensor shards, keyed by parameter names."""
-    model_sd, optim_sd = get_state_dict(raw, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
     return {"model": model_sd, "optimizer": optim_sd}
 
 
-def load_model_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    set_state_dict(raw, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def load_whole_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Shard the whole tensors of an unsharded checkpoint (``Module.state_dict()`` and
     ``Optimizer.state_dict()``, as a run on one process writes them) into this rank's part.
 
     The optimizer's state is keyed by parameter index, in the order it was built over the
     same model's parameters; the names let ``set_state_dict`` place it."""
-    names = {id(p): name for name, p in raw.named_parameters()}
+    names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     whole = state["optimizer"]
     by_name = {
@@ -134,4 +134,4 @@ def load_whole_state(raw: nn.Module, optimizer: torch.optim.Optimizer, state: di
         "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in whole["param_groups"]],
     }
     options = StateDictOptions(full_state_dict=True)
-    set_state_dict(raw, optimizer, model_state_dict=state["model"], optim_state_dict=by_name, options=options)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=by_name, options=options)

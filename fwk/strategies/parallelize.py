@@ -77,15 +77,15 @@ class Strategies:
         ``optimizer_floats``: optimizer state elements per parameter (parallel=auto's memory
         estimate). The plain model is what evaluation, checkpoints and the optimizer use."""
         assert self.comm is None, "strategies are applied once"
-        cfg = self.cfg
-        raw = self.kernels.apply(model)  # 1
-        raw = self.precision.prepare(raw)  # 2
-        raw = self.memory.apply(raw)  # 3
-        compiled = self.jit.wrap(raw)  # 4
-        trained = parallel.wrap(compiled, raw, cfg.parallel, self.dist, self.precision, optimizer_floats, self.say)  # 5
-        self.comm = CommMonitor(cfg.parallel, self.dist, self.plan, trained, self.say)
-        self.raw, self.trained = raw, trained
-        return raw, trained
+        cfg, dist = self.cfg, self.dist
+        model = self.kernels.apply(model)  # 1
+        model = self.precision.prepare(model)  # 2
+        model = self.memory.apply(model)  # 3
+        compiled = self.jit.wrap(model)  # 4
+        trained = parallel.wrap(compiled, model, cfg.parallel, dist, self.precision, optimizer_floats, self.say)  # 5
+        self.comm = CommMonitor(cfg.parallel, dist, self.plan, trained, self.say)
+        self.model, self.trained = model, trained
+        return model, trained
 
     def reshaped(self) -> None:
         """After a method replaced the plain model's parameters (prune_gradually): DDP's
@@ -95,7 +95,7 @@ class Strategies:
         for module in self.trained.modules():
             if isinstance(module, Replicated):
                 module.rebuild()
-        self.memory.reshaped(self.raw)
+        self.memory.reshaped(self.model)
 
     def per_step(self) -> list[PerStep]:
         """What a step calls (``PerStep``'s hooks), in the order they decide."""
