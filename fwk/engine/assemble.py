@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from fwk.distributed.collectives import broadcast_object
 from fwk.distributed.group import Dist, init
 from fwk.distributed.shares import split
 from fwk.engine.build import build_data, build_model, example_input
-from fwk.engine.evaluate import evaluate
+from fwk.engine.evaluate import EvalWeights, evaluate
 from fwk.engine.loss import CrossEntropy
 from fwk.engine.resize import derived_seed, written_world_size
 from fwk.engine.state import Clock, Resumable, seed_everything
@@ -46,7 +47,7 @@ from fwk.engine.trials import Replayable
 from fwk.errors import UserError
 from fwk.methods.base import Methods
 from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
-from fwk.optim.schedule_free import EvalWeights
+from fwk.optim.schedule_free import AveragedPoint
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.parallelize import Strategies
@@ -90,7 +91,7 @@ class Run:
     checkpoints: Checkpointer
     rewind: RewindPoint
     best: BestKeeper
-    averaged: EvalWeights
+    averaged: AveragedPoint
     clock: Clock
     resumable: Resumable
     target: Target | None
@@ -106,17 +107,15 @@ class Run:
         self.checkpoints.save(self.step, self.resumable.state_dict(self.step))
 
     def validate(self) -> dict[str, float]:
-        """The metrics of the model a method evaluates (ema: the average), else of the trained
-        one; schedule-free's at its averaged weights."""
-        with self.averaged.weights():
-            return evaluate(
-                self.methods.eval_model(self.model),
-                self.val,
-                self.strategies.precision,
-                self.data.task,
-                self.dist,
-                self.cfg.train.eval_batches,
-            )
+        """The metrics of the weights the evaluation-weights sources give (ema: the average;
+        schedule-free: its averaged point), else of the trained ones."""
+        with ExitStack() as stack:
+            model = self.model
+            sources: tuple[EvalWeights, ...] = (self.averaged, self.methods)
+            for source in sources:
+                model = stack.enter_context(source.evaluated(model))
+            precision, cfg = self.strategies.precision, self.cfg
+            return evaluate(model, self.val, precision, self.data.task, self.dist, cfg.train.eval_batches)
 
 
 def fresh_model(cfg: Config, say: Callable[[str], None] = lambda line: None) -> nn.Module:
@@ -226,7 +225,7 @@ def _build(
     calibration = loading.calibration_loader(data.train, per_rank, cfg.seed, plan, data.collate)
     bn_batches = getattr(cfg.optim, "bn_batches", 0)  # optim=adamw_schedulefree's x, else inactive
     calibrated = lambda: DevicePrefetcher(calibration(), dist.device, data.finish)  # noqa: E731
-    averaged = EvalWeights(optimizer, model, calibrated, bn_batches, strategies.precision.autocast)
+    averaged = AveragedPoint(optimizer, model, calibrated, bn_batches, strategies.precision.autocast)
     best = BestKeeper(cfg.checkpoint, run_dir.path, dist, sharded)
     clock = Clock()  # training time over every launch: the time to target
     parts = dict(scheduler=scheduler, loader=loader, **strategies.parts(), diagnostics=diagnostics)

@@ -1,8 +1,11 @@
-"""Evaluation on this rank's validation shard, summed over ranks."""
+"""Evaluation on this rank's validation shard, summed over ranks, of the weights the run's
+evaluation-weights sources give (``EvalWeights``)."""
 
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +16,20 @@ from fwk.distributed.collectives import all_reduce_max, all_reduce_sum
 from fwk.distributed.group import Dist
 from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.precision import Precision
+
+
+class EvalWeights(Protocol):
+    """Weights that evaluation, best checkpoints and ``fwk export`` use in place of the ones
+    being trained: a method's (ema's average) and an optimizer's (schedule-free's ``x``)."""
+
+    def evaluated(self, model: nn.Module) -> AbstractContextManager[nn.Module]:
+        """For one evaluation: the module to evaluate in place of ``model``; training's weights after."""
+        ...
+
+    @staticmethod
+    def exported(state: dict[str, Any]) -> dict[str, Any] | None:
+        """The weights ``fwk export`` takes from a checkpoint's state, or None."""
+        ...
 
 
 @torch.no_grad()

@@ -91,11 +91,11 @@ def exported_weights(checkpoint: Path, saved: dict[str, Any] | None = None) -> d
     the averaged point's with optim=adamw_schedulefree (evaluation used them too), else the
     model's. ``saved``: the checkpoint's state, when the caller has read it already."""
     from fwk.components.checkpoint import model_weights
-    from fwk.methods.ema import averaged_weights
-    from fwk.optim.schedule_free import eval_weights
+    from fwk.methods.base import Methods
+    from fwk.optim.schedule_free import AveragedPoint
 
     saved = _saved_state(checkpoint) if saved is None else saved
-    averaged = averaged_weights(saved) or eval_weights(saved)
+    averaged = Methods.exported(saved) or AveragedPoint.exported(saved)  # the evaluation-weights protocol
     return averaged if averaged is not None else model_weights(checkpoint)
 
 

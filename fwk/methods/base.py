@@ -2,8 +2,9 @@
 
 The events (after Composer's): ``prepare`` once on the plain model, before any strategy
 wraps it; ``attach`` once the optimizer is built; ``batch`` on each batch of a step, on
-the device; ``after_step`` after each optimizer step; ``eval_model``, the module that
-evaluation, best checkpoints and ``fwk export`` use. A method keeps its state in the
+the device; ``after_step`` after each optimizer step; ``evaluated``, the module that
+evaluation and best checkpoints use, and ``exported``, the weights ``fwk export`` takes from
+a checkpoint (the evaluation-weights protocol, ``fwk/engine/evaluate.py``). A method keeps its state in the
 checkpoint (``state_dict``), and anything it changes is a function of the step or of that
 state, so a resumed run continues exactly.
 
@@ -16,7 +17,8 @@ top (``fwk train --cfg`` reads every method's settings without torch).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from fwk.config.methods import METHODS
@@ -56,8 +58,14 @@ class Method(ABC):
         """After optimizer step ``step`` (0-based), with the model being trained (plain)."""
         return None  # a hook: only methods that follow the weights (ema) use it
 
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        return model
+    def evaluated(self, model: nn.Module) -> AbstractContextManager[nn.Module]:
+        """For one evaluation: the module to evaluate in place of ``model``."""
+        return nullcontext(model)
+
+    @classmethod
+    def exported(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The weights ``fwk export`` takes from a checkpoint's state in place of the model's, or None."""
+        return None
 
     def label_smoothing(self) -> float | None:
         return None
@@ -124,10 +132,23 @@ class Methods:
         for m in self.active:
             m.after_step(step, model)
 
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        for m in self.active:
-            model = m.eval_model(model)
-        return model
+    @contextmanager
+    def evaluated(self, model: nn.Module) -> Iterator[nn.Module]:
+        """For one evaluation: the module the active methods evaluate (ema: its average)."""
+        with ExitStack() as stack:
+            for m in self.active:
+                model = stack.enter_context(m.evaluated(model))
+            yield model
+
+    @staticmethod
+    def exported(state: dict[str, Any]) -> dict[str, Any] | None:
+        """The weights a method that ran gives ``fwk export`` from a checkpoint's state (ema:
+        the average), or None."""
+        for name in METHODS.names():
+            weights = METHODS.get(name).builder.exported(state)
+            if weights is not None:
+                return weights
+        return None
 
     def label_smoothing(self) -> float:
         """The cross-entropy's label smoothing: methods=[label_smoothing]'s, else none."""

@@ -10,6 +10,7 @@ the decay per step is ``0.5 ** (1 / half_life)``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,16 @@ class Ema(Method):
     def after_step(self, step: int, model: nn.Module) -> None:
         self.average.update_parameters(model)
 
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        return self.average.module
+    def evaluated(self, model: nn.Module) -> AbstractContextManager[nn.Module]:
+        return nullcontext(self.average.module)
+
+    @classmethod
+    def exported(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The averaged model's weights in a checkpoint's state, or None."""
+        ema = (state.get("methods") or {}).get(cls.name)
+        if not ema:
+            return None
+        return {k.removeprefix("module."): v for k, v in ema.items() if k.startswith("module.")}
 
     def describe(self) -> str:
         return (
@@ -66,11 +75,3 @@ class Ema(Method):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.average.load_state_dict(state)
-
-
-def averaged_weights(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The averaged model's weights in a checkpoint's state (for fwk export), or None."""
-    ema = (state.get("methods") or {}).get("ema")
-    if not ema:
-        return None
-    return {k.removeprefix("module."): v for k, v in ema.items() if k.startswith("module.")}

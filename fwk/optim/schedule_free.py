@@ -5,8 +5,8 @@ Schedule-free AdamW needs no decay schedule: it trains at a point ``y`` between 
 iterate ``z`` (kept in its state) and their running average ``x``, and ``x`` is the model
 to evaluate and ship. The package asks its users to switch the parameters between the two
 (``optimizer.train()`` / ``optimizer.eval()``) and, for BatchNorm models, to recompute the
-norms' statistics at ``x`` before evaluating; ``EvalWeights`` does both around every
-evaluation.
+norms' statistics at ``x`` before evaluating; ``AveragedPoint`` does both around every
+evaluation (``evaluated``: the evaluation-weights protocol, ``fwk/engine/evaluate.py``).
 
 An evaluation puts the parameters and buffers back bit for bit afterwards (not through
 ``optimizer.train()``'s inverse lerp, which rounds), so it leaves no trace in training:
@@ -43,7 +43,7 @@ def _eval_point(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]:
     return points
 
 
-class EvalWeights:
+class AveragedPoint:
     """Around each evaluation: the parameters at ``x``, BatchNorm statistics recomputed
     there on ``bn_batches`` training batches (the same on every rank, in a fixed order, so
     replicas agree and a resumed run sees the same), then back to ``y``. With any other
@@ -69,16 +69,17 @@ class EvalWeights:
             self.optimizer.train()
 
     @contextmanager
-    def weights(self) -> Iterator[None]:
+    def evaluated(self, model: nn.Module) -> Iterator[nn.Module]:
+        """For one evaluation: ``model`` (the model this was made with) at ``x``, then back at ``y``."""
         if not self.active:
-            yield
+            yield model
             return
         kept = [t.detach().clone() for t in self._tensors()]  # y and the running statistics, bit for bit
         self.optimizer.eval()
         try:
             self._recompute_norms()
             self.eval_buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
-            yield
+            yield model
         finally:  # back exactly as before: an evaluation leaves no trace in training (nor in a resume)
             with torch.no_grad():
                 for t, saved in zip(self._tensors(), kept, strict=True):
@@ -124,7 +125,7 @@ class EvalWeights:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None  # derived from the parameters and the optimizer's state: nothing to restore
 
-
-def eval_weights(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The schedule-free ``x`` weights in a checkpoint's state (for fwk export), or None."""
-    return state.get("eval_weights") or None
+    @staticmethod
+    def exported(state: dict[str, Any]) -> dict[str, Any] | None:
+        """The ``x`` weights in a checkpoint's state (what ``fwk export`` exports), or None."""
+        return state.get("eval_weights") or None

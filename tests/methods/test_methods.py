@@ -47,12 +47,17 @@ def test_ema_averages_every_step_and_evaluation_uses_the_average() -> None:
         methods.after_step(step, model)
         w = model.weight.detach().clone()  # the first update takes the weights as they are
         expected = w if expected is None else decay * expected + (1 - decay) * w
-    averaged = methods.eval_model(model)
-    assert averaged is not model and torch.allclose(averaged.weight, expected)
+    with methods.evaluated(model) as averaged:
+        assert averaged is not model and torch.allclose(averaged.weight, expected)
     again = Methods(["ema"], MethodConfig(), max_steps=10)
     again.prepare(nn.Linear(3, 1), "classification", lambda line: None)
     again.load_state_dict(methods.state_dict())
-    assert torch.equal(again.eval_model(model).weight, averaged.weight)
+    with again.evaluated(model) as restored:
+        assert torch.equal(restored.weight, averaged.weight)
+    # fwk export takes the average from a checkpoint's state, through the same protocol
+    exported = Methods.exported({"methods": methods.state_dict()})
+    assert exported is not None and torch.equal(exported["weight"], averaged.weight)
+    assert Methods.exported({"methods": {}}) is None
 
 
 def test_a_method_the_model_cannot_serve_is_one_line() -> None:

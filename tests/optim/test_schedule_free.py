@@ -12,7 +12,7 @@ from torch import nn
 
 from fwk.config.schema import ScheduleConfig
 from fwk.optim import ScheduleFreeConfig, build_optimizer, build_schedule, is_schedule_free, state_floats_per_param
-from fwk.optim.schedule_free import EvalWeights
+from fwk.optim.schedule_free import AveragedPoint
 from tests.conftest import require, resumes_bit_exactly, run_fwk
 
 
@@ -44,10 +44,10 @@ def test_evaluation_runs_at_the_average_and_training_resumes_at_its_point() -> N
     model = nn.Sequential(nn.Linear(4, 3))
     optimizer = _trained(model)
     y = model[0].weight.detach().clone()
-    weights = EvalWeights(optimizer, model, lambda: iter(()), bn_batches=0, autocast=_no_autocast)
+    weights = AveragedPoint(optimizer, model, lambda: iter(()), bn_batches=0, autocast=_no_autocast)
     saved = weights.state_dict()
     assert torch.equal(model[0].weight, y)  # computing x out of place leaves the parameters alone
-    with weights.weights():
+    with weights.evaluated(model):
         x = model[0].weight.detach().clone()
     assert not torch.allclose(x, y)
     assert torch.allclose(saved["0.weight"], x, atol=1e-7)  # the checkpoint's x is the evaluated one
@@ -61,10 +61,10 @@ def test_batchnorm_statistics_are_recomputed_at_the_average_from_the_calibration
     optimizer = _trained(model)
     model[1].running_mean.fill_(100.0)  # stale statistics: the recompute must replace them
     batches = [torch.randn(16, 4) for _ in range(3)]
-    weights = EvalWeights(
+    weights = AveragedPoint(
         optimizer, model, lambda: iter([(b, None) for b in batches]), bn_batches=2, autocast=_no_autocast
     )
-    with weights.weights():
+    with weights.evaluated(model):
         with torch.no_grad():
             features = torch.cat([model[0](b) for b in batches[:2]])  # the first bn_batches only, at x
         assert torch.allclose(model[1].running_mean, features.mean(0), atol=1e-5)
@@ -84,9 +84,9 @@ class _no_autocast:
 def test_with_any_other_optimizer_it_does_nothing() -> None:
     model = nn.Sequential(nn.Linear(2, 2))
     optimizer = torch.optim.AdamW(model.parameters())
-    weights = EvalWeights(optimizer, model, lambda: iter(()), bn_batches=8, autocast=_no_autocast)
+    weights = AveragedPoint(optimizer, model, lambda: iter(()), bn_batches=8, autocast=_no_autocast)
     before = model[0].weight.detach().clone()
-    with weights.weights():
+    with weights.evaluated(model):
         assert torch.equal(model[0].weight, before)
     assert not weights.active
 
