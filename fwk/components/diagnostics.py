@@ -158,8 +158,7 @@ class Diagnostics:
     def _stats(self, step: int) -> None:
         if not self.cfg.grad_stats or (step + 1) % self.log_every:
             return
-        scaler = self.precision.scaler
-        scale = float(scaler.get_scale()) if scaler is not None and self.precision.scaling else 1.0
+        scale = float(self.precision.loss_scale.value()) if self.precision.scaling else 1.0
         row = {}
         for name, module in _groups(self.model):
             grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]

@@ -10,9 +10,10 @@
   the hardware's one reduced format is timed against fp32 and kept only if faster.
 
 ``keep_fp32`` modules run with autocast disabled and their inputs cast up to fp32.
-The loop calls ``begin(step)`` before each step, ``autocast()`` around forward,
-``backward(loss)`` and ``step(optimizer, ...)``; the state (scaler, auto's choice and
-ranges) is part of the checkpoint, and the phase follows from the step, so resume is exact.
+A step calls it through its per-step hooks (``fwk/strategies/per_step.py``): ``begin``,
+``around_forward`` (autocast), and fp16's loss scaling (``loss_scale.py``); the state (the
+scaler, auto's choice and ranges) is part of the checkpoint, and the phase follows from the
+step, so resume is exact.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fwk.strategies.auto_precision import AutoChoice
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.hardware import choose_format
 from fwk.strategies.islands import Gate, fp32_forward
+from fwk.strategies.loss_scale import LossScale
 from fwk.strategies.modules import fitting, last_linear, match, outermost, wrap_forward
 from fwk.strategies.per_step import PerStep
 from fwk.strategies.ranges import RangeProbe, describe
@@ -73,7 +75,7 @@ class Precision(PerStep):
         self.device_type = dist.device.type
         features = hardware.probe(dist.device)
         self.auto: AutoChoice | None = None  # precision=auto's measured choice
-        self.scaler: torch.amp.GradScaler | None = None
+        self.loss_scale = LossScale(cfg, dist.device)
         self._features = features
         if cfg.name == "auto":
             self.format = choose_format(features, dist.device)
@@ -92,7 +94,6 @@ class Precision(PerStep):
         )
         self.phase: str | None = None
         self._fit_scaler()
-        self._skipped = torch.zeros((), dtype=torch.int64, device=dist.device)
         self._keep, self._final = Gate(), Gate()
         self._kept: set[str] = set()
         self.keep_patterns: list[str] = []  # keep_fp32's patterns that match this model (prepare)
@@ -134,9 +135,7 @@ class Precision(PerStep):
         loss scale as it was, and the range probe again (a recalled run probes in its format)."""
         if self.auto is not None:
             self.auto.rewind()
-        self._skipped.fill_(int(before["skipped"]))
-        if self.scaler is not None and before["scaler"]:
-            self.scaler.load_state_dict(before["scaler"])
+        self.loss_scale.load_state_dict(before)
         if not before["probe_done"] and self.probe_done and self._model is not None:
             self.ranges, self.probe_done = {n: (float(a), float(g)) for n, (a, g) in before["ranges"].items()}, False
             self._probe = RangeProbe(self._model)
@@ -150,14 +149,8 @@ class Precision(PerStep):
     def _fit_scaler(self) -> None:
         """A loss scaler when fp16 may run: asked for, auto's choice, or on auto's trial."""
         choice = self.auto.choice if self.auto is not None else None
-        if self.scaler is None and "fp16" in (self.format, self.fast, choice):
-            self.scaler = torch.amp.GradScaler(
-                self.device_type,
-                init_scale=self.cfg.init_scale,
-                growth_factor=self.cfg.growth_factor,
-                backoff_factor=self.cfg.backoff_factor,
-                growth_interval=self.cfg.growth_interval,
-            )
+        if "fp16" in (self.format, self.fast, choice):
+            self.loss_scale.fit()
 
     # ---- set-up -------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> nn.Module:
@@ -296,8 +289,7 @@ class Precision(PerStep):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=_DTYPES[self.format])
 
-    def around_forward(self) -> AbstractContextManager:
-        return self.autocast()
+    around_forward = autocast  # the step's hook (PerStep) is autocast
 
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last and x.dim() == 4:
@@ -307,30 +299,21 @@ class Precision(PerStep):
     @property
     def scaling(self) -> bool:
         """Whether this step's loss is scaled (fp16; not auto's fp32 trial steps)."""
-        return self.scaler is not None and self.format == "fp16"
+        return self.loss_scale.fitted and self.format == "fp16"
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.scaler.scale(loss) if self.scaling else loss  # type: ignore[union-attr]
+        return self.loss_scale.scale(loss) if self.scaling else loss
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Before the gradients are clipped: their true values (under fp16 they are scaled)."""
         if self.scaling:
-            self.scaler.unscale_(optimizer)  # type: ignore[union-attr]
+            self.loss_scale.unscale(optimizer)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Under fp16 the scaler steps: a step with inf/NaN gradients is skipped, and counted."""
-        if not self.scaling or self.scaler is None:
-            return False
-        before = self._scale().clone()
-        self.scaler.step(optimizer)
-        self.scaler.update()
-        self._skipped += (self._scale() < before).long()  # the scale backs off exactly on a skipped step
-        return True
-
-    def _scale(self) -> torch.Tensor:
-        assert self.scaler is not None
-        scale = getattr(self.scaler, "_scale", None)  # the device tensor: reading it needs no sync
-        return scale if isinstance(scale, torch.Tensor) else torch.tensor(self.scaler.get_scale())
+        if self.scaling:
+            self.loss_scale.step(optimizer)
+        return self.scaling
 
     # ---- auto's range probe -------------------------------------------------------
     def _finish_probe(self) -> None:
@@ -363,20 +346,16 @@ class Precision(PerStep):
         row: dict[str, Any] = {}
         if self.cfg.name == "staged":
             row["phase"] = self.phase
-        if self.scaler is not None:
-            row["loss_scale"] = float(self._scale())
-            row["skipped_steps"] = int(self._skipped)
-        return row
+        return {**row, **self.loss_scale.metrics()}
 
     def summary(self) -> dict[str, Any]:
         chosen = (self.auto.choice if self.auto is not None else None) or self.format
-        return {"precision": chosen, "skipped_steps": int(self._skipped)}
+        return {"precision": chosen, "skipped_steps": int(self.loss_scale.skipped)}
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "format": self.format,
-            "skipped": int(self._skipped),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+            **self.loss_scale.state_dict(),  # skipped, scaler
             "probe_done": self.probe_done,
             "ranges": {n: list(v) for n, v in self.ranges.items()},
             **(self.auto.state_dict() if self.auto is not None else {}),  # auto: decision, or trial under way
@@ -393,9 +372,7 @@ class Precision(PerStep):
                 f"the checkpoint was trained with {state['format']} but precision={self.cfg.name} now chooses "
                 f"{self.format} on this machine; resume on the same hardware or set precision={state['format']}"
             )
-        self._skipped.fill_(int(state["skipped"]))
-        if self.scaler is not None and state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
+        self.loss_scale.load_state_dict(state)
         self.ranges = {n: (float(a), float(g)) for n, (a, g) in state["ranges"].items()}
         if state["probe_done"] and self._probe is not None:
             self._probe.remove()
