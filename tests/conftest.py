@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import signal
@@ -34,6 +35,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests import zygote  # noqa: E402  (its fork server starts with the variables above)
+
+
+@pytest.fixture
+def said(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """The report lines fwk logs (fwk/log.py) during the test: ``said.messages``, in order;
+    ``said.clear()`` forgets them."""
+    caplog.set_level(logging.INFO, logger="fwk")
+    return caplog
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ from fwk.cli.runs import runs
 from fwk.cli.serve import serve
 from fwk.cli.train import train
 from fwk.errors import UserError
+from fwk.log import show
 
 app = typer.Typer(
     name="fwk",
@@ -50,6 +51,7 @@ def main() -> None:
     # Hydra logs each `_target_` it fails to look up at ERROR, then raises; fwk reports the
     # raised error (the build looks a target up twice: the line would come three times)
     logging.getLogger("hydra.utils").setLevel(logging.CRITICAL)
+    show()  # fwk's report lines on stdout (a command that prints results there moves them)
     try:
         app()
     except UserError as exc:

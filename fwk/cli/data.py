@@ -91,5 +91,5 @@ def prepare(
     from fwk.data.prepare import prepare as write_shards
 
     workers = workers or os.cpu_count() or 1
-    line = write_shards(config.data, out, max_side, quality, workers, typer.echo, raw_max_side, chunk_mb, endpoint_url)
+    line = write_shards(config.data, out, max_side, quality, workers, raw_max_side, chunk_mb, endpoint_url)
     typer.echo(line)

@@ -96,7 +96,6 @@ def export(
         max_accuracy_drop,
         output,
         overwrite,
-        say=typer.echo,
         show=console.print,
         qat_steps=qat,
     )

@@ -48,9 +48,6 @@ def profile(
     resolved = resolve(words)
     config = resolved.config
 
-    import logging
-    import sys
-
     from rich.console import Console
 
     from fwk.engine.build import preflight
@@ -63,8 +60,7 @@ def profile(
         typer.echo(line)
     out = p.run_dir / "profile"
     out.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    captured = capture(config, warmup, steps, out, say=typer.echo)
+    captured = capture(config, warmup, steps, out)
     settings = {
         "recipe": config.recipe,
         "run_id": p.run_id,
@@ -82,7 +78,7 @@ def profile(
     if graph:
         from fwk.profile.graph import write_graph
 
-        figs["files"]["graph"] = str(write_graph(config, out, say=typer.echo))
+        figs["files"]["graph"] = str(write_graph(config, out))
     write(figs, out)
     console = Console(highlight=False, width=max(Console().width, 120))
     show(figs, console)

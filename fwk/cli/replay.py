@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from fwk.errors import UserError
+from fwk.log import show
 
 
 def replay(
@@ -51,6 +52,7 @@ def replay(
     from fwk.track.run_id import code_version
     from fwk.track.status import read_config, read_json
 
+    show("stderr")  # the replay's lines and its run's: stdout holds the verdict alone
     if tolerance < 0:
         raise UserError(f"--tolerance {tolerance:g} must be >= 0")
     original = find_run(root or runs_root(), run_id)
@@ -81,7 +83,6 @@ def replay(
     job = Job(resolved, p, lineage={"parent": original.id, "kind": "replay"}, orders=orders)
     result = run(
         job,
-        say=lambda line: print(line, file=sys.stderr),
         starting=f"replaying run {original.id} as run {p.run_id} ({p.run_dir})",
         done=lambda summary, replay: f"replay {replay.id} of run {original.id} is already complete; comparing it",
     )

@@ -12,6 +12,7 @@ import typer
 from fwk.cli.output import console, echo_json, metrics_text, num, when
 from fwk.cli.sweep_table import show_sweep
 from fwk.errors import UserError
+from fwk.log import show as show_lines
 from fwk.track.status import flatten
 
 runs = typer.Typer(
@@ -44,6 +45,7 @@ def list_runs(
     as_json: bool = _JSON,
 ) -> None:
     """List the runs under the runs root, newest first (`fwk runs show|diff|rm` for one run)."""
+    show_lines("stderr")  # a rebuilt index says so there: stdout holds the table or the JSON
     if ctx.invoked_subcommand is not None:
         return
     from fwk.track.index import query

@@ -69,4 +69,4 @@ def serve(
         cfg = check_settings(replace(cfg, canary_share=canary_share))
     p = plan(Path(roots[-1]) if roots else runs_root(), ids, cfg, name, canary, auto_promote)
     check_port(host, port)
-    run(p, cfg, host, port, inference_threads(cfg), preload, say=lambda line: print(line, flush=True))
+    run(p, cfg, host, port, inference_threads(cfg), preload)

@@ -54,7 +54,7 @@ def train(
         return
     # torch is imported only past this point, and only for a run that trains: --cfg,
     # --dry-run and a finished run answer without it
-    sys.exit(run(job, say=typer.echo).status)
+    sys.exit(run(job).status)
 
 
 def _sweep(overrides: list[str], cfg: bool, dry_run: bool, orders: dict[str, bool]) -> None:

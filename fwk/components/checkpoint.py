@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -28,6 +29,8 @@ from torch import nn
 
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = "step-"
 _TMP = ".tmp-"  # a checkpoint being written
@@ -300,9 +303,7 @@ class Checkpointer:
             state.update(shards)
         return state, rng
 
-    def load_latest(
-        self, warn: Callable[[str], None], template: Template | None = None
-    ) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    def load_latest(self, template: Template | None = None) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
         """The newest checkpoint that loads: (path, state, RNG), or None when there is none.
 
         With ``on_corrupt=fallback`` a damaged newest checkpoint is skipped for the newest
@@ -311,7 +312,7 @@ class Checkpointer:
         """
         if self.dist.is_main:
             for done in self.tidy():
-                warn(f"checkpoints: {done}")
+                logger.info(f"checkpoints: {done}")
         self.dist.barrier()
         found = self.all()
         if not found or self.on_corrupt == "error":
@@ -322,7 +323,7 @@ class Checkpointer:
             if damage is None:
                 if skipped:
                     names = ", ".join(f"{p.name} ({why})" for p, why in skipped)
-                    warn(f"warning: skipped corrupt checkpoint {names}; resuming from {path.name} instead")
+                    logger.warning(f"warning: skipped corrupt checkpoint {names}; resuming from {path.name} instead")
                 return (path, *self.load(path, template))
             skipped.append((path, damage))
         raise UserError(

@@ -26,6 +26,7 @@ processes, one all-reduce of a flag, so that every rank decides alike.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -42,6 +43,8 @@ from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies.precision import Precision
+
+logger = logging.getLogger(__name__)
 
 _NAN, _SPIKE = 1.0, 2.0
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, nn.RMSNorm)
@@ -102,10 +105,9 @@ class Diagnostics:
         scheduler: Any,
         precision: Precision,
         log_every: int,
-        say: Callable[[str], None],
     ) -> None:
         self.cfg, self.dist, self.model, self.optimizer, self.scheduler = cfg, dist, model, optimizer, scheduler
-        self.precision, self.log_every, self.say = precision, log_every, say
+        self.precision, self.log_every = precision, log_every
         self.losses: deque[float] = deque(maxlen=cfg.spike_window)
         self.bad_steps, self.rollbacks = 0, 0
         self._snapshot: tuple[int, dict[str, Any]] | None = None
@@ -194,7 +196,7 @@ class Diagnostics:
                 f"{self.cfg.max_rollbacks}"
             )
         if action == "skip":
-            self.say(f"{line}; skipped that batch (diagnostics.on_nan=skip)")
+            logger.info(f"{line}; skipped that batch (diagnostics.on_nan=skip)")
             return
         if self._snapshot is None:  # taken at the first good step: the model as built (or resumed) is bad
             raise TrainingDiverged(
@@ -208,7 +210,7 @@ class Diagnostics:
             for group in self.optimizer.param_groups:
                 group["lr"] *= self.cfg.lr_factor
             lr = f", learning rate x{self.cfg.lr_factor:g}"
-        self.say(
+        logger.info(
             f"{line}; rolled back to the state of step {restored} (rollback {self.rollbacks} of at most "
             f"{self.cfg.max_rollbacks}{lr}); skipping batches {restored + 1}-{n}"
         )
@@ -221,7 +223,7 @@ class Diagnostics:
         located = found.where != "transient"
         rank = int(all_reduce_max([float(self.dist.rank if located else -1)], self.dist)[0])
         if located and not self.dist.is_main:
-            print(f"rank {self.dist.rank}: {line}", flush=True)
+            logger.warning(f"rank {self.dist.rank}: {line}")
         if self.dist.is_main and not located and rank > 0:
             return f"{line.split(': ')[0]}: on rank {rank} (its finding is in runs/<id>/logs/rank{rank}.log)"
         return line

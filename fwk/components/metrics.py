@@ -1,4 +1,5 @@
-"""What rank 0 shows and records: metrics.jsonl rows, and a progress bar or plain lines.
+"""What rank 0 shows and records: metrics.jsonl rows, and a progress bar or plain lines
+(through fwk's logger, ``fwk/log.py``).
 
 Loss values are summed on the device and read once per log window: reading a CUDA
 tensor is a sync point, so it happens every ``train.log_every`` steps, not every step.
@@ -7,6 +8,7 @@ tensor is a sync point, so it happens every ``train.log_every`` steps, not every
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,8 @@ import torch
 from fwk.components.sinks import Tracking
 from fwk.distributed.collectives import all_reduce_sum
 from fwk.distributed.group import Dist
+
+logger = logging.getLogger(__name__)
 
 
 class Window:
@@ -86,8 +90,8 @@ class Reporter:
         self._bar = None
 
     def start(self, step: int) -> None:
-        """Open the tracking sinks and show the progress bar from ``step`` on (a TTY only);
-        messages before it print plainly."""
+        """Open the tracking sinks and show the progress bar from ``step`` on (a TTY only):
+        fwk's report lines (``fwk/log.py``) print above it, through the same rich console."""
         if self.tracking is not None:
             self.tracking.start(step)
         if self.tty:
@@ -117,17 +121,9 @@ class Reporter:
                 info = f"loss {row['loss']:.4f}  {row['samples_per_s']:,.0f} samples/s"
                 self._bar.update(self._task, completed=step, info=info)
             else:
-                self._bar.console.print(f"step {step:>6}  eval  {text}")
+                logger.info(f"step {step:>6}  eval  {text}")  # above the bar: the log's console is the bar's
         else:
-            print(f"step {step:>6}/{self.max_steps}  {kind:<5} {text}", flush=True)
-
-    def message(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.console.print(text)
-        else:
-            print(text, flush=True)
+            logger.info(f"step {step:>6}/{self.max_steps}  {kind:<5} {text}")
 
     def close(self) -> None:
         if self._bar is not None:

@@ -15,10 +15,10 @@ its errors are the run's and raise.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +32,8 @@ from fwk.errors import UserError
 from fwk.track.run_id import identity
 from fwk.track.status import flatten
 from fwk.track.store import RunDir, write_atomic
+
+logger = logging.getLogger(__name__)
 
 # mlflow retries a failed request 7 times with exponential backoff (minutes on a dead
 # server) and waits 120 s for an answer: training would stall that long at a log step.
@@ -225,11 +227,9 @@ class Tracking:
             call(self.mlflow)
         except Exception as exc:  # the server's trouble (or mlflow's) must not stop training
             self.mlflow = None
-            print(
+            logger.warning(
                 f"fwk: warning: MLflow at {self.cfg.uri} failed ({_reason(exc)}); training goes on without it "
-                "(metrics.jsonl and TensorBoard have everything)",
-                file=sys.stderr,
-                flush=True,
+                "(metrics.jsonl and TensorBoard have everything)"
             )
 
 

@@ -33,7 +33,7 @@ class DataBundle:
     ``collate`` is the loaders' ``collate_fn`` (None: PyTorch's). ``finish(batch, device)``
     turns a loaded batch into (inputs, targets) on the device, in the training process
     (``data.decode=gpu``: decode and augment there); None: the batch is (inputs, targets).
-    ``train_loader(batch_size, world_size, loader_kwargs, collate, say)``: a data set that
+    ``train_loader(batch_size, world_size, loader_kwargs, collate)``: a data set that
     streams (``data=streaming``) makes its own endless, resumable training loader; None:
     fwk's ``TrainLoader`` samples ``train`` by index. ``trial_loader(batch_size,
     loader_kwargs, collate)``: that data set's throwaway loader of the same kind, over its own

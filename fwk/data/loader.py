@@ -149,13 +149,12 @@ def train_loader(
     world_size: int,
     seed: int,
     plan: LoaderPlan,
-    say: Callable[[str], None],
     accum_steps: int = 1,
 ) -> Any:
     """This rank's endless, resumable training batches: the data set's own loader where it
     streams (``DataBundle.train_loader``), else a ``TrainLoader`` over its items."""
     if data.train_loader is not None:
-        return data.train_loader(batch_size, world_size, loader_kwargs(plan), data.collate, say)
+        return data.train_loader(batch_size, world_size, loader_kwargs(plan), data.collate)
     return TrainLoader(data.train, batch_size, rank, world_size, seed, plan, data.collate, accum_steps)
 
 

@@ -12,6 +12,7 @@ when there are workers (evaluation's start for each evaluation and exit after it
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -26,6 +27,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from fwk.config.schema import LoaderConfig
 from fwk.data.base import DataBundle
+
+logger = logging.getLogger(__name__)
 
 MAX_WORKERS = 16  # a cap per rank: each worker holds its own copy of the data set and its queued batches
 MEASURE_S = 1.5  # the whole start-up measurement (three worker counts, their start included)
@@ -146,14 +149,13 @@ def for_run(
     data: DataBundle,
     batch_size: int,
     cuda: bool,
-    say: Callable[[str], None],
     recalled: LoaderPlan | None = None,
     source: str = "",
 ) -> LoaderPlan:
     """This rank's plan; with loader=auto, one line says what was chosen and why.
     ``recalled``: a plan measured before (``source``: cached, replayed), used untimed."""
     if recalled is not None:
-        say(f"loader=auto: {describe(recalled)} ({source}: as measured before for this data on this machine)")
+        logger.info(f"loader=auto: {describe(recalled)} ({source}: as measured before for this data on this machine)")
         return recalled
     measure = None
     if measures(cfg, data):
@@ -161,7 +163,7 @@ def for_run(
         measure = lambda workers: measure_rate(make, workers, batch, MEASURE_S / 3)  # noqa: E731
     chosen, why = decide(cfg, Host.here(cuda), data.in_memory, measure)
     if cfg.name == "auto":
-        say(why)
+        logger.info(why)
     return chosen
 
 

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import io
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -36,6 +37,8 @@ from fwk.data import shards
 from fwk.data.configs import ImageFolderConfig
 from fwk.errors import UserError
 from fwk.track.store import write_atomic
+
+logger = logging.getLogger(__name__)
 
 MARKER = shards.MARKER
 SPLITS = ("train", "val")
@@ -69,13 +72,13 @@ def encode(item: tuple[str, int, int], max_side: int, quality: int, raw_max_side
     return {"image": out.getvalue(), "label": int(label), "index": int(index)}
 
 
-def _check_out(out: Path, wanted: dict[str, Any], say: Callable[[str], None]) -> bool:
+def _check_out(out: Path, wanted: dict[str, Any]) -> bool:
     """True when ``out`` already holds this prepare, finished; clears an interrupted one."""
     manifest = out / shards.MANIFEST
     if manifest.is_file():
         return shards.same_set(json.loads(manifest.read_text()), wanted, str(out))
     if (out / MARKER).is_file():
-        say(f"{out}: an interrupted prepare; starting it again")
+        logger.info(f"{out}: an interrupted prepare; starting it again")
         for split in SPLITS:
             shutil.rmtree(out / split, ignore_errors=True)
         return False
@@ -107,7 +110,6 @@ def prepare(
     max_side: int,
     quality: int,
     workers: int,
-    say: Callable[[str], None],
     raw_max_side: int = 64,
     chunk_mb: int = 64,
     endpoint_url: str = "",
@@ -135,14 +137,14 @@ def prepare(
     fn = functools.partial(encode, max_side=max_side, quality=quality, raw_max_side=raw_max_side)
 
     def write(target: Path) -> str:
-        return _write(target, root, found, wanted, fn, chunk_mb, workers, say)
+        return _write(target, root, found, wanted, fn, chunk_mb, workers)
 
     if shards.is_remote(out):
         from fwk.data.publish import publish
 
-        return publish(out, endpoint_url, wanted, write, say)
+        return publish(out, endpoint_url, wanted, write)
     target = Path(os.path.expanduser(out)).resolve()
-    if _check_out(target, wanted, say):
+    if _check_out(target, wanted):
         manifest = json.loads((target / shards.MANIFEST).read_text())
         return f"already prepared: {target} ({shards.describe(manifest)})"
     return write(target)
@@ -156,7 +158,6 @@ def _write(
     fn: Callable[[tuple[str, int, int]], dict[str, Any]],
     chunk_mb: int,
     workers: int,
-    say: Callable[[str], None],
 ) -> str:
     """The shards and, last, the manifest in ``target``; the line that says so."""
     import litdata
@@ -174,7 +175,7 @@ def _write(
         ]
         if split == "train":  # see SHUFFLE_SEED
             random.Random(SHUFFLE_SEED).shuffle(items)
-        say(f"{split}: {len(items):,} images -> {target / split} ({workers} workers)")
+        logger.info(f"{split}: {len(items):,} images -> {target / split} ({workers} workers)")
         with _start_method_kept():
             litdata.optimize(
                 fn=fn,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -27,14 +28,14 @@ from fwk.data import shards
 from fwk.data.shards import MARKER
 from fwk.track.store import cache_root
 
+logger = logging.getLogger(__name__)
+
 
 def staging_dir(uri: str) -> Path:
     return cache_root() / "prepare" / hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
 
 
-def publish(
-    uri: str, endpoint_url: str, wanted: dict[str, Any], write: Callable[[Path], str], say: Callable[[str], None]
-) -> str:
+def publish(uri: str, endpoint_url: str, wanted: dict[str, Any], write: Callable[[Path], str]) -> str:
     """Prepare into the staging folder (``write``) unless it holds this set, then upload it."""
     found = shards.s3_manifest(uri, endpoint_url, label="--out")
     if found is not None and shards.same_set(found, wanted, uri):
@@ -44,7 +45,7 @@ def publish(
         client.put_object(Bucket=bucket, Key=_key(prefix, MARKER), Body=json.dumps(wanted).encode())
     staging = staging_dir(uri)
     with _only_writer(staging, uri):
-        return _stage_and_upload(uri, endpoint_url, wanted, write, say, staging)
+        return _stage_and_upload(uri, endpoint_url, wanted, write, staging)
 
 
 @contextlib.contextmanager
@@ -71,17 +72,16 @@ def _stage_and_upload(
     endpoint_url: str,
     wanted: dict[str, Any],
     write: Callable[[Path], str],
-    say: Callable[[str], None],
     staging: Path,
 ) -> str:
     client, bucket, prefix, where = shards.s3_client(uri, endpoint_url)
     manifest = staging / shards.MANIFEST
     if manifest.is_file() and {k: json.loads(manifest.read_text()).get(k) for k in wanted} == wanted:
-        say(f"{staging}: already prepared there; uploading it")
+        logger.info(f"{staging}: already prepared there; uploading it")
     else:
         shutil.rmtree(staging, ignore_errors=True)  # fwk's own folder: anything else in it is stale
-        say(write(staging))
-    line = _upload(staging, uri, endpoint_url, say)
+        logger.info(write(staging))
+    line = _upload(staging, uri, endpoint_url)
     with shards.s3_errors("--out", uri, bucket, where):
         client.delete_object(Bucket=bucket, Key=_key(prefix, MARKER))
     shutil.rmtree(staging, ignore_errors=True)  # uploaded: a rerun finds the remote manifest
@@ -92,13 +92,13 @@ def _key(prefix: str, name: str) -> str:
     return f"{prefix}/{name}".lstrip("/")
 
 
-def _upload(folder: Path, uri: str, endpoint_url: str, say: Callable[[str], None]) -> str:
+def _upload(folder: Path, uri: str, endpoint_url: str) -> str:
     client, bucket, prefix, where = shards.s3_client(uri, endpoint_url)
     skip = {shards.MANIFEST, MARKER}
     files = sorted(f for f in folder.rglob("*") if f.is_file() and f.name not in skip)
     files.append(folder / shards.MANIFEST)  # last: the set is finished once it is there
     size = sum(f.stat().st_size for f in files)
-    say(f"uploading {len(files)} files ({size / 1e6:,.1f} MB) to {where}")
+    logger.info(f"uploading {len(files)} files ({size / 1e6:,.1f} MB) to {where}")
     t0 = time.perf_counter()
     with shards.s3_errors("--out", uri, bucket, where):
         for f in files:

@@ -49,6 +49,8 @@ from fwk.data.shards import is_remote, read_manifest, storage_options
 from fwk.errors import UserError
 from fwk.track.store import cache_root
 
+logger = logging.getLogger(__name__)
+
 for _name in ("litdata", "botocore.credentials"):  # their per-worker info lines ("Found credentials ...")
     logging.getLogger(_name).setLevel(logging.WARNING)
 
@@ -146,9 +148,8 @@ class StreamLoader:
         world_size: int,
         kwargs: dict[str, Any],
         collate: Callable[[list[Any]], Any] | None,
-        say: Callable[[str], None],
     ) -> None:
-        self.world_size, self.workers, self.say = world_size, int(kwargs.get("num_workers", 0)), say
+        self.world_size, self.workers = world_size, int(kwargs.get("num_workers", 0))
         self.batch_size, self.source = batch_size, dataset.source
         self.loader = stream(dataset, batch_size, kwargs, collate)
 
@@ -176,7 +177,7 @@ class StreamLoader:
             return
         epoch = int(state["litdata"]["current_epoch"])
         self.loader.current_epoch = epoch  # the next pass is the next epoch
-        self.say(
+        logger.info(
             f"data=streaming: the checkpoint was taken with {state['world_size']} processes x {state['num_workers']} "
             f"workers, this run has {self.world_size} x {self.workers}; resuming at the start of epoch {epoch + 1} "
             f"(the rest of epoch {epoch} is skipped)"
@@ -281,7 +282,7 @@ def streaming(cfg: StreamingConfig, *, seed: int) -> DataBundle:
         num_classes=len(manifest["classes"]),
         mean=mean,
         std=std,
-        train_loader=lambda batch, world, kwargs, collate, say: StreamLoader(train, batch, world, kwargs, collate, say),
+        train_loader=lambda batch, world, kwargs, collate: StreamLoader(train, batch, world, kwargs, collate),
         # a copy of the training split, read as the run reads it (its index.json is in the cache by now)
         trial_loader=lambda batch, kwargs, collate: stream(train_split(), batch, kwargs, collate),
     )

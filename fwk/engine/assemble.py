@@ -12,6 +12,7 @@ A caller that changes the model before training (``fwk export`` trains its prune
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -52,6 +53,8 @@ from fwk.strategies.decisions import Decisions
 from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.parallelize import Strategies
 from fwk.track.store import RunDir
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,23 +121,20 @@ class Run:
             return evaluate(model, self.val, precision, self.data.task, self.dist, cfg.train.eval_batches)
 
 
-def fresh_model(cfg: Config, say: Callable[[str], None] = lambda line: None) -> nn.Module:
+def fresh_model(cfg: Config) -> nn.Module:
     """The config's model as ``build_run`` would build it (same seed), for a caller that
-    changes it before training (``build_run(..., model=)``); ``say`` gets the line on keys a
-    ``_target_`` class does not take."""
+    changes it before training (``build_run(..., model=)``)."""
     seed_everything(cfg.seed)
-    return build_model(cfg.model, build_data(cfg.data, seed=cfg.seed), say)
+    return build_model(cfg.model, build_data(cfg.data, seed=cfg.seed))
 
 
-def loader_plan(
-    cfg: Config, data: Any, per_rank: int, dist: Dist, decisions: Decisions, say: Callable[[str], None]
-) -> LoaderPlan:
+def loader_plan(cfg: Config, data: Any, per_rank: int, dist: Dist, decisions: Decisions) -> LoaderPlan:
     """loader=auto's plan: recalled (replay, cache) where it would be measured, else decided;
     a measured plan is kept (rank 0's: the ranks of a node share its cores)."""
     measured = measures(cfg.loader, data)
     record, source = decisions.recall("loader") if measured else (None, "")
     recalled = LoaderPlan(**record["plan"]) if record is not None else None
-    plan = for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", say, recalled, source)
+    plan = for_run(cfg.loader, data, per_rank, dist.device.type == "cuda", recalled, source)
     if measured and recalled is None:  # rank 0's, as a recalled plan is: a streamed set is split by the worker count
         plan = broadcast_object(plan, dist)  # type: ignore[assignment]
     if measured:
@@ -185,23 +185,22 @@ def _build(
             cfg, train=dataclasses.replace(cfg.train, accum_steps=cfg.train.accum_steps * accum_factor)
         )
     reporter = Reporter(run_dir.metrics, dist, cfg.train.max_steps, tracking)
-    say = reporter.message
     decisions = Decisions(cfg, dist, orders=run_dir.read_orders())
     decisions.on_change = lambda records: record_decisions(run_dir, records)
-    strategies = Strategies(cfg, dist, per_rank, say, decisions, accum_factor)
+    strategies = Strategies(cfg, dist, per_rank, decisions, accum_factor)
     methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
-    model = (model if model is not None else build_model(cfg.model, data, say)).to(dist.device)
-    methods.prepare(model, data.task, say if dist.is_main else lambda line: None, example_input(data))
+    model = (model if model is not None else build_model(cfg.model, data)).to(dist.device)
+    methods.prepare(model, data.task, example_input(data))
     model, trained = strategies.apply(model, state_floats_per_param(cfg.optim))
     check_sharding(cfg.optim, is_sharded(model))
     optimizer = build_optimizer(
         cfg.optim, model, fused=strategies.kernels.triton, compute_dtype=strategies.precision.compute_dtype
     )
     for line in notes(cfg.optim, cfg.schedule, optimizer, model) if dist.is_main else ():
-        say(line)
+        logger.info(line)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     diagnostics = Diagnostics(
-        cfg.diagnostics, dist, model, optimizer, scheduler, strategies.precision, cfg.train.log_every, say
+        cfg.diagnostics, dist, model, optimizer, scheduler, strategies.precision, cfg.train.log_every
     )
 
     def reshaped(steps_taken: int | None) -> None:  # a method replaced parameters: what holds them follows
@@ -213,10 +212,10 @@ def _build(
     step_fn = TrainStep(
         trained, optimizer, strategies.per_step(), strategies.plan, loss, cfg.train.grad_clip, dist, diagnostics
     )
-    plan = loader_plan(cfg, data, per_rank, dist, decisions, say)
+    plan = loader_plan(cfg, data, per_rank, dist, decisions)
     # the batches as the loop takes them: a trial's are handed out again when its steps are redone
     loader = Replayable(
-        loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, say, cfg.train.accum_steps)
+        loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, cfg.train.accum_steps)
     )
     val = OnDevice(
         loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
@@ -267,8 +266,8 @@ def _build(
 def _restore(run: Run) -> None:
     """The run at its latest checkpoint (model, optimizer, every part, the RNG streams), or
     seeded for its first step."""
-    dist, say = run.dist, run.reporter.message
-    found = run.checkpoints.load_latest(say, template=run.resumable.template)
+    dist = run.dist
+    found = run.checkpoints.load_latest(template=run.resumable.template)
     if found is None:
         seed_everything(run.cfg.seed + dist.rank)  # per-rank streams for dropout and the like
         run.averaged.start()
@@ -280,5 +279,5 @@ def _restore(run: Run) -> None:
     else:  # written on another world size: no RNG file for this rank
         seed_everything(derived_seed(run.cfg.seed, run.step, dist.rank))
     if dist.is_main and (dropped := run.dir.truncate_metrics(after_step=run.step)):
-        say(dropped)
+        logger.info(dropped)
     run.averaged.start()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import logging
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -13,6 +14,8 @@ from fwk.data import DATA, DataBundle
 from fwk.errors import UserError
 from fwk.models import MODELS
 from fwk.optim import build_optimizer
+
+logger = logging.getLogger(__name__)
 
 
 def _instantiate(section: dict[str, Any], **kwargs: Any) -> Any:
@@ -46,10 +49,6 @@ def _output_size(model: nn.Module, data: DataBundle) -> int:
     return int(out.shape[-1])
 
 
-def _silent(line: str) -> None:
-    pass
-
-
 def model_arguments(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A ``_target_`` model section without the keys its class does not take, and those keys.
 
@@ -74,13 +73,13 @@ def model_arguments(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
     return {k: v for k, v in section.items() if k not in dropped}, dropped
 
 
-def build_model(cfg: Any, data: DataBundle, say: Callable[[str], None] = _silent) -> nn.Module:
+def build_model(cfg: Any, data: DataBundle) -> nn.Module:
     """A registered model or ``_target_`` class; its output size must match the data's classes.
-    ``say`` gets the line on keys a ``_target_`` class does not take (see ``model_arguments``)."""
+    Keys a ``_target_`` class does not take are left out, with a line (see ``model_arguments``)."""
     if isinstance(cfg, dict):
         cfg, dropped = model_arguments(cfg)
         if dropped:
-            say(
+            logger.info(
                 f"model: {cfg['_target_']} takes no {', '.join(dropped)} (the recipe's settings for its own "
                 "model): left out"
             )

@@ -10,6 +10,7 @@ item: ``fwk profile`` ends a profiler step after each.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,8 @@ from fwk.engine.assemble import Run
 from fwk.engine.state import StopSignal
 from fwk.engine.step import label
 from fwk.engine.trials import Trials
+
+logger = logging.getLogger(__name__)
 
 
 def train(run: Run) -> dict[str, Any] | None:
@@ -40,7 +43,7 @@ def steps(run: Run) -> Iterator[int]:
     _start(run)
     stop, window = StopSignal(), Window(dist.device)
     batches = DevicePrefetcher(run.loader, dist.device, run.data.finish)
-    trials = Trials(run.step_fn, run.resumable, run.loader, [window], run.reporter.message)
+    trials = Trials(run.step_fn, run.resumable, run.loader, [window])
     run.trained.train()
     try:
         while run.step < cfg.train.max_steps and run.clock.reached is None:
@@ -70,9 +73,7 @@ def steps(run: Run) -> Iterator[int]:
                 _log(run, window, samples_per_step)
                 if stop.agreed(dist):
                     run.save()
-                    run.reporter.message(
-                        f"stopped at step {run.step}; checkpoint saved. Run the same command to resume."
-                    )
+                    logger.info(f"stopped at step {run.step}; checkpoint saved. Run the same command to resume.")
                     return
             evaluating = cfg.train.eval_every and run.step % cfg.train.eval_every == 0
             ending = _evaluate(run) if evaluating or run.step == cfg.train.max_steps else False
@@ -82,9 +83,7 @@ def steps(run: Run) -> Iterator[int]:
             if ending:
                 break
         if trials.abandon() is not None:  # the run ended inside a trial: its steps stand as they ran
-            run.reporter.message(
-                f"a decision's trial steps were still running at step {run.step}; they were not redone"
-            )
+            logger.info(f"a decision's trial steps were still running at step {run.step}; they were not redone")
             run.save()
         if not p.final_eval:  # resumed from the final checkpoint: the loop had nothing left to do
             p.final_eval = run.validate()
@@ -100,10 +99,10 @@ def _start(run: Run) -> None:
     run.reporter.start(run.step)
     if run.resumed_from is None:
         return
-    run.reporter.message(f"resumed run {run.dir.id} from {run.resumed_from.name} (step {run.step})")
+    logger.info(f"resumed run {run.dir.id} from {run.resumed_from.name} (step {run.step})")
     if run.written != run.dist.world_size:
         n, accum = run.dist.world_size, run.strategies.plan.accum_steps
-        run.reporter.message(
+        logger.info(
             f"resuming step {run.step} of run {run.dir.id} on {n} process{'es' * (n > 1)} "
             f"(written by {run.written}): same global batch {run.per_rank * n * accum}"
             + (f", as {accum} micro-batches" if accum > 1 else "")
@@ -136,13 +135,13 @@ def _evaluate(run: Run) -> bool:
     run.reporter.log(step, {**result, "train_s": round(run.clock.seconds, 3)}, kind="eval")
     said = run.best.after_eval(step, result, lambda at=step: run.resumable.state_dict(at))
     if said:
-        run.reporter.message(said)
+        logger.info(said)
     if run.target is not None and run.target.reached(result):
         run.clock.reached = {"step": step, "train_time_s": run.clock.seconds, "at": time.time()}
-        run.reporter.message(f"step {step}: {run.target} reached in {run.clock.seconds:.1f} s of training; stopping")
+        logger.info(f"step {step}: {run.target} reached in {run.clock.seconds:.1f} s of training; stopping")
         return True
     if run.best.exhausted(cfg.train.early_stop_patience):
-        run.reporter.message(
+        logger.info(
             f"step {step}: no better {run.best.metric} in {cfg.train.early_stop_patience} evaluations; "
             "stopping (train.early_stop_patience)"
         )

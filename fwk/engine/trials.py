@@ -15,13 +15,16 @@ steps are redone; the training clock keeps counting (the trial's time is the use
 from __future__ import annotations
 
 import copy
+import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fwk.components.checkpoint import load_model_state, rng_state, set_rng_state
 from fwk.components.host_copy import host_copy
 from fwk.engine.state import Resumable
+
+logger = logging.getLogger(__name__)
 
 # checkpoint parts a trial leaves alone: the time spent (a trial's seconds are real), the data
 # position (the batches are replayed), what moves only at logged steps or evaluations (which
@@ -90,10 +93,9 @@ class Trials:
         resumable: Resumable,
         batches: Replayable,
         counters: Iterable[Any],
-        say: Callable[[str], None],
     ) -> None:
         """``counters``: the loop's own accumulators (e.g. the logging window), restored too."""
-        self.step_fn, self.resumable, self.batches, self.say = step_fn, resumable, batches, say
+        self.step_fn, self.resumable, self.batches = step_fn, resumable, batches
         self.counters = list(counters)
         self._held: tuple[int, dict[str, Any], dict[str, Any], list[Any], bool] | None = None
 
@@ -132,7 +134,7 @@ class Trials:
             counter.load_state_dict(saved)
         set_rng_state(rng)
         self.batches.replay()
-        self.say(
+        logger.info(
             f"steps {step + 1}-{done} were trial steps: redone as decided (a measured decision computes "
             "what a recalled one does)"
         )

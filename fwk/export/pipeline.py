@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -31,6 +32,8 @@ from fwk.errors import UserError
 from fwk.export import report as rep
 from fwk.export.settings import PrunePlan
 from fwk.track.store import RunDir, versions
+
+logger = logging.getLogger(__name__)
 
 PRUNED_WEIGHTS = "pruned.pt"  # the pruned torch model's weights: replay pruning_history.json, then load
 
@@ -94,7 +97,6 @@ def _build(
     max_drop: float,
     out: Path,
     log: Path,
-    say: Callable[[str], None],
     qat_steps: int | str = 0,
 ) -> dict[str, Any]:
     """Every stage, writing into ``out``; returns the report (also written there)."""
@@ -116,11 +118,11 @@ def _build(
 
     how = f"--prune {plan.method} --ratio {plan.ratio:g} --rounds {plan.rounds} " if plan.method != "none" else ""
     what = f"run {source.run.id} ({source.config.recipe}, {source.checkpoint.name})"
-    say(f"exporting {what} with {how}--quantize {quantize}")
+    logger.info(f"exporting {what} with {how}--quantize {quantize}")
     model, pruned = source.model, None
     if plan.method != "none":
         with stage("prune"):
-            pruned = prune.prune(source, plan, cfg, out, say)
+            pruned = prune.prune(source, plan, cfg, out)
         model = pruned.model
         torch.save(model.state_dict(), out / PRUNED_WEIGHTS)
     raw_path, fp32_path = out / "exported.onnx", out / "fp32.onnx"
@@ -137,7 +139,7 @@ def _build(
     cpu = verify.cpu_int8_features()
     reduce, why = quant.reduce_range(cfg.reduce_range, cpu)
     if quantize in ("int8", "dynamic_int8"):
-        say(why)
+        logger.info(why)
         notes.append(why)
 
     def calibration() -> Iterator[np.ndarray]:
@@ -149,7 +151,7 @@ def _build(
         dst = out / f"{quantize}.onnx"
         with stage("quantize"):
             if quantize == "int8":
-                say(f"calibrating int8 ranges on {cfg.calib_batches} training batches of {cfg.batch_size}")
+                logger.info(f"calibrating int8 ranges on {cfg.calib_batches} training batches of {cfg.batch_size}")
                 q = quant.static_int8(fp32_path, dst, calibration(), cfg.per_channel, reduce)
             elif quantize == "dynamic_int8":
                 q = quant.dynamic_int8(fp32_path, dst, cfg.per_channel, reduce)
@@ -169,7 +171,7 @@ def _build(
     }
     if final_path != fp32_path:
         runners[onnx_name] = verify.ort_runner(final_path, threads)
-    say(f"verifying {len(runners)} models on the validation set")
+    logger.info(f"verifying {len(runners)} models on the validation set")
     with stage("verify"):
         val = verify.batches(source.data.val, cfg.batch_size, cfg.val_batches)
         # output differences against the model that was exported: the pruned one, when pruned
@@ -184,11 +186,11 @@ def _build(
         # what quantization lost: against the model it quantized (the pruned one, when pruned)
         ptq_drop = rep.drop(task, _measured(qualities[reference]), _measured(qualities[onnx_name]))
         steps, why = qat.decide_steps(qat_steps, ptq_drop, max_drop, source.config.train.max_steps, cfg.qat_frac)
-        say(why)
+        logger.info(why)
         qat_report = {"asked": qat_steps, "steps": steps, "why": why}
         if steps:
             with stage("qat"):
-                trained = qat.train_and_quantize(source, folded.model, cfg, steps, reduce, calibration, out, log, say)
+                trained = qat.train_and_quantize(source, folded.model, cfg, steps, reduce, calibration, out, log)
                 qat_path = trained.path
             runners[rep.ONNX_QAT] = verify.ort_runner(qat_path, threads)
             with stage("verify qat"):
@@ -204,7 +206,7 @@ def _build(
                 retrain_eval=trained.summary.get("eval", {}),
             )
     timed = {k: v for k, v in runners.items() if k != rep.FOLDED}
-    say(f"timing {', '.join(timed)} at batch 1 and {cfg.latency_batch} ({threads} threads)")
+    logger.info(f"timing {', '.join(timed)} at batch 1 and {cfg.latency_batch} ({threads} threads)")
     with stage("latency"):
         inputs = verify.latency_inputs(source.data.val, cfg.latency_batch)
         load_before = os.getloadavg()[0]
@@ -325,7 +327,6 @@ def run_export(
     max_drop: float,
     output: Path | None,
     overwrite: bool,
-    say: Callable[[str], None],
     show: Callable[[Any], None],
     qat_steps: int | str = 0,
 ) -> dict[str, Any]:
@@ -336,7 +337,7 @@ def run_export(
     checkpoint = check_exportable(run)
     if checkpoint.parent.name == BEST_DIR:
         best = read_best(run.path) or {}
-        say(
+        logger.info(
             f"exporting run {run.id}'s best checkpoint: {best.get('metric')} {best.get('value', 0):.4g} "
             f"at {checkpoint.name}"
         )
@@ -344,7 +345,7 @@ def run_export(
     final_dir = run.path / "exports" / eid
     if (final_dir / rep.REPORT).is_file():
         report = json.loads((final_dir / rep.REPORT).read_text())
-        say(f"export {eid} of run {run.id} already exists ({report['created']}); showing its report")
+        logger.info(f"export {eid} of run {run.id} already exists ({report['created']}); showing its report")
     elif final_dir.exists():  # exports appear whole (renamed from a temp dir): this one was edited by hand
         raise UserError(f"{final_dir} exists but has no {rep.REPORT}; move it away and run the export again")
     else:
@@ -355,7 +356,7 @@ def run_export(
         # beside the export, not in the temp dir: after a failure the error line points at it
         log = final_dir.parent / f"{eid}.export.log"
         try:
-            report = _build(source, eid, plan, quantize, cfg, max_drop, tmp, log, say, qat_steps)
+            report = _build(source, eid, plan, quantize, cfg, max_drop, tmp, log, qat_steps)
             if log.exists():
                 os.replace(log, tmp / "export.log")
             try:
@@ -367,7 +368,7 @@ def run_export(
             shutil.rmtree(tmp, ignore_errors=True)  # our own temp dir, after an error; gone after the rename
     show(rep.table(report))
     for line in rep.summary_lines(report, str(final_dir)):
-        say(line)
+        logger.info(line)
     verdict = report["verdict"]
     if not verdict["passed"]:
         kept = ", ".join(sorted(p.name for p in final_dir.iterdir() if p.suffix in (".onnx", ".json", ".pt")))
@@ -376,5 +377,5 @@ def run_export(
         if report["onnx"]["external_data"]:
             raise UserError(f"the model is over 2 GB and has its weights in a sidecar file; copy {final_dir} instead")
         write_output(final_dir / report["final"], output, overwrite)
-        say(f"wrote {output} ({report['final']} of export {eid})")
+        logger.info(f"wrote {output} ({report['final']} of export {eid})")
     return report

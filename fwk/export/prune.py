@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from fwk.config.schema import ExportConfig
     from fwk.export.settings import PrunePlan
     from fwk.export.source import Source
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -129,7 +132,7 @@ def _taylor_grads(source: Source, batches: int, batch_size: int) -> Callable[[nn
     return grads
 
 
-def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path, say: Callable[[str], None]) -> Pruned:
+def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path) -> Pruned:
     """``plan.rounds`` rounds of prune -> rewind (lottery ticket) or keep (fine-tune) -> retrain.
 
     Writes ``out/pruning_history.json`` and one run dir per round under ``out/rounds/``.
@@ -144,13 +147,15 @@ def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path, say: Ca
     if method == "lottery_ticket":
         rewind_file, rewind = rewind_weights(source)
         steps, lr_factor = steps_for(source.config, cfg.retrain_frac), 1.0
-        say(
+        logger.info(
             f"lottery ticket: {rounds} round(s) of {share:.1%} of the channels left, rewinding to "
             f"{rewind_file.name} and retraining {steps} steps each"
         )
     else:
         steps, lr_factor = steps_for(source.config, cfg.finetune_frac), cfg.finetune_lr_factor
-        say(f"{method} pruning: {rounds} round(s) of {share:.1%} of the channels left, fine-tuning {steps} steps each")
+        logger.info(
+            f"{method} pruning: {rounds} round(s) of {share:.1%} of the channels left, fine-tuning {steps} steps each"
+        )
     grads = _taylor_grads(source, cfg.taylor_batches, cfg.batch_size) if method == "taylor" else None
     retrain_cfg = retrain_config(source.config, steps, lr_factor)
 
@@ -165,12 +170,12 @@ def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path, say: Ca
         else:
             start = Rebuild(list(history), model.state_dict(), example, pruned=True)
         pruned = start(build_model(source.config.model, source.data))
-        weights, summary = retrain(retrain_cfg, pruned, out / "rounds" / f"round-{r}", say)
+        weights, summary = retrain(retrain_cfg, pruned, out / "rounds" / f"round-{r}")
         model = Rebuild(list(history), weights, example, pruned=True)(build_model(source.config.model, source.data))
         model = model.float().eval()
         sizes = count(model, example)
         records.append({"round": r, "steps": steps, **sizes, "eval": summary["eval"]})
-        say(
+        logger.info(
             f"round {r}/{rounds}: {sizes['params'] / before['params']:.1%} of the parameters, "
             f"{sizes['macs'] / before['macs']:.1%} of the MACs left; "
             + ", ".join(f"{k} {v:.4g}" for k, v in summary["eval"].items())

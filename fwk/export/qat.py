@@ -29,6 +29,7 @@ same int8 kernels, same latency; only weights and ranges differ.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from fwk.config.schema import ExportConfig
+
+logger = logging.getLogger(__name__)
 
 ACT_QMIN, ACT_QMAX = -128, 127  # activations: QInt8, asymmetric (ORT's ONNX_INT_TYPE_RANGE)
 _TINY = float(np.finfo(np.float32).tiny)  # below it ORT gives up on the range: scale 1, zero point 0
@@ -263,7 +266,6 @@ def train_and_quantize(
     calibration: Callable[[], Iterable[np.ndarray]],
     out: Path,
     log: Path,
-    say: Callable[[str], None],
 ) -> Trained:
     """QAT of ``folded`` through the engine for ``steps`` steps -> ``out/int8-qat.onnx`` with the learned ranges."""
     from fwk.export import optimize, to_onnx
@@ -273,7 +275,7 @@ def train_and_quantize(
     template = prepare(folded, cfg.per_channel, reduce, cfg.qat_momentum)
     calibrate(template, (torch.from_numpy(x) for x in calibration()))  # start where PTQ stands
     run_cfg = retrain_config(source.config, steps, cfg.qat_lr_factor)
-    weights, summary = retrain(run_cfg, copy.deepcopy(template), out / "rounds" / "qat", say)
+    weights, summary = retrain(run_cfg, copy.deepcopy(template), out / "rounds" / "qat")
     trained = copy.deepcopy(template)
     trained.load_state_dict(weights)
     trained.eval()

@@ -15,8 +15,8 @@ deleted (the export keeps the final weights itself).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from fwk.config.schema import Config
+
+logger = logging.getLogger(__name__)
 
 
 def steps_for(cfg: Config, frac: float) -> int:
@@ -55,7 +57,6 @@ def retrain(
     cfg: Config,
     model: nn.Module,
     out: Path,
-    say: Callable[[str], None],
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Train ``model`` with ``cfg`` into run dir ``out``; returns (final weights, summary)."""
     from omegaconf import OmegaConf
@@ -69,7 +70,9 @@ def retrain(
     run = RunDir(out)
     run.config.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     lr = peak_lr(cfg.optim)
-    say(f"retraining {cfg.train.max_steps} steps (lr {'its default' if lr is None else f'{lr:g}'}) into {out.name}/")
+    logger.info(
+        f"retraining {cfg.train.max_steps} steps (lr {'its default' if lr is None else f'{lr:g}'}) into {out.name}/"
+    )
     summary = train(build_run(cfg, run, model=model))  # summary.json written
     if summary is None:  # stopped by a signal: the export's temp dir goes with it
         raise UserError("fwk export was interrupted while retraining; run the same command again to redo it")

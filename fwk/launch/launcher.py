@@ -4,10 +4,9 @@ then the run dir opened and the workers run in this process or under torchrun.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from fwk.track.lease import Lease, launch_key
 from fwk.track.run_id import code_version, run_id
 from fwk.track.status import record_outcome
 from fwk.track.store import RunDir, RunLock, make_run_dir, open_run, write_atomic
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,7 +73,6 @@ def launch(
     nnodes: int,
     lineage: dict[str, str] | None = None,
     overrides: list[str] | None = None,
-    say: Callable[[str], None] = print,
     orders: dict[str, Any] | None = None,
 ) -> tuple[int, RunDir]:
     """Run the plan; returns (exit status, run dir). torchrun's status is passed through.
@@ -84,7 +84,7 @@ def launch(
     # Each machine's launcher opens the same shared run dir in a multi-node run: their guard
     # is a lease in that dir; a run on one machine is locked there. A launch that is refused
     # writes nothing.
-    guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "", say)
+    guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "")
     with guard as held:
         run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
         if orders:
@@ -121,5 +121,5 @@ def _record_end(run: RunDir, outcome: str, status: int) -> None:
     try:
         record_outcome(run, outcome, status)
     except OSError as exc:
-        print(f"fwk: warning: could not note the outcome in {run.meta}: {exc}", file=sys.stderr)
+        logger.warning(f"fwk: warning: could not note the outcome in {run.meta}: {exc}")
     index.record_quietly(run, outcome)

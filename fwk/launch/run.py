@@ -13,6 +13,7 @@ the model checks already ran) is passed in.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from fwk.launch.outcome import already_complete, finished
 from fwk.track import index
 from fwk.track.store import RunDir
 
-Say = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,31 +82,30 @@ def preflight(job: Job) -> list[str]:
 
 def run(
     job: Job,
-    say: Say = print,
     starting: str = "",
     done: Callable[[dict[str, Any], RunDir], str] | None = None,
     checked: bool = False,
 ) -> Result:
-    """Step 2. ``say`` gets the report lines; ``starting`` is said before a launch;
+    """Step 2, saying its lines through the module logger; ``starting`` is said before a launch;
     ``done(summary, run)`` words the already-complete line (default: ``already_complete``);
     ``checked``: ``preflight(job)`` already ran (a sweep checks every member first)."""
     summary = job.summary()
     if summary is not None:
         run_dir = RunDir(job.plan.run_dir)
         index.record_quietly(run_dir)  # an index rebuilt or copied without it learns of it here
-        say(done(summary, run_dir) if done else already_complete(summary, run_dir.path))
+        logger.info(done(summary, run_dir) if done else already_complete(summary, run_dir.path))
         return Result("already complete", 0, run_dir, summary)
     if starting:
-        say(starting)
+        logger.info(starting)
     for line in preflight(job) if not checked else []:
-        say(line)
+        logger.info(line)
     config = job.resolved.config
     status, run_dir = launch(
-        job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides, say=say, orders=job.orders
+        job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides, orders=job.orders
     )
     summary = run_dir.read_summary()
     if status == 0 and summary is not None:
-        say(finished(summary, run_dir.path))
+        logger.info(finished(summary, run_dir.path))
         return Result("complete", status, run_dir, summary)
     # a clean exit without a summary stopped at a step boundary; 128+N: torchrun's workers were signalled
     outcome = "interrupted" if status == 0 or status >= 128 else "failed"

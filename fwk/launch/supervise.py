@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -34,6 +35,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 LOG_DIR_ENV = "FWK_LOG_DIR"
 LAUNCHER_ENV = "FWK_LAUNCHER_PID"  # the launcher that started torchrun: the workers' grandparent
@@ -81,7 +84,7 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int, keep_fds: 
     log_dir.mkdir(parents=True, exist_ok=True)
     threads = threads_per_rank(nproc_per_node)
     env = {**os.environ, LOG_DIR_ENV: str(log_dir), "OMP_NUM_THREADS": str(threads), LAUNCHER_ENV: str(os.getpid())}
-    print(f"{nproc_per_node} processes x {threads} threads (OMP_NUM_THREADS); logs: {log_dir}", flush=True)
+    logger.info(f"{nproc_per_node} processes x {threads} threads (OMP_NUM_THREADS); logs: {log_dir}")
     with open(log_dir / "torchrun.log", "a") as torchrun_log:
         start = {p: p.stat().st_size for p in log_dir.glob("rank*.log")}
         # torchrun ignores SIGUSR1 (SIG_IGN is inherited; the workers' training loops set their

@@ -11,9 +11,10 @@ as a single run does, and no further member starts).
 
 from __future__ import annotations
 
+import logging
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from fwk.launch.launcher import LaunchPlan
 from fwk.launch.run import Job, plan_run, preflight, run
 from fwk.track.sweeps import sweep_id, write_sweep
 
-Say = Callable[[str], None]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -146,7 +147,7 @@ class Outcome:
         return None
 
 
-def run_sweep(sweep: Sweep, say: Say = print, orders: dict[str, Any] | None = None) -> Outcome:
+def run_sweep(sweep: Sweep, orders: dict[str, Any] | None = None) -> Outcome:
     """Run each member in turn; the model and device checks of every unfinished one come first.
     ``orders``: to every member's workers (``--redecide``)."""
     jobs = {m.number: m.job(sweep.id, orders) for m in sweep.members}
@@ -155,11 +156,11 @@ def run_sweep(sweep: Sweep, say: Say = print, orders: dict[str, Any] | None = No
             with _naming(m.number, len(sweep.members), m.combination):
                 preflight(jobs[m.number])
     path = write_sweep(sweep.root, sweep.record())
-    say(f"{sweep.title()} ({path})")
+    logger.info(f"{sweep.title()} ({path})")
     outcome = Outcome()
     for m in sweep.members:
-        say(sweep.header(m))
-        result = _run_member(jobs[m.number], say)
+        logger.info(sweep.header(m))
+        result = _run_member(jobs[m.number])
         if result == "failed":
             outcome.failed.append(m)
         elif result == "interrupted":
@@ -168,10 +169,10 @@ def run_sweep(sweep: Sweep, say: Say = print, orders: dict[str, Any] | None = No
     return outcome
 
 
-def _run_member(job: Job, say: Say) -> str:
+def _run_member(job: Job) -> str:
     """Run one member as `fwk train` runs one run: "complete", "failed" or "interrupted"."""
     try:
-        result = run(job, say, checked=True)
+        result = run(job, checked=True)
     except KeyboardInterrupt:  # a second Ctrl-C, or one before the loop took over the signal
         return "interrupted"
     except UserError as exc:  # the member's own one line (diverged, bad data, already running)

@@ -5,7 +5,6 @@ It reads the resolved config from the run dir and never calls Hydra's compositio
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from omegaconf import OmegaConf
 from fwk.config.validate import to_typed
 from fwk.errors import UserError
 from fwk.launch.supervise import die_with_agent, redirect_worker_output
+from fwk.log import show
 from fwk.track.store import RunDir
 
 
@@ -26,7 +26,6 @@ def run_worker(run_dir: Path) -> int:
     from fwk.engine.trainer import train
 
     redirect_worker_output(int(os.environ.get("RANK", "0")))  # under torchrun: into runs/<id>/logs/
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     run = RunDir(Path(run_dir))
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
     is_main = os.environ.get("RANK", "0") == "0"
@@ -47,6 +46,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m fwk.launch.worker <run_dir>")
     die_with_agent()  # before anything else: a worker whose torchrun is gone must not train
+    show(rank=int(os.environ.get("RANK", "0")))  # rank 0's report lines, every rank's warnings
     try:
         code = run_worker(Path(sys.argv[1]))
     except UserError as exc:

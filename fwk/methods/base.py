@@ -16,6 +16,7 @@ top (``fwk train --cfg`` reads every method's settings without torch).
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # a method's module imports no torch until it runs (``fwk tra
     import torch
     from torch import nn
 
+logger = logging.getLogger(__name__)
+
 
 class Method(ABC):
     name = ""
@@ -37,7 +40,6 @@ class Method(ABC):
     def __init__(self, cfg: Any, max_steps: int) -> None:
         self.cfg, self.max_steps = cfg, max_steps
         self.example: torch.Tensor | None = None  # one input of batch size 1 (set before prepare)
-        self.say: Callable[[str], None] = print  # rank 0's report lines (set before prepare)
 
     def prepare(self, model: nn.Module) -> None:
         """Once, on the plain model (weights on the device, no strategy applied yet)."""
@@ -99,9 +101,7 @@ class Methods:
         self.active: list[Method] = [METHODS.get(n).builder(getattr(cfg, n), max_steps) for n in names]
         self.load_before_model = any(m.reshapes for m in self.active)  # Resumable: replay shapes, then load
 
-    def prepare(
-        self, model: nn.Module, task: str, say: Callable[[str], None], example: torch.Tensor | None = None
-    ) -> None:
+    def prepare(self, model: nn.Module, task: str, example: torch.Tensor | None = None) -> None:
         """Refuse a method this model's task cannot serve (one line), then prepare each.
         ``example``: one input of batch size 1 (what a method that traces the model runs)."""
         for m in self.active:
@@ -111,11 +111,10 @@ class Methods:
                     f"remove it from methods"
                 )
         for m in self.active:
-            m.say = say
             if example is not None:
                 m.example = example
             m.prepare(model)
-            say(m.describe())
+            logger.info(m.describe())
 
     def attach(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, reshaped: Callable[[int | None], None]

@@ -19,6 +19,7 @@ What follows the removed channels:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from fwk.registry import doc
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,7 +131,7 @@ class PruneGradually(Method):
         self.done += 1
         self.reshaped(step + 1)
         left = size(model)
-        self.say(
+        logger.info(
             f"step {step + 1}: prune_gradually stage {self.done}/{len(self.at)}: {left:,} of {self.full:,} "
             f"parameters left ({left / self.full:.1%})"
         )

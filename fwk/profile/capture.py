@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import re
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from torch import nn
 
 from fwk.config.schema import Config
 from fwk.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 MODULE_PREFIX = "fwk.module: "
 ROOT = "<model>"  # the name of the whole model in the module table (named_modules() calls it "")
@@ -157,7 +159,7 @@ def _hardware(device: torch.device) -> dict[str, Any]:
     return {"bf16_fast": features.bf16_fast, "text": features.text, "memory_bytes": int(memory)}
 
 
-def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str], None]) -> Captured:
+def capture(cfg: Config, warmup: int, steps: int, out: Path) -> Captured:
     """Train ``warmup + steps`` steps of ``cfg`` under the profiler; the trace goes to ``out``."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -179,14 +181,14 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path, say: Callable[[str]
         record_shapes=True,
         profile_memory=True,
     )
-    say(f"profiling {steps} steps after {warmup} warm-up steps on {device.type}")
+    logger.info(f"profiling {steps} steps after {warmup} warm-up steps on {device.type}")
     with (
         tempfile.TemporaryDirectory(prefix="fwk-profile-") as tmp,
         EngineOutput(out / "engine.log") as engine,
         contextlib.redirect_stdout(engine),
         prof,
     ):
-        run = build_run(short, RunDir(Path(tmp)), model=labels.attach(fresh_model(short, say)))
+        run = build_run(short, RunDir(Path(tmp)), model=labels.attach(fresh_model(short)))
         for _ in trainer.steps(run):
             if device.type == "cuda":  # the step's queued kernels first: each recorded step holds its own work
                 torch.cuda.synchronize(device)

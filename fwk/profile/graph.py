@@ -14,6 +14,7 @@ One self-contained HTML file: no script, no server.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ import torch
 from torch import nn
 
 from fwk.config.schema import Config
+
+logger = logging.getLogger(__name__)
 
 _KERNEL = re.compile(r"^\s*(?:\w+ = )?((?:cpp|triton)_\w*fused_\w+?)(?:\.run)?\(")
 _LIBRARY = re.compile(r"^\s*(?:\w+ = )?(extern_kernels\.\w+|torch\.ops\.aten\.\w+(?:\.\w+)?)\(")
@@ -124,12 +127,10 @@ def _compiled_code(cfg: Config, model: nn.Module, x: torch.Tensor, y: torch.Tens
     return codes
 
 
-def write_graph(cfg: Config, out: Path, say: Callable[[str], None]) -> Path:
-    import logging
-
+def write_graph(cfg: Config, out: Path) -> Path:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     model, x, y, device = _batch(cfg)
-    say(f"--graph: capturing the graph and compiling one training step (torch.compile {cfg.jit.backend})")
+    logger.info(f"--graph: capturing the graph and compiling one training step (torch.compile {cfg.jit.backend})")
     before = before_graph(model, x)
     started = time.perf_counter()
     try:

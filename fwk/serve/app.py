@@ -9,6 +9,7 @@ model itself fails. No request can stop the server.
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +24,8 @@ from fwk import __version__
 from fwk.serve import protocol
 from fwk.serve.protocol import BadRequest
 from fwk.serve.repository import Repository
+
+logger = logging.getLogger(__name__)
 
 
 def _error(message: str, status: int) -> JSONResponse:
@@ -114,7 +117,9 @@ def build(repo: Repository) -> Starlette:
         seconds = time.perf_counter() - t0
         decision = router.record(version, seconds, ok=True)
         if decision is not None:
-            repo.say(f"auto-{decision['action']} of {model}: {decision['from']} -> {decision['to']}; {decision['why']}")
+            logger.info(
+                f"auto-{decision['action']} of {model}: {decision['from']} -> {decision['to']}; {decision['why']}"
+            )
         labels.observe(seconds)
         repo.metrics.queue_delay.labels(model, version).observe(result.queue_s)
         repo.metrics.requests.labels(model, version, "200").inc()
@@ -128,7 +133,7 @@ def build(repo: Repository) -> Starlette:
             raise BadRequest(f"model {model} has no canary to {action}; start with --canary EXPORT_ID", 409)
         await repo.get(model, router.canary)
         decision = router.promote() if action == "promote" else router.rollback()
-        repo.say(f"{action} of {model}: {decision['from']} -> {decision['to']}")
+        logger.info(f"{action} of {model}: {decision['from']} -> {decision['to']}")
         return JSONResponse(decision | {"stable": router.stable})
 
     async def stats(request: Request) -> Response:
@@ -163,7 +168,7 @@ def build(repo: Repository) -> Starlette:
         return _error(str(exc.detail), exc.status_code)
 
     async def crash(request: Request, exc: Exception) -> Response:  # our bug: 500 and a log line, never a dead server
-        repo.say(f"error on {request.method} {request.url.path}: {type(exc).__name__}: {exc}")
+        logger.info(f"error on {request.method} {request.url.path}: {type(exc).__name__}: {exc}")
         return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
 
     @asynccontextmanager

@@ -11,8 +11,8 @@ canary ones), the others on their first request, warmed before it runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -21,6 +21,8 @@ from fwk.serve.batcher import Batcher
 from fwk.serve.metrics import Metrics
 from fwk.serve.models import Export, Loaded, example, load
 from fwk.serve.routing import Router
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,9 +42,8 @@ class Repository:
         cfg: ServeConfig,
         threads: int,
         preload: bool = False,
-        say: Callable[[str], None] = print,
     ) -> None:
-        self.routers, self.cfg, self.threads, self.preload, self.say = routers, cfg, threads, preload, say
+        self.routers, self.cfg, self.threads, self.preload = routers, cfg, threads, preload
         self.versions = {m: {v: Version(e) for v, e in vs.items()} for m, vs in exports.items()}
         self.metrics = Metrics()
         self.ready = False
@@ -67,7 +68,7 @@ class Repository:
         for model, v in pairs:
             await self.get(model, v)
         sizes = f"1..{self.cfg.max_batch_size}" if self.cfg.max_batch_size > 1 else "1"
-        self.say(
+        logger.info(
             f"ready: {len(pairs)} version(s) warmed up ({self.cfg.warmup} runs at batch sizes {sizes}) "
             f"in {time.perf_counter() - t0:.1f} s"
         )
@@ -97,7 +98,9 @@ class Repository:
                 batcher.start()
                 entry.loaded, entry.warm_s = loaded, time.perf_counter() - t0
                 entry.batcher = batcher  # last: from here on the version takes traffic
-                self.say(f"loaded {model} version {version} ({loaded.export.model_file.name}) in {entry.warm_s:.2f} s")
+                logger.info(
+                    f"loaded {model} version {version} ({loaded.export.model_file.name}) in {entry.warm_s:.2f} s"
+                )
         return entry
 
     def _warm_up(self, model: str, version: str, loaded: Loaded, batcher: Batcher) -> None:

@@ -7,9 +7,9 @@ batches and stops the inference threads.
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,8 @@ from fwk.config.schema import ServeConfig
 from fwk.errors import UserError
 from fwk.serve.models import Export, find_export
 from fwk.serve.routing import AutoPromote, Router
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,20 +105,19 @@ def run(
     port: int,
     threads: int,
     preload: bool,
-    say: Callable[[str], None],
 ) -> None:
     import uvicorn
 
     from fwk.serve.app import build
     from fwk.serve.repository import Repository
 
-    repo = Repository(p.routers, p.exports, cfg, threads, preload, say)
+    repo = Repository(p.routers, p.exports, cfg, threads, preload)
     for line in describe(p):
-        say(line)
+        logger.info(line)
     batching = f"max batch {cfg.max_batch_size}, max delay {cfg.max_delay_ms:g} ms" + (
         " (adaptive)" if cfg.adaptive else ""
     )
-    say(
+    logger.info(
         f"serving on http://{host}:{port} (KServe v2; {batching}; {threads} inference threads x "
         f"{cfg.intra_op_threads or 'auto'} onnxruntime threads); SIGTERM or Ctrl-C drains and stops"
     )
@@ -138,4 +139,4 @@ def run(
         signal.signal(sig, lambda signum, frame: got.append(signum))
     uvicorn.Server(config).run()
     why = f" on {signal.Signals(got[0]).name}" if got else ""
-    say(f"stopped{why}: in-flight requests drained")
+    logger.info(f"stopped{why}: in-flight requests drained")

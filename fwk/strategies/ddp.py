@@ -30,6 +30,7 @@ the tests make one rank's gloo traffic slow on purpose.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +47,8 @@ from fwk.distributed.group import Dist
 
 if TYPE_CHECKING:
     from fwk.strategies.step_plan import StepPlan
+
+logger = logging.getLogger(__name__)
 
 Hook = Callable[[Any, Any], torch.futures.Future]
 
@@ -188,11 +191,9 @@ class Replicated(nn.Module):
 class CommMonitor:
     """Per window: the share of time waiting on collectives; adapts when it stays high."""
 
-    def __init__(
-        self, cfg: ParallelConfig, dist: Dist, plan: StepPlan, model: nn.Module, say: Callable[[str], None]
-    ) -> None:
+    def __init__(self, cfg: ParallelConfig, dist: Dist, plan: StepPlan, model: nn.Module) -> None:
         """``plan``: the run's step plan; the last rung raises its accumulation."""
-        self.cfg, self.dist, self.say = cfg.adapt, dist, say
+        self.cfg, self.dist = cfg.adapt, dist
         self.replicated = model if isinstance(model, Replicated) else None
         self.plan = plan
         self.high = 0  # consecutive windows above the threshold
@@ -225,7 +226,7 @@ class CommMonitor:
         share = self.share
         if self._pending is not None:
             what, before = self._pending
-            self.say(f"step {step}: after '{what}': communication wait {share:.0%} of step time (was {before:.0%})")
+            logger.info(f"step {step}: after '{what}': communication wait {share:.0%} of step time (was {before:.0%})")
             self._pending = None
         self.high = self.high + 1 if share > self.cfg.threshold else 0
         if self.high < self.cfg.windows:
@@ -234,7 +235,7 @@ class CommMonitor:
             self._take_rung(step, share)
         elif not self.advised:
             self.advised = True
-            self.say(
+            logger.info(
                 f"step {step}: communication wait {share:.0%} of step time for {self.cfg.windows} windows "
                 f"(> parallel.adapt.threshold={self.cfg.threshold:g}); parallel.adapt.enabled=true lets fwk adapt "
                 "(compression, then bigger buckets, then more accumulation), or set parallel.comm_hook=fp16"
@@ -256,7 +257,7 @@ class CommMonitor:
         self._started, self._explicit = time.perf_counter(), self.dist.collective_s.total
         self.changes.append(f"step {step}: {what}")
         self._pending = (what, share)
-        self.say(
+        logger.info(
             f"step {step}: communication wait {share:.0%} of step time for {self.cfg.windows} windows "
             f"(> parallel.adapt.threshold={self.cfg.threshold:g}): {what}"
         )

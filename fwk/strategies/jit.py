@@ -39,6 +39,8 @@ from fwk.distributed.group import Dist
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.per_step import PerStep
 
+logger = logging.getLogger(__name__)
+
 Signature = tuple
 # Inductor's compile of a training step (forward and backward) on CPU, measured on a 2-core
 # AVX2 EPYC (torch 2.14): ~6 s of set-up in a fresh process, then ~0.45 s per leaf module
@@ -93,12 +95,11 @@ class Jit(PerStep):
         cfg: JitConfig,
         dist: Dist,
         max_steps: int,
-        say: Callable[[str], None],
         deterministic: bool = False,
         decisions: Decisions | None = None,
     ) -> None:
         """``deterministic`` (train.deterministic): auto decides from step times, so it stays eager."""
-        self.cfg, self.dist, self.max_steps, self.say, self.decisions = cfg, dist, max_steps, say, decisions
+        self.cfg, self.dist, self.max_steps, self.decisions = cfg, dist, max_steps, decisions
         self.record: dict[str, Any] | None = None  # auto's decision, once made or recalled
         self.cached: dict[str, Any] | None = None  # step times measured before for this model here
         self.cached_source = ""  # where they come from: cached, or replayed
@@ -107,7 +108,9 @@ class Jit(PerStep):
         self.state = "off" if cfg.name == "off" else "eager"  # eager -> trial -> compiled, or off
         if cfg.name == "auto" and deterministic:
             self.state = "off"
-            say("jit=auto stays eager: train.deterministic=true (compiling is decided from measured step times)")
+            logger.info(
+                "jit=auto stays eager: train.deterministic=true (compiling is decided from measured step times)"
+            )
         self.step_sigs: list[Signature] = []  # signatures of this step's calls
         self.last: tuple | None = None
         self.run = 0  # consecutive steps with the same signatures
@@ -140,14 +143,14 @@ class Jit(PerStep):
         if sig not in self.seen:
             if len(self.seen) > self.cfg.max_recompiles:
                 if not self.warned and self.dist.is_main:
-                    self.say(
+                    logger.info(
                         f"jit: more than jit.max_recompiles={self.cfg.max_recompiles} input signatures; "
                         "new ones run eager (raise jit.max_recompiles, or keep shapes fixed)"
                     )
                 self.warned = True
                 return model(*args, **kwargs)
             if self.seen and self.dist.is_main:
-                self.say(f"jit: new input signature {_short(sig)}: compiling it too")
+                logger.info(f"jit: new input signature {_short(sig)}: compiling it too")
             self.seen.add(sig)
         self.used_compiled = True
         return self.compiled(*args, **kwargs)
@@ -176,7 +179,7 @@ class Jit(PerStep):
         elif self.state in ("trial", "compiled") and used and step == self.compiled_at and not self._announced:
             self._announced = True
             if self.dist.is_main:
-                self.say(f"step {step}: compiled in {seconds:.1f} s (the first compiled step, compile included)")
+                logger.info(f"step {step}: compiled in {seconds:.1f} s (the first compiled step, compile included)")
         elif self.state == "trial" and used:
             self.compiled_times.append(seconds)
             if len(self.compiled_times) >= self.cfg.trial_steps:
@@ -214,7 +217,7 @@ class Jit(PerStep):
         if left < self.cfg.min_remaining_s:
             self.state = "off"
             if self.dist.is_main:
-                self.say(
+                logger.info(
                     f"jit=auto stays eager: {self.max_steps - step - 1} steps left x {per_step * 1000:.0f} ms = "
                     f"{left:.0f} s, less than jit.min_remaining_s={self.cfg.min_remaining_s:g} (compiling costs)"
                 )
@@ -231,7 +234,7 @@ class Jit(PerStep):
             if cpu and speedup < self.cfg.min_speedup:
                 self.state = "off"
                 if self.dist.is_main:
-                    self.say(
+                    logger.info(
                         f"jit=auto stays eager, as measured before for this model on this machine ({speedup:.2f}x "
                         f"compiled, less than jit.min_speedup={self.cfg.min_speedup:g}; --redecide measures again)"
                     )
@@ -256,7 +259,7 @@ class Jit(PerStep):
             return False
         self.state = "off"
         if self.dist.is_main:
-            self.say(
+            logger.info(
                 f"jit=auto stays eager: a compile trial costs ~{cost:.0f} s here, more than "
                 f"jit.max_trial_share={share:g} of the {left:.0f} s left (compiling pays off in longer runs)"
             )
@@ -271,7 +274,7 @@ class Jit(PerStep):
         self.state = "trial" if trial else "compiled"
         if self.dist.is_main:
             when = f"from step {at_step}" if at_step >= 0 else "again"  # -1: on resume
-            self.say(f"{why}; compiling {when} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
+            logger.info(f"{why}; compiling {when} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
 
     def _judge(self) -> None:
         """CPU auto: keep compiled only if it is faster than eager by ``min_speedup``: a speed-up
@@ -284,7 +287,7 @@ class Jit(PerStep):
         if self.dist.is_main:
             verdict = "keeps compiled" if faster else "goes back to eager"
             short = "" if faster or speedup < 1 else f", less than jit.min_speedup={self.cfg.min_speedup:g}"
-            self.say(
+            logger.info(
                 f"jit=auto {verdict}: {compiled * 1000:.0f} ms/step compiled vs {self.eager_step * 1000:.0f} ms eager "
                 f"({speedup:.2f}x{short})"
             )
@@ -297,7 +300,7 @@ class Jit(PerStep):
         self.used_compiled, self.step_sigs, self.state = False, [], "off"
         cause = " ".join(str(exc).split())[:300] or type(exc).__name__
         if self.dist.is_main:
-            self.say(f"jit: compiling failed ({type(exc).__name__}: {cause}); running eager from here")
+            logger.info(f"jit: compiling failed ({type(exc).__name__}: {cause}); running eager from here")
         return True
 
     @property
@@ -333,7 +336,7 @@ class Jit(PerStep):
         if decided == "off":
             self.state = "off"
             if self.dist.is_main:
-                self.say("jit=auto stays eager, as it decided before the checkpoint")
+                logger.info("jit=auto stays eager, as it decided before the checkpoint")
         elif decided in ("trial", "compiled"):
             self.eager_step = float(state.get("eager_step", 0.0))
             self._compile(-1, why="jit=auto compiled before the checkpoint")

@@ -15,14 +15,16 @@ checkpointing match (``parallelize.py`` applies it first for that reason).
 from __future__ import annotations
 
 import inspect
+import logging
 import os
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from fwk.config.schema import KernelsConfig
 from fwk.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 
 def use_triton(cfg: KernelsConfig, device: torch.device) -> bool:
@@ -53,16 +55,15 @@ def takes_targets(model: nn.Module) -> bool:
 
 
 class Kernels:
-    def __init__(self, cfg: KernelsConfig, device: torch.device, say: Callable[[str], None]) -> None:
+    def __init__(self, cfg: KernelsConfig, device: torch.device) -> None:
         check_available(cfg, device)
         self.triton = use_triton(cfg, device)
         self.fused_loss = False
-        self.say = say
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Swap in the Triton modules and the chunked head loss."""
         if not self.triton:
-            self.say(f"kernels: plain PyTorch{'' if torch.cuda.is_available() else ' (no CUDA device)'}")
+            logger.info(f"kernels: plain PyTorch{'' if torch.cuda.is_available() else ' (no CUDA device)'}")
             return model
         from fwk.kernels.cross_entropy import linear_cross_entropy
         from fwk.kernels.layernorm import LayerNorm
@@ -78,5 +79,5 @@ class Kernels:
             model.head_loss = linear_cross_entropy
             self.fused_loss = True
         head = ", chunked linear cross-entropy" if self.fused_loss else ""
-        self.say(f"kernels: Triton for {swapped} norm layers{head}, fused optimizer step")
+        logger.info(f"kernels: Triton for {swapped} norm layers{head}, fused optimizer step")
         return model

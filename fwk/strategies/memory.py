@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -42,6 +43,8 @@ from fwk.strategies.decisions import Decisions
 from fwk.strategies.modules import blocks, fitting, match, outermost, wrap_forward
 from fwk.strategies.per_step import PerStep
 from fwk.strategies.saved_tensors import SavedTensorMeter
+
+logger = logging.getLogger(__name__)
 
 GB = 1e9
 
@@ -117,12 +120,11 @@ class Memory(PerStep):
         cfg: MemoryConfig,
         dist: Dist,
         per_rank_batch: int,
-        say: Callable[[str], None],
         decisions: Decisions | None = None,
         max_steps: int | None = None,
     ) -> None:
         """``max_steps``: the run's length; auto times no plans that the run would end amid."""
-        self.cfg, self.dist, self.per_rank_batch, self.say, self.decisions = cfg, dist, per_rank_batch, say, decisions
+        self.cfg, self.dist, self.per_rank_batch, self.decisions = cfg, dist, per_rank_batch, decisions
         self.max_steps = max_steps
         self.step = 0
         self._turn = False  # auto measures only once the decisions before it are made
@@ -146,7 +148,7 @@ class Memory(PerStep):
             [MemoryPlan(offload=True)] if cuda else []
         )
         if cfg.name == "auto" and not self.budget and dist.is_main:
-            say("memory=auto chose none: on CPU a budget is needed to decide (set memory.budget_gb)")
+            logger.info("memory=auto chose none: on CPU a budget is needed to decide (set memory.budget_gb)")
         self.targets: list[str] = []
 
     def apply(self, model: nn.Module) -> nn.Module:
@@ -155,14 +157,14 @@ class Memory(PerStep):
         if self.cfg.name in ("checkpoint", "auto"):
             patterns, left_out = fitting(model, self.cfg.modules, "memory.modules")
             if left_out and self.dist.is_main:
-                self.say(left_out)
+                logger.info(left_out)
             targets = checkpoint_targets(model, self.cfg, patterns)
             for module in targets.values():
                 wrap_forward(module, _checkpointed(module, lambda: self.plan, self.meter))
             self.targets = list(targets)
         if self.dist.is_main and self.cfg.name != "auto":
             where = f" of {len(self.targets)} modules ({self._target_text()})" if self.targets else ""
-            self.say(f"memory={self.plan.describe()}{where}")
+            logger.info(f"memory={self.plan.describe()}{where}")
         return model
 
     def reshaped(self, model: nn.Module) -> None:
@@ -193,7 +195,7 @@ class Memory(PerStep):
             return
         self.trials = None
         if self.dist.is_main:
-            self.say(
+            logger.info(
                 f"memory=auto chose {self.plan.describe()}: the {self.max_steps - step} step(s) left are too few "
                 f"to time its {len(self.candidates)} plans ({needed} steps)"
             )
@@ -210,7 +212,7 @@ class Memory(PerStep):
                 if source == "replayed"
                 else "as measured before for this model on this machine; auto.cache=false or --redecide measures again"
             )
-            self.say(f"memory=auto chose {self.plan.describe()} ({how})")
+            logger.info(f"memory=auto chose {self.plan.describe()} ({how})")
 
     def around_piece(self) -> contextlib.AbstractContextManager:
         """Around forward and backward of one micro-batch: offload, or the meter while auto measures."""
@@ -296,7 +298,7 @@ class Memory(PerStep):
         self.plan = min(fits, key=lambda p: fits[p][1])
         if self.dist.is_main:
             tried = "; ".join(_tried(p, *t, self.budget) for p, t in self.trials.items())
-            self.say(
+            logger.info(
                 f"memory=auto chose {self.plan.describe()}: fastest within {self.budget / GB:.3g} GB "
                 f"({'peak' if self.dist.device.type == 'cuda' else 'activations'}; tried {tried})"
             )
@@ -342,7 +344,7 @@ class Memory(PerStep):
                 "use a smaller model, or more processes"
             )
         if self.dist.is_main:
-            self.say(f"step {step}: out of memory; redoing the step with {doubled.describe()}")
+            logger.info(f"step {step}: out of memory; redoing the step with {doubled.describe()}")
         self.plan = doubled
 
     # ---- reporting and checkpoint state ------------------------------------------

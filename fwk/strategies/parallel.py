@@ -10,8 +10,8 @@ otherwise fsdp, or hsdp across nodes.
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -19,6 +19,8 @@ from torch import nn
 from fwk.config.schema import ParallelConfig
 from fwk.distributed.group import Dist
 from fwk.strategies.precision import Precision
+
+logger = logging.getLogger(__name__)
 
 
 def _free_device_bytes(device: torch.device) -> int:
@@ -63,7 +65,6 @@ def wrap(
     dist: Dist,
     precision: Precision,
     optimizer_floats: float,
-    say: Callable[[str], None],
 ) -> nn.Module:
     """The model to train: data parallelism around ``compiled`` (the JIT's wrapper of ``plain``).
 
@@ -72,7 +73,7 @@ def wrap(
     """
     strategy, facts = decide(cfg, dist, plain, optimizer_floats)
     if dist.is_main and cfg.name == "auto":
-        say(f"parallel=auto chose {strategy}: {facts}")
+        logger.info(f"parallel=auto chose {strategy}: {facts}")
     if strategy == "none" or not dist.distributed:
         return compiled
     if strategy == "ddp":
@@ -100,7 +101,7 @@ def wrap(
         layout = ""
         if precision.channels_last:  # fsdp.shard: FSDP2 shards contiguous parameters only
             layout = "; conv weights contiguous (FSDP shards no other), inputs channels-last"
-        say(
+        logger.info(
             f"parallel={strategy}: mesh {shape}; {len(units)} units ({units[0]}, ...); parameters in "
             f"{dtype or torch.float32} for compute, fp32 master copy and gradient reduction{layout}"
         )

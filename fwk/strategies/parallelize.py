@@ -27,7 +27,7 @@ tries candidates on are redone once it has decided (``fwk/engine/trials.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from typing import Any
 
 from torch import nn
@@ -44,6 +44,8 @@ from fwk.strategies.per_step import PerStep
 from fwk.strategies.precision import Precision
 from fwk.strategies.step_plan import StepPlan
 
+logger = logging.getLogger(__name__)
+
 APPLY_ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` runs them (tests check it)
 
 
@@ -55,19 +57,18 @@ class Strategies:
         cfg: Config,
         dist: Dist,
         per_rank_batch: int,
-        say: Callable[[str], None],
         decisions: Decisions | None = None,
         accum_factor: int = 1,
     ) -> None:
         """``accum_factor``: how many times more each process accumulates than
         ``train.accum_steps`` says (already in it): a run resumed by fewer processes."""
-        self.cfg, self.dist, self.say = cfg, dist, say
+        self.cfg, self.dist = cfg, dist
         self.decisions = decisions if decisions is not None else Decisions(cfg, dist)
         d, steps, deterministic = self.decisions, cfg.train.max_steps, cfg.train.deterministic
-        self.kernels = Kernels(cfg.kernels, dist.device, say)
-        self.precision = Precision(cfg.precision, dist, steps, say, d, deterministic)
-        self.memory = Memory(cfg.memory, dist, per_rank_batch, say, d, max_steps=steps)
-        self.jit = Jit(cfg.jit, dist, steps, say, deterministic, d)
+        self.kernels = Kernels(cfg.kernels, dist.device)
+        self.precision = Precision(cfg.precision, dist, steps, d, deterministic)
+        self.memory = Memory(cfg.memory, dist, per_rank_batch, d, max_steps=steps)
+        self.jit = Jit(cfg.jit, dist, steps, deterministic, d)
         self.plan = StepPlan(cfg.train.accum_steps, self.memory, accum_factor)
         self.comm: CommMonitor | None = None  # watches the wrapped model: made by apply()
 
@@ -82,8 +83,8 @@ class Strategies:
         model = self.precision.prepare(model)  # 2
         model = self.memory.apply(model)  # 3
         compiled = self.jit.wrap(model)  # 4
-        trained = parallel.wrap(compiled, model, cfg.parallel, dist, self.precision, optimizer_floats, self.say)  # 5
-        self.comm = CommMonitor(cfg.parallel, dist, self.plan, trained, self.say)
+        trained = parallel.wrap(compiled, model, cfg.parallel, dist, self.precision, optimizer_floats)  # 5
+        self.comm = CommMonitor(cfg.parallel, dist, self.plan, trained)
         self.model, self.trained = model, trained
         return model, trained
 

@@ -19,7 +19,8 @@ step, so resume is exact.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection
+import logging
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -40,6 +41,8 @@ from fwk.strategies.loss_scale import LossScale
 from fwk.strategies.modules import fitting, last_linear, match, outermost, wrap_forward
 from fwk.strategies.per_step import PerStep
 from fwk.strategies.ranges import RangeProbe, describe
+
+logger = logging.getLogger(__name__)
 
 FP16_MAX = 65504.0
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,13 +68,12 @@ class Precision(PerStep):
         cfg: PrecisionConfig,
         dist: Dist,
         max_steps: int,
-        say: Callable[[str], None],
         decisions: Decisions | None = None,
         deterministic: bool = False,
     ) -> None:
         """``decisions``: where auto's decision is recalled from and kept (None: measured, not
         cached); ``deterministic`` (train.deterministic): auto keeps the hardware's prior untimed."""
-        self.cfg, self.dist, self.say, self.decisions = cfg, dist, say, decisions
+        self.cfg, self.dist, self.decisions = cfg, dist, decisions
         self.device_type = dist.device.type
         features = hardware.probe(dist.device)
         self.auto: AutoChoice | None = None  # precision=auto's measured choice
@@ -144,7 +146,7 @@ class Precision(PerStep):
         """After each optimizer step: auto's trial takes the step's time (and may decide)."""
         line = self.auto.step_done(step, seconds) if self.auto is not None else None
         if line and self.dist.is_main:
-            self.say(line)
+            logger.info(line)
 
     def _fit_scaler(self) -> None:
         """A loss scaler when fp16 may run: asked for, auto's choice, or on auto's trial."""
@@ -164,7 +166,7 @@ class Precision(PerStep):
             self._keep_fp32(match(model, final or last_linear(model), "precision.final_fp32"), self._final)
             left_out = "; ".join(line for line in (left_out, final_left_out) if line) or None
         if left_out and self.dist.is_main:
-            self.say(left_out)
+            logger.info(left_out)
         self._convs = any(isinstance(m, nn.Conv2d) for m in model.modules())
         self.channels_last = self._layout_at(0)
         if self.channels_last:
@@ -172,7 +174,7 @@ class Precision(PerStep):
         if not self.probe_done:
             self._probe = RangeProbe(model)
         if self.dist.is_main:
-            self.say(self._describe())
+            logger.info(self._describe())
         return model
 
     def _keep_fp32(self, modules: dict[str, nn.Module], gate: Gate) -> None:
@@ -216,7 +218,7 @@ class Precision(PerStep):
         if not any(isinstance(p, DTensor) for p in self._model.parameters()):
             self._model.to(memory_format=torch.channels_last if want else torch.contiguous_format)
         if self.dist.is_main:
-            self.say(f"step {step}: precision=auto runs {'channels-last' if want else 'contiguous'} from here")
+            logger.info(f"step {step}: precision=auto runs {'channels-last' if want else 'contiguous'} from here")
 
     def _describe(self) -> str:
         extras = []
@@ -263,7 +265,7 @@ class Precision(PerStep):
         phase = [p for start, p in self.phases if step >= start][-1]
         if phase != self.phase:
             if self.phase is not None and self.dist.is_main:
-                self.say(f"step {step}: precision phase {self.phase} -> {phase} ({self._phase_text(phase)})")
+                logger.info(f"step {step}: precision phase {self.phase} -> {phase} ({self._phase_text(phase)})")
             self.phase = phase
         self._keep.on = self.amp_on
         self._final.on = self.amp_on and self.phase == "final"
@@ -339,7 +341,7 @@ class Precision(PerStep):
         if hot:
             self._keep_fp32({n: m for n, m in self._model.named_modules() if n in hot}, self._keep)
         if announce and self.dist.is_main and self.ranges:
-            self.say(f"precision=auto {describe(self.ranges, self.cfg.probe_steps, hot, limit)}")
+            logger.info(f"precision=auto {describe(self.ranges, self.cfg.probe_steps, hot, limit)}")
 
     # ---- reporting and checkpoint state ------------------------------------------
     def metrics(self) -> dict[str, Any]:
@@ -365,7 +367,7 @@ class Precision(PerStep):
         if self.auto is not None and "trial" in state:
             line = self.auto.load_state_dict(state)
             if line and self.dist.is_main:
-                self.say(line)
+                logger.info(line)
             self._fit_scaler()
         elif state["format"] != self.format:
             raise UserError(

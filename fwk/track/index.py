@@ -12,16 +12,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import sqlite3
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from fwk.track.status import last_train, row_from_dir, running
 from fwk.track.store import RunDir
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1  # PRAGMA user_version; another number means "rebuild from the run dirs"
 INDEX_NAME = "index.sqlite"
@@ -44,12 +46,6 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created);
 """
 _COLUMNS = ("id", "recipe", "status", "step", "max_steps", "metrics", "created", "updated", "parent", "sweep", "tags")
-
-Say = Callable[[str], None]
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def index_path(root: Path) -> Path:
@@ -130,7 +126,7 @@ def _rebuild(con: sqlite3.Connection, root: Path, runs: dict[str, RunDir]) -> No
         raise
 
 
-def open_index(root: Path, say: Say = _stderr, quiet_for: str | None = None) -> sqlite3.Connection:
+def open_index(root: Path, quiet_for: str | None = None) -> sqlite3.Connection:
     """Open (creating or rebuilding as needed) the index of the runs under ``root``.
 
     A rebuild says so in one line, unless the index was merely missing and the only run dir
@@ -161,7 +157,7 @@ def open_index(root: Path, say: Say = _stderr, quiet_for: str | None = None) -> 
         _rebuild(con, root, runs)
         con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     if why != "missing" or set(runs) - {quiet_for}:
-        say(f"fwk: run index {path} was {why}; rebuilt it from {len(runs)} run dirs")
+        logger.warning(f"fwk: run index {path} was {why}; rebuilt it from {len(runs)} run dirs")
     return con
 
 
@@ -194,7 +190,7 @@ def record_quietly(run: RunDir, status: str | None = None, **fields: Any) -> Non
     try:
         record(run, status, **fields)
     except Exception as exc:  # noqa: BLE001 - the index is a cache; training goes on without it
-        _stderr(f"fwk: warning: run index not updated for {run.id} ({type(exc).__name__}: {exc})")
+        logger.warning(f"fwk: warning: run index not updated for {run.id} ({type(exc).__name__}: {exc})")
 
 
 def forget(root: Path, run_id: str) -> None:
@@ -211,7 +207,6 @@ def query(
     status: str | None = None,
     tags: list[str] | None = None,
     sweep: str | None = None,
-    say: Say = _stderr,
 ) -> list[dict[str, Any]]:
     """The runs under ``root`` matching every filter given, newest first.
 
@@ -222,7 +217,7 @@ def query(
     root = Path(root)
     if not root.is_dir():
         return []
-    con = open_index(root, say=say)
+    con = open_index(root)
     try:
         dirs = _run_dirs(root)
         rows = {r["id"]: _decode(r) for r in con.execute("SELECT * FROM runs")}

@@ -15,15 +15,18 @@ seconds. ``fwk runs`` reads a fresh lease as running, from any machine.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fwk.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 LEASE = "lease.json"
 INTERVAL = 5.0  # seconds between renewals
@@ -62,8 +65,8 @@ class Lease:
     """Hold ``runs/<id>/lease.json`` for ``key`` while the block runs, renewing it every
     ``INTERVAL`` seconds from a thread; removed at the end if still this launch's."""
 
-    def __init__(self, run_path: Path, run_id: str, key: str, say: Callable[[str], None] = print) -> None:
-        self.path, self.run_id, self.key, self.say = run_path, run_id, key, say
+    def __init__(self, run_path: Path, run_id: str, key: str) -> None:
+        self.path, self.run_id, self.key = run_path, run_id, key
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -85,7 +88,7 @@ class Lease:
         if held is not None and held.get("key") != self.key:
             if now - held["renewed"] < STALE_AFTER:
                 raise self._refuse(held)
-            self.say(f"run {self.run_id}: took over the lease of {describe(held, now)}: its launch is gone")
+            logger.info(f"run {self.run_id}: took over the lease of {describe(held, now)}: its launch is gone")
         self._write()
         time.sleep(SETTLE)
         won = read(self.path)
@@ -99,7 +102,7 @@ class Lease:
         while not self._stop.wait(INTERVAL):
             held = read(self.path)
             if held is not None and held.get("key") != self.key:
-                self.say(f"warning: run {self.run_id}'s lease was taken over by {describe(held)}")
+                logger.warning(f"warning: run {self.run_id}'s lease was taken over by {describe(held)}")
                 return
             self._write()
 

@@ -18,6 +18,8 @@ from common import batch_for, config, engine_step
 from harness import Side, guarded, measure_pair, ratio_row
 from overhead import k_steps, plain_step
 
+from fwk.log import collected
+
 
 def one(workload: str, quick: bool) -> list:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -28,19 +30,21 @@ def one(workload: str, quick: bool) -> list:
     autos = ["precision=auto", "memory=auto", "jit=auto", "kernels=auto", f"train.device={device.type}"]
     extra = [*autos, *(["data.seq_len=32"] if quick and workload == "gpt" else [])]
     cfg = config(workload, batch, size, extra)
-    said: list[str] = []
-    fwk, precision, memory, jit, _ = engine_step(cfg, device, batch, jit=True, say=said.append)
+    with collected() as said:
+        fwk, precision, memory, jit, _ = engine_step(cfg, device, batch, jit=True)
     x, y = batch_for(cfg, batch, device)
     plain_cfg = config(workload, batch, size, ["precision=fp32", "jit=off", "memory=none", "kernels=torch",
                                                *extra[5:]])
     plain = plain_step(plain_cfg, device)
     i, t0 = 0, time.perf_counter()
     cap_steps, cap_s = (12, 60) if quick else (60, 150)
-    while (jit.timing or not precision.probe_done or memory.measuring) and i < cap_steps:
-        fwk(i, [(x, y)])
-        i += 1
-        if time.perf_counter() - t0 > cap_s:
-            break
+    with collected() as later:
+        while (jit.timing or not precision.probe_done or memory.measuring) and i < cap_steps:
+            fwk(i, [(x, y)])
+            i += 1
+            if time.perf_counter() - t0 > cap_s:
+                break
+    said += later
     settled = not (jit.timing or not precision.probe_done or memory.measuring)
     k, reps = (1, 3) if quick else (3, 5)
     fwk_k, plain_k = k_steps(fwk, plain, x, y, k, start=i)

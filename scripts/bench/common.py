@@ -59,10 +59,6 @@ def batch_for(cfg, batch: int, device: torch.device) -> tuple[torch.Tensor, torc
     return x.to(device), y.to(device)
 
 
-def _quiet(text: str) -> None:
-    pass
-
-
 class Engine(NamedTuple):
     step: TrainStep
     precision: Precision
@@ -71,27 +67,24 @@ class Engine(NamedTuple):
     kernels: Kernels
 
 
-def engine_step(
-    cfg, device: torch.device, batch: int, jit: bool = False, say: Callable[[str], None] = _quiet
-) -> Engine:
+def engine_step(cfg, device: torch.device, batch: int, jit: bool = False) -> Engine:
     """The same objects the trainer builds, in the same order, for one process. The JIT is
     off unless ``jit`` (the strategy benchmarks time eager steps; jit.py times compiling).
-    ``say`` gets the strategies' log lines (what auto chose and why)."""
+    The strategies' lines (what auto chose and why) go to fwk's logger (``fwk.log.collected``)."""
     d = Dist(rank=0, local_rank=0, world_size=1, device=device)
     deterministic(cfg.train.deterministic)  # as the trainer: cuDNN's autotuner unless deterministic
     torch.manual_seed(cfg.seed)
-    quiet = say
-    precision = Precision(cfg.precision, d, cfg.train.max_steps, quiet)
-    memory = Memory(cfg.memory, d, batch, quiet)
-    compiler = Jit(cfg.jit if jit else JitConfig(name="off"), d, cfg.train.max_steps, quiet)
-    kernels = Kernels(cfg.kernels, device, quiet)
+    precision = Precision(cfg.precision, d, cfg.train.max_steps)
+    memory = Memory(cfg.memory, d, batch)
+    compiler = Jit(cfg.jit if jit else JitConfig(name="off"), d, cfg.train.max_steps)
+    kernels = Kernels(cfg.kernels, device)
     raw = MODELS.get(cfg.model.name).builder(cfg.model).to(device)
     raw = memory.apply(precision.prepare(kernels.apply(raw)))
     raw.train()
     optimizer = build_optimizer(cfg.optim, raw, fused=kernels.triton)
     scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
     # the per-step NaN/spike checks and rollback snapshots, as in every run
-    diagnostics = Diagnostics(cfg.diagnostics, d, raw, optimizer, scheduler, precision, cfg.train.log_every, quiet)
+    diagnostics = Diagnostics(cfg.diagnostics, d, raw, optimizer, scheduler, precision, cfg.train.log_every)
     loss = CrossEntropy(fused=kernels.fused_loss)
     strategies = [precision, memory, compiler]  # decisions.DECISION_ORDER
     plan = StepPlan(cfg.train.accum_steps, memory)

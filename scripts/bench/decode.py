@@ -157,7 +157,7 @@ def _streamed(cfg: StreamingConfig, batch: int, workers: int, cache: Path | None
             shutil.rmtree(cache, ignore_errors=True)  # every chunk comes over HTTP again
         bundle = streaming(cfg, seed=e)
         assert bundle.train_loader is not None
-        return bundle.train_loader(batch, 1, loader_kwargs(_plan(workers)), None, print).loader
+        return bundle.train_loader(batch, 1, loader_kwargs(_plan(workers)), None).loader
 
     return epoch
 
@@ -181,7 +181,7 @@ def _prepare(root: Path, out: Path, side: int, workers: int, chunk_mb: int) -> f
 
     count = sum(1 for f in root.rglob("*.JPEG"))
     t0 = time.perf_counter()
-    prepare(ImageFolderConfig(root=str(root)), str(out), side, 90, workers, lambda line: None, chunk_mb=chunk_mb)
+    prepare(ImageFolderConfig(root=str(root)), str(out), side, 90, workers, chunk_mb=chunk_mb)
     return count / (time.perf_counter() - t0)
 
 

@@ -34,6 +34,7 @@ from fwk.export import verify
 from fwk.export.pipeline import run_export
 from fwk.export.settings import PrunePlan, load_settings
 from fwk.export.source import load
+from fwk.log import show
 from fwk.track.store import RunDir
 
 
@@ -52,10 +53,6 @@ def trained_run(recipe: str, runs: Path) -> RunDir:
 
 def _ms(lat: verify.Latency) -> str:
     return f"{lat.p50_ms:.2f} ({lat.min_ms:.2f}-{lat.max_ms:.2f})"
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _kept(recipe: str, runs: Path, method: str) -> tuple[RunDir, dict, dict]:
@@ -82,9 +79,9 @@ def measure(recipe: str, args: argparse.Namespace):
         run = trained_run(recipe, args.runs)
         cfg = load_settings([f"export.latency_batch={args.batch}", *args.export])
         quiet = lambda _: None  # noqa: E731
-        report = run_export(run, PrunePlan(), "int8", cfg, 100.0, None, False, say=_say, show=quiet)
+        report = run_export(run, PrunePlan(), "int8", cfg, 100.0, None, False, show=quiet)
         plan = PrunePlan.checked(args.prune, args.ratio, None)
-        pruned = run_export(run, plan, "int8", cfg, 100.0, None, False, say=_say, show=quiet)
+        pruned = run_export(run, plan, "int8", cfg, 100.0, None, False, show=quiet)
     export = run.path / "exports" / report["export_id"]
     pexport = run.path / "exports" / pruned["export_id"]
     stages = {s["stage"]: s for s in report["stages"]}
@@ -266,6 +263,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
+    show("stderr")  # the export's progress lines; stdout holds the table
     import onnxruntime
     import torch
 

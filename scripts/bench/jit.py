@@ -35,6 +35,8 @@ from common import (  # noqa: E402
     option_rows,
 )
 
+from fwk.log import collected  # noqa: E402
+
 MODES = {"eager": "off", "compile": "compile", "auto": "auto"}
 
 
@@ -54,15 +56,14 @@ def measure(workload: str, args):
         cfg = config(workload, batch, args.image_size, extra)
         step, _, _, jit, _ = engine_step(cfg, device, batch, jit=True)
         x, y = batch_for(cfg, batch, device)
-        said: list[str] = []
-        jit.say = said.append
         i = 0
-        while i < 30 and (i < 2 or jit.state in ("eager", "trial")) and mode != "off":
-            t0 = time.perf_counter()
-            step(i, [(x, y)])
-            if jit.compiled_at == i:
-                compile_s[label] = time.perf_counter() - t0
-            i += 1
+        with collected() as said:
+            while i < 30 and (i < 2 or jit.state in ("eager", "trial")) and mode != "off":
+                t0 = time.perf_counter()
+                step(i, [(x, y)])
+                if jit.compiled_at == i:
+                    compile_s[label] = time.perf_counter() - t0
+                i += 1
         verdict[label] = next((m for m in said if m.startswith("jit=auto keeps") or "back to eager" in m), "")
         steps[label] = lambda step=step, x=x, y=y, i=i: step(i, [(x, y)])
         steps[label]()  # one more warm-up step in the settled mode

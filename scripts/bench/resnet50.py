@@ -146,7 +146,7 @@ def prepare_shards(photos: Path, out: Path, max_side: int) -> float:
     from fwk.data.prepare import prepare
 
     t0 = time.perf_counter()
-    prepare(ImageFolderConfig(root=str(photos)), str(out), max_side, 90, 0, lambda line: None, chunk_mb=4)
+    prepare(ImageFolderConfig(root=str(photos)), str(out), max_side, 90, 0, chunk_mb=4)
     return time.perf_counter() - t0
 
 

@@ -71,7 +71,7 @@ def run(seeds: tuple[int, ...] = (0, 1, 2), steps: int = 60) -> dict[str, list[f
     with tempfile.TemporaryDirectory(prefix="fwk-bench-shards-") as tmp:
         base = Path(tmp)
         folder = write_digits(base / "digits")
-        prepare(ImageFolderConfig(root=str(folder)), str(base / "shards"), 32, 90, 2, lambda line: None)
+        prepare(ImageFolderConfig(root=str(folder)), str(base / "shards"), 32, 90, 2)
         sides = {"folder": ["data=imagefolder", f"data.root={folder}"],
                  "shards": ["data=streaming", f"data.uri={base / 'shards'}"]}  # fmt: skip
         for seed in seeds:

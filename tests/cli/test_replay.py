@@ -98,12 +98,13 @@ def test_a_replay_re_applies_the_measured_decisions(tmp_path: Path, monkeypatch:
     out = run_fwk("replay", orig, runs=runs)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"re-applying run {orig}'s decisions: precision {choice}" in out.stderr
-    assert f"precision=auto re-applies {choice}, as the replayed run decided (--redecide" in out.stdout
-    assert "timing" not in out.stdout and "trial steps" not in out.stdout
+    assert f"precision=auto re-applies {choice}, as the replayed run decided (--redecide" in out.stderr
+    assert "timing" not in out.stderr and "trial steps" not in out.stderr
     assert "identical: 16 values in 8 rows are equal" in out.stdout, out.stdout
+    assert "precision=auto" not in out.stdout  # the run's lines on stderr: stdout holds the verdict alone
 
     [replay] = [d for d in _dirs(runs) if d != orig]
     shutil.rmtree(runs / replay)  # so that it trains again, deciding afresh on this CPU: fp32, untimed
     out = run_fwk("replay", orig, "--redecide", runs=runs)
     assert f"deciding afresh (--redecide), not re-applying run {orig}'s decisions" in out.stderr
-    assert "precision=auto chose fp32: CPU" in out.stdout and f"replay {replay} of run {orig}:" in out.stdout
+    assert "precision=auto chose fp32: CPU" in out.stderr and f"replay {replay} of run {orig}:" in out.stdout

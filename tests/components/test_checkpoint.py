@@ -60,21 +60,20 @@ def test_corrupt_checkpoint_is_one_line_error(tmp_path: Path) -> None:
     path = ckpt.save(5, _state(5))
     _corrupt(path)
     with pytest.raises(UserError, match="corrupt .*state.pt.*checksum") as err:
-        ckpt.load_latest(print)
+        ckpt.load_latest()
     assert "\n" not in str(err.value)
     assert (path / "state.pt").exists()  # nothing deleted
 
 
-def test_corrupt_newest_falls_back_to_the_newest_intact(tmp_path: Path) -> None:
+def test_corrupt_newest_falls_back_to_the_newest_intact(tmp_path: Path, said: pytest.LogCaptureFixture) -> None:
     ckpt = Checkpointer(tmp_path, SOLO, keep=3, on_corrupt="fallback")
     for step in (1, 2, 3):
         ckpt.save(step, _state(step))
     _corrupt(tmp_path / "step-00000003", "rng-rank0.pt")
     (tmp_path / "step-00000002" / "state.pt").unlink()  # cut off mid-write: a file missing
-    said: list[str] = []
-    path, state, _ = ckpt.load_latest(said.append)
+    path, state, _ = ckpt.load_latest()
     assert (path.name, state["step"]) == ("step-00000001", 1)
-    assert said == [
+    assert said.messages == [
         "warning: skipped corrupt checkpoint step-00000003 (rng-rank0.pt: missing or checksum mismatch), "
         "step-00000002 (state.pt: missing or checksum mismatch); resuming from step-00000001 instead"
     ]
@@ -85,7 +84,7 @@ def test_every_checkpoint_corrupt_is_one_line_error(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, SOLO, keep=2, on_corrupt="fallback")
     _corrupt(ckpt.save(4, _state(4)))
     with pytest.raises(UserError, match="every checkpoint in .* is corrupt .newest: step-00000004"):
-        ckpt.load_latest(print)
+        ckpt.load_latest()
 
 
 def test_an_unsharded_checkpoint_loads_on_another_world_size(tmp_path: Path) -> None:
@@ -107,7 +106,7 @@ def test_layout_mismatch_is_one_line_error(tmp_path: Path) -> None:
     (path / "manifest.json").write_text(json.dumps({**manifest, "world_size": 2}))  # as 2 DDP processes write it
     sharded = Checkpointer(tmp_path, SOLO, keep=1, sharded=True)
     with pytest.raises(UserError, match=r"is unsharded \(parallel=none/ddp\) but this run is sharded") as err:
-        sharded.load_latest(print)
+        sharded.load_latest()
     assert "\n" not in str(err.value) and str(path) in str(err.value)
 
 
@@ -145,7 +144,9 @@ def _weights(path: Path) -> torch.Tensor:
     return torch.load(path / "state.pt", weights_only=True)["model"]["weight"]
 
 
-def test_a_resave_cut_between_its_renames_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resave_cut_between_its_renames_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     """Re-saving a step (the final one, after a stop) moves the old copy aside and deletes it
     only once the new one is in: a crash in between leaves the old copy, put back at start."""
     ckpt = Checkpointer(tmp_path, SOLO, keep=2)
@@ -165,10 +166,10 @@ def test_a_resave_cut_between_its_renames_loses_nothing(tmp_path: Path, monkeypa
     monkeypatch.setattr(os, "rename", real_rename)
     assert renames == [("step-00000007", ".old-step-00000007"), (".tmp-step-00000007", "step-00000007")]
     assert ckpt.all() == []  # what a resume would have found before: nothing
-    said = []
-    path, state, _ = Checkpointer(tmp_path, SOLO, keep=2).load_latest(said.append)
+    said.clear()
+    path, state, _ = Checkpointer(tmp_path, SOLO, keep=2).load_latest()
     assert path.name == "step-00000007" and torch.equal(state["model"]["weight"], old)
-    assert said == [
+    assert said.messages == [
         "checkpoints: put back step-00000007 (its re-save was cut short)",
         "checkpoints: removed .tmp-step-00000007 (a save cut short)",
     ]
@@ -205,5 +206,5 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_keeps_the_last_checkpoi
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004"]
     monkeypatch.setattr(torch, "save", real_save)
-    path, state, _ = Checkpointer(tmp_path, SOLO, keep=2).load_latest(print)
+    path, state, _ = Checkpointer(tmp_path, SOLO, keep=2).load_latest()
     assert path.name == "step-00000004" and torch.equal(state["model"]["weight"], kept)

@@ -23,15 +23,15 @@ POISONED = ["model=custom", "model._target_=tests.components.nan_models.Poisoned
 SHORT = ["train.max_steps=40", "train.eval_every=0", "train.log_every=10", "diagnostics.snapshot_every=5", "jit=off"]
 
 
-def _diagnostics(model: nn.Module, said: list[str], **cfg: object) -> Diagnostics:
+def _diagnostics(model: nn.Module, **cfg: object) -> Diagnostics:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    precision = Precision(PrecisionConfig(name="fp32"), SOLO, 100, lambda s: None)
-    return Diagnostics(DiagnosticsConfig(**cfg), SOLO, model, optimizer, scheduler, precision, 10, said.append)
+    precision = Precision(PrecisionConfig(name="fp32"), SOLO, 100)
+    return Diagnostics(DiagnosticsConfig(**cfg), SOLO, model, optimizer, scheduler, precision, 10)
 
 
 def diag_of(model: nn.Module) -> Diagnostics:
-    return _diagnostics(model, [])
+    return _diagnostics(model)
 
 
 def _backward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -40,25 +40,25 @@ def _backward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return loss.detach()
 
 
-def test_nan_output_is_located_in_its_module_and_the_update_dropped() -> None:
+def test_nan_output_is_located_in_its_module_and_the_update_dropped(said: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), Poison(at=2), nn.Linear(8, 2))
-    said: list[str] = []
-    diag = _diagnostics(model, said, on_nan="skip")
+    diag = _diagnostics(model, on_nan="skip")
+    said.clear()
     x = torch.randn(16, 4)
     assert diag.check(0, _backward(model, x), lambda: _backward(model, x))  # call 1: fine
     before = [p.detach().clone() for p in model.parameters()]
     assert not diag.check(1, _backward(model, x), lambda: _backward(model, x))  # call 2 NaN, re-run (call 3) too
     assert all(p.grad is None for p in model.parameters())  # the update is dropped: nothing to step with
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    (line,) = said
+    (line,) = said.messages
     assert line.startswith("non-finite loss or gradient at step 2 (loss nan): first non-finite output in module 1")
     assert "(Poison)" in line and line.endswith("skipped that batch (diagnostics.on_nan=skip)")
 
 
 def test_a_nan_born_in_the_backward_is_located_where_the_gradient_turns() -> None:
     model = nn.Sequential(nn.Linear(4, 4), SqrtOfZero(), nn.Linear(4, 2))
-    diag = _diagnostics(model, [])
+    diag = _diagnostics(model)
     x = torch.randn(8, 4)
     found = diag.locate(lambda: _backward(model, x))
     assert (found.module, found.where) == ("1", "gradient")
@@ -66,7 +66,7 @@ def test_a_nan_born_in_the_backward_is_located_where_the_gradient_turns() -> Non
 
 def test_transient_nan_and_bad_input_are_told_apart() -> None:
     model = nn.Sequential(nn.Linear(4, 2))
-    diag = _diagnostics(model, [])
+    diag = _diagnostics(model)
     found = diag.locate(lambda: _backward(model, torch.randn(3, 4)))
     assert (found.module, found.where) == (None, "transient")
     bad = torch.randn(3, 4)
@@ -79,7 +79,7 @@ def test_suggestions_fit_the_module() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
     with torch.no_grad():
         model[2].weight.fill_(3e5)
-    diag = _diagnostics(model, [])
+    diag = _diagnostics(model)
     assert "keep it in fp32 with precision.keep_fp32=[1]" in diag._suggest("1")
     assert diag._suggest("2").startswith("its weights blew up (max |w| 3e+05): lower optim.lr")
     assert "lower optim.lr, or clip the gradients" in diag._suggest("0")
@@ -87,11 +87,10 @@ def test_suggestions_fit_the_module() -> None:
     assert relu.startswith("it has no weights: its forward makes NaN/Inf")
 
 
-def test_rollback_restores_the_snapshot_and_scales_the_lr() -> None:
+def test_rollback_restores_the_snapshot_and_scales_the_lr(said: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), Poison(at=4), nn.Linear(8, 2))
-    said: list[str] = []
-    diag = _diagnostics(model, said, snapshot_every=2, lr_factor=0.5)
+    diag = _diagnostics(model, snapshot_every=2, lr_factor=0.5)
     x = torch.randn(16, 4)
     snapshots = {}
     for step in range(3):
@@ -103,7 +102,7 @@ def test_rollback_restores_the_snapshot_and_scales_the_lr() -> None:
     assert not diag.check(3, _backward(model, x), lambda: _backward(model, x))
     assert all(torch.equal(a, b) for a, b in zip(snapshots[2], model.parameters(), strict=True))
     assert diag.scheduler.base_lrs == [0.05] and diag.optimizer.param_groups[0]["lr"] == 0.05
-    assert said[-1].endswith(
+    assert said.messages[-1].endswith(
         "rolled back to the state of step 2 (rollback 1 of at most 3, learning rate x0.5); skipping batches 3-4"
     )
     assert diag.summary() == {"bad_steps": 1, "rollbacks": 1}
@@ -114,7 +113,7 @@ def test_the_snapshot_is_refreshed_in_place_and_survives_two_rollbacks() -> None
     optimizer copies, so the steps after it cannot change what the next rollback restores."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), Poison(at=6), nn.Linear(8, 2))
-    diag = _diagnostics(model, [], snapshot_every=4, max_rollbacks=5)
+    diag = _diagnostics(model, snapshot_every=4, max_rollbacks=5)
     diag.optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(16, 4)
 
@@ -151,7 +150,7 @@ def test_the_snapshot_is_refreshed_in_place_and_survives_two_rollbacks() -> None
 def test_no_snapshot_is_kept_unless_a_bad_step_rolls_back() -> None:
     for on_nan in ("skip", "stop"):
         model = nn.Linear(4, 2)
-        diag = _diagnostics(model, [], on_nan=on_nan, snapshot_every=1)
+        diag = _diagnostics(model, on_nan=on_nan, snapshot_every=1)
         for n in range(3):
             assert diag.check(n, _backward(model, torch.randn(2, 4)), lambda: None)
         assert diag._snapshot is None
@@ -159,7 +158,7 @@ def test_no_snapshot_is_kept_unless_a_bad_step_rolls_back() -> None:
 
 def test_too_many_bad_steps_stop_the_run() -> None:
     model = nn.Sequential(nn.Linear(4, 2), Poison(at=1))
-    diag = _diagnostics(model, [], on_nan="skip", max_rollbacks=0)
+    diag = _diagnostics(model, on_nan="skip", max_rollbacks=0)
     with pytest.raises(TrainingDiverged, match="more than diagnostics.max_rollbacks=0"):
         diag.check(0, _backward(model, torch.randn(2, 4)), lambda: None)
 
@@ -167,7 +166,7 @@ def test_too_many_bad_steps_stop_the_run() -> None:
 def test_a_bad_first_step_under_rollback_stops_in_one_line() -> None:
     """Nothing good to go back to: the snapshot is taken at the first good step."""
     model = nn.Sequential(nn.Linear(4, 2), Poison(at=1))
-    diag = _diagnostics(model, [])  # on_nan=rollback, the default
+    diag = _diagnostics(model)  # on_nan=rollback, the default
     x = torch.randn(2, 4)
     with pytest.raises(TrainingDiverged) as err:
         diag.check(0, _backward(model, x), lambda: _backward(model, x))
@@ -176,16 +175,15 @@ def test_a_bad_first_step_under_rollback_stops_in_one_line() -> None:
     assert line.endswith("stopped: no good step of this launch to roll back to (diagnostics.on_nan=rollback)")
 
 
-def test_a_spike_is_a_bad_step() -> None:
+def test_a_spike_is_a_bad_step(said: pytest.LogCaptureFixture) -> None:
     model = nn.Linear(2, 1)
-    said: list[str] = []
-    diag = _diagnostics(model, said, on_nan="skip", spike_k=4.0, spike_window=10)
+    diag = _diagnostics(model, on_nan="skip", spike_k=4.0, spike_window=10)
     losses = [1.0, 1.1, 0.9, 1.05, 0.95] * 2
     for step, value in enumerate(losses):
         assert diag.check(step, torch.tensor(value), lambda: None)
     assert diag.check(10, torch.tensor(1.2), lambda: None)  # within 4 std (std ~0.07): not a spike
     assert not diag.check(11, torch.tensor(5.0), lambda: None)
-    assert said[-1].startswith("loss spike at step 12: 5 against a mean of")
+    assert said.messages[-1].startswith("loss spike at step 12: 5 against a mean of")
 
 
 def test_gradient_norms_per_module_every_log_window() -> None:
@@ -194,7 +192,7 @@ def test_gradient_norms_per_module_every_log_window() -> None:
     model.add_module("stem", nn.Linear(4, 4))
     model.add_module("blocks", nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]))
     model.forward = lambda x: model.blocks[1](model.blocks[0](model.stem(x)))  # type: ignore[method-assign]
-    diag = _diagnostics(model, [], grad_stats=True)
+    diag = _diagnostics(model, grad_stats=True)
     _backward(model, torch.randn(8, 4))
     diag.check(9, torch.tensor(1.0), lambda: None)  # the 10th step: a logged one
     row = diag.metrics()

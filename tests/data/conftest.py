@@ -39,7 +39,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
         mp.setenv("XDG_CACHE_HOME", str(base / "cache"))
         source = _folder(base / "images")
         # two workers: two chunks a split, so that a reader has a chunk left to fetch after a fork
-        line = prepare(ImageFolderConfig(root=str(source)), str(base / "shards"), 32, 90, 2, lambda s: None, 0)
+        line = prepare(ImageFolderConfig(root=str(source)), str(base / "shards"), 32, 90, 2, 0)
         assert len(list((base / "shards" / "val").glob("chunk-*.bin"))) == 2
         assert line.startswith(f"prepared {base / 'shards'}: 36 train / 9 val images, shorter side <= 32 px")
         yield source, base / "shards"

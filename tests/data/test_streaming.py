@@ -58,7 +58,7 @@ def test_small_images_are_stored_uncompressed_and_read_back_exactly(
 
     source, _ = prepared
     out = tmp_path / "raw"
-    line = prepare(ImageFolderConfig(root=str(source)), str(out), 32, 90, 1, lambda s: None, 45)
+    line = prepare(ImageFolderConfig(root=str(source)), str(out), 32, 90, 1, 45)
     assert "JPEG quality 90 (uncompressed up to 45 px)" in line
     first = StreamingDataset(str(out / "val"))[0]
     assert bytes(first["image"][:2]) == b"P6"
@@ -70,24 +70,24 @@ def test_small_images_are_stored_uncompressed_and_read_back_exactly(
 
 
 def test_a_rerun_finds_it_other_settings_are_refused_and_an_interrupted_one_restarts(
-    prepared: tuple[Path, Path], tmp_path: Path
+    prepared: tuple[Path, Path], tmp_path: Path, said: pytest.LogCaptureFixture
 ) -> None:
     source, shards = prepared
     cfg = ImageFolderConfig(root=str(source))
-    assert prepare(cfg, str(shards), 32, 90, 1, print, 0).startswith(f"already prepared: {shards} (36 train / 9 val")
+    assert prepare(cfg, str(shards), 32, 90, 1, 0).startswith(f"already prepared: {shards} (36 train / 9 val")
     with pytest.raises(UserError, match=f"^--out {shards} holds another prepared set"):
-        prepare(cfg, str(shards), 48, 90, 1, print)
+        prepare(cfg, str(shards), 48, 90, 1)
     half = tmp_path / "half"
     shutil.copytree(shards, half)
     (half / MANIFEST).unlink()
     (half / MARKER).write_text("{}")
-    said: list[str] = []
-    assert prepare(cfg, str(half), 32, 90, 1, said.append, 0).startswith("prepared ")
-    assert said[0] == f"{half}: an interrupted prepare; starting it again" and (half / MANIFEST).is_file()
+    said.clear()
+    assert prepare(cfg, str(half), 32, 90, 1, 0).startswith("prepared ")
+    assert said.messages[0] == f"{half}: an interrupted prepare; starting it again" and (half / MANIFEST).is_file()
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="is not empty and holds no fwk prepare; choose an empty or new folder$"):
-        prepare(cfg, str(tmp_path / "other"), 32, 90, 1, print)
+        prepare(cfg, str(tmp_path / "other"), 32, 90, 1)
 
 
 def test_streamed_items_are_seeded_per_item_and_validation_reads_every_image(prepared: tuple[Path, Path]) -> None:
@@ -178,7 +178,7 @@ def test_prepare_leaves_the_processs_start_method_as_it_was(prepared: tuple[Path
     import multiprocessing
 
     before = multiprocessing.get_start_method(allow_none=True)
-    prepare(ImageFolderConfig(root=str(prepared[0])), str(tmp_path / "again"), 32, 90, 1, lambda s: None, 0)
+    prepare(ImageFolderConfig(root=str(prepared[0])), str(tmp_path / "again"), 32, 90, 1, 0)
     assert multiprocessing.get_start_method(allow_none=True) == before  # litdata sets spawn; loaders fork
 
 
@@ -205,13 +205,17 @@ def test_prepare_to_s3_uploads_then_finds_it_and_refuses_other_settings(
     assert "sets/direct/.fwk-preparing" not in keys and not staging_dir(uri).exists()  # done: nothing left behind
     # again, in this process (the command's path is the one above): found; other settings refused
     cfg = ImageFolderConfig(root=str(source))
-    assert prepare(cfg, uri, 32, 90, 1, print).startswith(f"already prepared: {uri} (36 train / 9 val")
+    assert prepare(cfg, uri, 32, 90, 1).startswith(f"already prepared: {uri} (36 train / 9 val")
     with pytest.raises(UserError, match=f"^--out {uri} holds another prepared set"):
-        prepare(cfg, uri, 48, 90, 1, print)
+        prepare(cfg, uri, 48, 90, 1)
 
 
 def test_an_upload_cut_short_leaves_no_manifest_and_a_rerun_uploads_without_encoding_again(
-    s3: dict[str, str], prepared: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3: dict[str, str],
+    prepared: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    said: pytest.LogCaptureFixture,
 ) -> None:
     from boto3.exceptions import S3UploadFailedError
 
@@ -236,13 +240,15 @@ def test_an_upload_cut_short_leaves_no_manifest_and_a_rerun_uploads_without_enco
 
     monkeypatch.setattr(shards, "s3_client", failing)
     with pytest.raises(UserError, match=f"^--out={uri}: S3 refused an upload \\(Failed to upload: An error"):
-        prepare(cfg, uri, 32, 90, 1, lambda s: None, 0)
+        prepare(cfg, uri, 32, 90, 1, 0)
     assert len(sent) == 3 and not any(k.endswith(MANIFEST) for k in sent)
     assert shards.s3_manifest(uri, "") is None and (staging_dir(uri) / MANIFEST).is_file()  # encoded, kept
     monkeypatch.setattr(shards, "s3_client", real)
-    said: list[str] = []
-    line = prepare(cfg, uri, 32, 90, 1, said.append, 0)
-    assert f"{staging_dir(uri)}: already prepared there; uploading it" in said and line.startswith(f"prepared {uri}")
+    said.clear()
+    line = prepare(cfg, uri, 32, 90, 1, 0)
+    assert f"{staging_dir(uri)}: already prepared there; uploading it" in said.messages and line.startswith(
+        f"prepared {uri}"
+    )
     assert shards.s3_manifest(uri, "")["counts"] == {"train": 36, "val": 9}
 
 
@@ -259,4 +265,4 @@ def test_a_second_prepare_to_the_same_prefix_on_this_machine_is_refused_while_th
     with open(staging_dir(uri).with_suffix(".lock"), "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as the first prepare holds it
         with pytest.raises(UserError, match=f"^--out {uri}: another fwk data prepare is writing it on this machine"):
-            prepare(ImageFolderConfig(root=str(prepared[0])), uri, 32, 90, 1, lambda s: None, 0)
+            prepare(ImageFolderConfig(root=str(prepared[0])), uri, 32, 90, 1, 0)

@@ -81,7 +81,7 @@ def test_auto_times_litdatas_loader_on_copies_and_forked_readers_fetch_their_own
     rates = {n: measure_rate(make, n, batch, 0.3) for n in (0, 1, 2)}  # in this process first, as loader=auto does
     assert torch.equal(torch.rand(2), expected) and all(rate > 0 for rate in rates.values()), rates
     assert bundle.train.cache is None  # the run's own set was not read: its loader starts where it would have
-    loader = StreamLoader(bundle.train, 8, 1, {"num_workers": 2}, None, print)
+    loader = StreamLoader(bundle.train, 8, 1, {"num_workers": 2}, None)
     epoch = list(itertools.islice(loader, 4))  # 2 workers x 18 items: 2 full batches each
     assert [tuple(images.shape) for images, _ in epoch] == [(8, 3, 16, 16)] * 4
     assert loader.state_dict()["litdata"]["num_samples_yielded"] == 32
@@ -108,7 +108,7 @@ def test_a_chunk_that_cannot_be_read_in_litdatas_workers_is_one_line(
     with stalling(moto, lambda path: "/train/chunk-" in path, refuse) as endpoint:  # the index is answered
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
         bundle = streaming(StreamingConfig(uri=S3_URI, image_size=16, val_resize=18), seed=3)
-        loader = StreamLoader(bundle.train, 2, 1, {"num_workers": 1}, None, print)  # a loader worker: forked
+        loader = StreamLoader(bundle.train, 2, 1, {"num_workers": 1}, None)  # a loader worker: forked
         with pytest.raises(LoadError) as err:
             list(itertools.islice(loader, 8))
         line = str(err.value)
@@ -128,7 +128,7 @@ def test_the_stream_loader_resumes_exactly_mid_epoch_and_into_the_next(workers: 
 
     def loader() -> StreamLoader:
         bundle = streaming(StreamingConfig(uri=str(prepared[1]), image_size=16, val_resize=18), seed=3)
-        return StreamLoader(bundle.train, 8, 1, {"num_workers": workers}, None, print)
+        return StreamLoader(bundle.train, 8, 1, {"num_workers": workers}, None)
 
     torch.manual_seed(5)
     expected = torch.rand(2)
@@ -151,7 +151,7 @@ def test_an_epoch_without_a_full_batch_is_one_line(prepared: tuple[Path, Path]) 
     from fwk.errors import UserError
 
     bundle = streaming(StreamingConfig(uri=str(prepared[1]), image_size=16, val_resize=18), seed=3)
-    loader = StreamLoader(bundle.train, 40, 1, {"num_workers": 2}, None, print)  # 36 items in all
+    loader = StreamLoader(bundle.train, 40, 1, {"num_workers": 2}, None)  # 36 items in all
     with pytest.raises(UserError, match=f"^data.uri={prepared[1]}: an epoch gives no full batch of 40 to any of this"):
         next(iter(loader))  # not an endless wait
 

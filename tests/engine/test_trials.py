@@ -79,7 +79,7 @@ def _train(trial_steps: set[int], steps: int = 8) -> tuple[nn.Module, list[int]]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = _Trying(trial_steps)
     batches = Replayable(_Batches())
-    trials = Trials(strategy, Resumable(model, optimizer, strategy=strategy), batches, [], [].append)
+    trials = Trials(strategy, Resumable(model, optimizer, strategy=strategy), batches, [])
     step, done = 0, []
     while step < steps:
         strategy.step = step

@@ -121,7 +121,7 @@ def test_stage_that_fails_its_check_exits_1_and_keeps_artifacts(digits_run: Path
     settings = ["export.fp32_rtol=1e-12", *QUICK]
     cfg = load_settings(settings)
     with pytest.raises(VerificationFailed):
-        run_export(RunDir(run), PrunePlan(), "none", cfg, 1.0, None, False, say=lambda _: None, show=lambda _: None)
+        run_export(RunDir(run), PrunePlan(), "none", cfg, 1.0, None, False, show=lambda _: None)
     out = run_fwk("export", "--quantize", "none", *settings, "--output", str(tmp_path / "m.onnx"), runs=runs)
     assert out.returncode == 1
     (line,) = out.stderr.strip().splitlines()

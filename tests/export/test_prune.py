@@ -118,7 +118,7 @@ def test_lottery_ticket_rewinds_the_survivors_to_the_rewind_weights(
     out = tmp_path / "export"
     out.mkdir()
     cfg = load_settings(["export.retrain_frac=0.05"])  # 5 of the run's 100 steps per round
-    pruned = pr.prune(source, PrunePlan("lottery_ticket", 0.5, 2), cfg, out, say=lambda _: None)
+    pruned = pr.prune(source, PrunePlan("lottery_ticket", 0.5, 2), cfg, out)
 
     assert len(started) == 2 and len(pruned.rounds) == 2
     assert pr.load_history(out / pr.HISTORY) == pruned.history

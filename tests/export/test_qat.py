@@ -147,13 +147,14 @@ def test_decide_steps() -> None:
     assert steps == 30 and "PTQ int8 lost 3.00 > --max-accuracy-drop 1" in why
 
 
-def test_auto_skips_qat_when_ptq_is_within_the_limit(digits_run: Path, tmp_path: Path) -> None:
+def test_auto_skips_qat_when_ptq_is_within_the_limit(
+    digits_run: Path, tmp_path: Path, said: pytest.LogCaptureFixture
+) -> None:
     from fwk.export.pipeline import run_export
     from fwk.export.settings import PrunePlan, load_settings
     from fwk.track.store import RunDir
 
     run = copy_run(digits_run, tmp_path / "runs")
-    lines: list[str] = []
     report = run_export(
         RunDir(run),
         PrunePlan(),
@@ -162,14 +163,13 @@ def test_auto_skips_qat_when_ptq_is_within_the_limit(digits_run: Path, tmp_path:
         1.0,
         None,
         False,
-        lines.append,
         lambda _: None,
         qat_steps="auto",
     )
     assert report["qat"]["steps"] == 0 and report["final"] == "int8.onnx"
     assert [s["stage"] for s in report["stages"]][-1] == "onnx int8"
     assert not (run / "exports" / report["export_id"] / "int8-qat.onnx").exists()
-    assert any(line.startswith("qat: --qat-steps auto: PTQ int8 lost") and "no QAT" in line for line in lines)
+    assert any(line.startswith("qat: --qat-steps auto: PTQ int8 lost") and "no QAT" in line for line in said.messages)
 
 
 def _with_outlier_channel(run: Path, factor: float) -> None:
@@ -191,7 +191,7 @@ def _with_outlier_channel(run: Path, factor: float) -> None:
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path) -> None:
+def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path, said: pytest.LogCaptureFixture) -> None:
     """An outlier channel and per-tensor 7-bit weights: PTQ int8 loses ~3 points; QAT (auto) wins most back.
 
     In this process (the imports are paid once per session); measured: PTQ 95.33%, QAT 98.00%
@@ -203,7 +203,6 @@ def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path) -
     run = copy_run(digits_run, tmp_path / "runs")
     _with_outlier_channel(run, 100.0)
     settings = [*QUICK, "export.per_channel=false", "export.reduce_range=true", "export.qat_frac=0.3"]
-    lines: list[str] = []
     report = run_export(
         RunDir(run),
         PrunePlan(),
@@ -212,7 +211,6 @@ def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path) -
         1.0,
         None,
         False,
-        lines.append,
         lambda _: None,
         qat_steps="auto",
     )
@@ -234,4 +232,4 @@ def test_qat_recovers_accuracy_that_ptq_lost(digits_run: Path, tmp_path: Path) -
     # the same int8 kernels as PTQ's model: the same graph, other weights and ranges
     ops = lambda name: sorted(n.op_type for n in onnx.load(str(export / name)).graph.node)  # noqa: E731
     assert ops("int8-qat.onnx") == ops("int8.onnx")
-    assert any(line.startswith("qat: 30 steps, int8 PTQ") for line in lines)
+    assert any(line.startswith("qat: 30 steps, int8 PTQ") for line in said.messages)

@@ -101,10 +101,10 @@ def test_a_launchs_orders_reach_its_workers_through_the_run_dir_and_end_with_it(
     resolved = resolve([*TINY, f"paths.runs={tmp_path}"])
     p = plan(resolved)
     for orders in ({"redecide": True}, None, {"replay": {"jit": {"choice": "eager"}}}):
-        status, _ = launch(p, resolved.as_yaml, 1, orders=orders, say=lambda line: None)
+        status, _ = launch(p, resolved.as_yaml, 1, orders=orders)
         assert status == 0
     assert seen == [{"redecide": True}, {}, {"replay": {"jit": {"choice": "eager"}}}]
-    launch(p, resolved.as_yaml, 1, say=lambda line: None)
+    launch(p, resolved.as_yaml, 1)
     assert not (p.run_dir / "orders.json").exists()  # a plain launch leaves no orders behind
 
 

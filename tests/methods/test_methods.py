@@ -38,7 +38,7 @@ def test_ema_averages_every_step_and_evaluation_uses_the_average() -> None:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
     methods = Methods(["ema"], MethodConfig(), max_steps=10)
-    methods.prepare(model, "classification", lambda line: None)
+    methods.prepare(model, "classification")
     decay = 0.5 ** (1 / 100)
     expected = None
     for step in range(3):
@@ -50,7 +50,7 @@ def test_ema_averages_every_step_and_evaluation_uses_the_average() -> None:
     with methods.evaluated(model) as averaged:
         assert averaged is not model and torch.allclose(averaged.weight, expected)
     again = Methods(["ema"], MethodConfig(), max_steps=10)
-    again.prepare(nn.Linear(3, 1), "classification", lambda line: None)
+    again.prepare(nn.Linear(3, 1), "classification")
     again.load_state_dict(methods.state_dict())
     with again.evaluated(model) as restored:
         assert torch.equal(restored.weight, averaged.weight)
@@ -62,7 +62,7 @@ def test_ema_averages_every_step_and_evaluation_uses_the_average() -> None:
 
 def test_a_method_the_model_cannot_serve_is_one_line() -> None:
     with pytest.raises(UserError, match="^methods: seq_warmup serves lm recipes, not this classification model"):
-        Methods(["seq_warmup"], MethodConfig(), 10).prepare(nn.Linear(2, 2), "classification", print)
+        Methods(["seq_warmup"], MethodConfig(), 10).prepare(nn.Linear(2, 2), "classification")
 
 
 def test_a_bad_method_name_is_one_line_before_any_run_dir(runs: Path) -> None:

@@ -69,7 +69,6 @@ def test_stages_are_even_and_reach_the_ratio() -> None:
     assert method.at == [20, 40, 60]
     model = _mlp()
     method.example = torch.randn(1, 4)
-    method.say = lambda line: None
     method.prepare(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     calls: list = []
@@ -82,7 +81,7 @@ def test_stages_are_even_and_reach_the_ratio() -> None:
     assert all(7 <= w <= 9 for w in widths), widths  # half the channels, in three stages (torch-pruning rounds)
     again = PruneGradually(PruneGraduallyConfig(ratio=0.5, steps=3, start=0.2, end=0.6), max_steps=100)
     fresh = _mlp()
-    again.example, again.say = torch.randn(1, 4), lambda line: None
+    again.example = torch.randn(1, 4)
     again.prepare(fresh)
     again.attach(torch.optim.SGD(fresh.parameters(), lr=0.1), fresh, calls.append)
     again.load_state_dict(method.state_dict())  # a resume: the removals replayed on a fresh model

@@ -59,7 +59,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Exports:
     assert out.returncode == 0, out.stdout + out.stderr
     quiet = lambda _: None  # noqa: E731
     cfg = load_settings(QUICK)
-    int8 = run_export(RunDir(run), PrunePlan(), "int8", cfg, 100.0, None, False, say=quiet, show=quiet)
+    int8 = run_export(RunDir(run), PrunePlan(), "int8", cfg, 100.0, None, False, show=quiet)
     (fp32,) = [p.name for p in (run / "exports").iterdir() if p.is_dir() and p.name != int8["export_id"]]
     return Exports(runs, run.name, fp32, int8["export_id"], output)
 

@@ -41,10 +41,8 @@ def _replay_orders(original: Decisions) -> dict:
 
 def _precision(monkeypatch, cfg: Config, features=BF16_CPU, max_steps: int = 100, decisions=None) -> Precision:
     monkeypatch.setattr(hardware, "probe", lambda device: features)
-    said: list[str] = []
     d = decisions if decisions is not None else Decisions(cfg, SOLO)
-    p = Precision(cfg.precision, SOLO, max_steps, said.append, d)
-    p.said = said  # type: ignore[attr-defined]
+    p = Precision(cfg.precision, SOLO, max_steps, d)
     p.prepare(_net())
     return p
 
@@ -86,14 +84,19 @@ def test_the_trial_interleaves_both_formats_after_the_range_probe() -> None:
     ids=["bf16-faster", "bf16-slower", "bf16-within-noise"],
 )
 def test_auto_keeps_the_fast_format_only_when_it_measures_faster(
-    monkeypatch: pytest.MonkeyPatch, ms: dict[str, float], choice: str, line: str, decision_cache: Path
+    monkeypatch: pytest.MonkeyPatch,
+    said: pytest.LogCaptureFixture,
+    ms: dict[str, float],
+    choice: str,
+    line: str,
+    decision_cache: Path,
 ) -> None:
     p = _precision(monkeypatch, _config())
-    assert "timing bf16 against fp32 on steps 0-7 (3 steps each, interleaved)" in p.said[0]
+    assert "timing bf16 against fp32 on steps 0-7 (3 steps each, interleaved)" in said.messages[0]
     used = _train(p, range(12), ms)
     # from the first step (no range probe: no fp16), the trial's warm-ups and pairs; then the choice
     assert used == [*trial_order("bf16", 3), choice, choice, choice, choice]
-    assert p.said[-1] == f"precision=auto {line}"
+    assert said.messages[-1] == f"precision=auto {line}"
     assert p.summary()["precision"] == choice and p.decided
     (cached,) = decision_cache.glob("precision-*.json")
     record = json.loads(cached.read_text())["record"]
@@ -110,27 +113,34 @@ def test_trial_steps_do_not_count_as_decided(monkeypatch: pytest.MonkeyPatch) ->
     assert decided == [False] * 8 + [True] * 3  # the trial's 8 steps: memory and jit wait
 
 
-def test_a_cpu_without_bf16_units_is_not_timed(monkeypatch: pytest.MonkeyPatch, decision_cache: Path) -> None:
+def test_a_cpu_without_bf16_units_is_not_timed(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture, decision_cache: Path
+) -> None:
     p = _precision(monkeypatch, _config(), features=PLAIN_CPU)
     assert (
-        p.said[0] == "precision=auto chose fp32: test CPU without bf16 units, no fast bf16 units "
+        said.messages[0] == "precision=auto chose fp32: test CPU without bf16 units, no fast bf16 units "
         "(an emulated format is not tried)"
     )
     assert _train(p, range(12), {"fp32": 10.0}) == ["fp32"] * 12
     assert not decision_cache.exists()  # nothing was measured: nothing cached
 
 
-def test_too_short_a_run_keeps_the_prior_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_too_short_a_run_keeps_the_prior_untimed(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     p = _precision(monkeypatch, _config(), max_steps=8)
-    assert p.said[0].endswith("8 steps are too few to time bf16 against fp32")
+    assert said.messages[0].endswith("8 steps are too few to time bf16 against fp32")
     assert _train(p, range(8), {"bf16": 1.0}) == ["bf16"] * 8
 
 
-def test_the_next_run_reuses_the_cached_decision_without_trial_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_next_run_reuses_the_cached_decision_without_trial_steps(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     first = _precision(monkeypatch, _config())
     _train(first, range(12), {"bf16": 188.0, "fp32": 88.0})
+    said.clear()  # the next run's lines only
     again = _precision(monkeypatch, _config())
-    assert again.said[0].startswith(
+    assert said.messages[0].startswith(
         "precision=auto chose fp32 as measured before for this model on this machine: bf16 2.14x slower than fp32"
     )
     assert _train(again, range(12), {"fp32": 1.0}) == ["fp32"] * 12  # no trial steps
@@ -140,15 +150,20 @@ def test_the_next_run_reuses_the_cached_decision_without_trial_steps(monkeypatch
     redecide = Decisions(_config(), SOLO, orders={"redecide": True})  # --redecide: measured again, the cache refreshed
     fresh = _precision(monkeypatch, _config(), decisions=redecide)
     assert _train(fresh, range(12), {"bf16": 60.0, "fp32": 90.0})[-1] == "bf16"
-    assert _precision(monkeypatch, _config()).said[0].startswith("precision=auto chose bf16 as measured before")
+    said.clear()
+    _precision(monkeypatch, _config())
+    assert said.messages[0].startswith("precision=auto chose bf16 as measured before")
 
 
-def test_auto_cache_false_reads_and_writes_nothing(monkeypatch: pytest.MonkeyPatch, decision_cache: Path) -> None:
+def test_auto_cache_false_reads_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture, decision_cache: Path
+) -> None:
     _train(_precision(monkeypatch, _config()), range(12), {"bf16": 60.0, "fp32": 90.0})
     cfg = _config()
     cfg.auto.cache = False
+    said.clear()  # the second run's lines only
     p = _precision(monkeypatch, cfg)
-    assert "timing bf16 against fp32" in p.said[0]  # measured although a record exists
+    assert "timing bf16 against fp32" in said.messages[0]  # measured although a record exists
     _train(p, range(12), {"bf16": 188.0, "fp32": 88.0})
     (cached,) = decision_cache.glob("precision-*.json")
     assert json.loads(cached.read_text())["record"]["choice"] == "bf16"  # the first run's, untouched
@@ -176,53 +191,68 @@ def test_the_key_is_the_machine_and_the_config_it_depends_on(monkeypatch: pytest
     assert d.key("jit") != before
 
 
-def test_an_unreadable_cache_entry_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreadable_cache_entry_is_measured_again(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     _train(_precision(monkeypatch, _config()), range(12), {"bf16": 60.0, "fp32": 90.0})
     d = Decisions(_config(), SOLO)
     d.path("precision").write_text("{not json")
-    p = _precision(monkeypatch, _config(), decisions=d)
-    assert "timing bf16 against fp32" in p.said[0]
+    said.clear()  # the second run's lines only
+    _precision(monkeypatch, _config(), decisions=d)
+    assert "timing bf16 against fp32" in said.messages[0]
 
 
-def test_a_checkpoint_taken_mid_trial_resumes_the_same_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_taken_mid_trial_resumes_the_same_trial(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     ms = {"bf16": 60.0, "fp32": 90.0}
     uncached = _config()
     uncached.auto.cache = False
     straight = _precision(monkeypatch, uncached)
     expected = _train(straight, range(14), ms)
+    straight_last = said.messages[-1]
     first = _precision(monkeypatch, _config())
     head = _train(first, range(6), ms)
     state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
     _train(first, range(6, 14), ms)  # the first launch went on, decided and cached (then died)
+    said.clear()  # the resumed run's lines only
     resumed = _precision(monkeypatch, _config())  # finds the cache at construction ...
     resumed.load_state_dict(state)  # ... but the checkpoint's trial wins
     assert head + _train(resumed, range(6, 14), ms) == expected
-    assert resumed.said[-1] == straight.said[-1]
+    assert said.messages[-1] == straight_last
 
 
-def test_a_decided_checkpoint_keeps_its_choice_on_other_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decided_checkpoint_keeps_its_choice_on_other_hardware(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     first = _precision(monkeypatch, _config())
     _train(first, range(12), {"bf16": 60.0, "fp32": 90.0})
     cfg = _config()
     cfg.auto.cache = False
+    said.clear()  # the moved run's lines only
     moved = _precision(monkeypatch, cfg, features=PLAIN_CPU)
     moved.load_state_dict(first.state_dict())
-    assert moved.said[-1] == "precision=auto keeps bf16, as it decided before the checkpoint"
+    assert said.messages[-1] == "precision=auto keeps bf16, as it decided before the checkpoint"
     assert _train(moved, range(12, 14), {"bf16": 1.0}) == ["bf16", "bf16"]
 
 
-def test_a_replay_follows_the_recorded_choice_from_step_0(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replay_follows_the_recorded_choice_from_step_0(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     """A measured run redoes its trial steps in the chosen format (fwk/engine/trials.py), so
     its result is that of the choice from step 0: what a replay, on any machine, runs."""
     original = _precision(monkeypatch, _config())
     _train(original, range(14), {"bf16": 188.0, "fp32": 88.0})
     replayed = Decisions(_config(), SOLO, orders=_replay_orders(original.decisions))
+    said.clear()  # the replay's lines only
     replay = _precision(monkeypatch, _config(), features=PLAIN_CPU, decisions=replayed)  # another machine: no bf16
-    assert replay.said[0].startswith("precision=auto re-applies fp32, as the replayed run decided")
+    assert said.messages[0].startswith("precision=auto re-applies fp32, as the replayed run decided")
     assert _train(replay, range(14), {"bf16": 1.0, "fp32": 1.0}) == ["fp32"] * 14  # no trial, no timing
 
 
-def test_after_its_trial_a_measured_choice_runs_as_a_recalled_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_its_trial_a_measured_choice_runs_as_a_recalled_one(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     """What the loop's rewind does: the trial's steps, redone, run as a cached decision's do."""
     ms = {"bf16": 60.0, "fp32": 90.0}
     measured = _precision(monkeypatch, _config())
@@ -231,18 +261,20 @@ def test_after_its_trial_a_measured_choice_runs_as_a_recalled_one(monkeypatch: p
     _train(measured, range(10), ms)  # the probe (2) and the trial (8): decided
     assert not measured.trying
     measured.rewind(before)
+    trial = said.messages  # what the probe and the trial said
     cached = _precision(monkeypatch, _config())
-    assert _train(measured, range(14), ms) == _train(cached, range(14), ms) == ["bf16"] * 14
-    assert measured.said.count(measured.said[-1]) == 1  # the redone probe's ranges are not said again
+    said.clear()
+    redone = _train(measured, range(14), ms)
+    assert trial and not set(said.messages) & set(trial)  # the redone probe's ranges are not said again
+    assert redone == _train(cached, range(14), ms) == ["bf16"] * 14
 
 
-def _jit(decisions: Decisions, max_steps: int = 100) -> tuple[Jit, nn.Module, list[str]]:
+def _jit(decisions: Decisions, max_steps: int = 100) -> tuple[Jit, nn.Module]:
     cfg = JitConfig(
         name="auto", backend="aot_eager", stable_steps=2, min_remaining_s=0.0, max_trial_share=0.0, trial_steps=1
     )
-    said: list[str] = []
-    jit = Jit(cfg, SOLO, max_steps, said.append, decisions=decisions)
-    return jit, jit.wrap(_net()), said
+    jit = Jit(cfg, SOLO, max_steps, decisions=decisions)
+    return jit, jit.wrap(_net())
 
 
 def _jit_steps(jit: Jit, model: nn.Module, times: list[float]) -> list[str]:
@@ -254,22 +286,25 @@ def _jit_steps(jit: Jit, model: nn.Module, times: list[float]) -> list[str]:
     return states
 
 
-def test_jit_reuses_cached_step_times_without_a_trial() -> None:
+def test_jit_reuses_cached_step_times_without_a_trial(said: pytest.LogCaptureFixture) -> None:
     cfg = _config()
-    jit, model, _ = _jit(Decisions(cfg, SOLO))
+    jit, model = _jit(Decisions(cfg, SOLO))
     assert _jit_steps(jit, model, [0.01, 0.01, 3.0, 0.02]) == ["eager", "trial", "trial", "off"]  # 0.5x: eager
-    again, model, said = _jit(Decisions(cfg, SOLO))
+    said.clear()  # the second run's lines only
+    again, model = _jit(Decisions(cfg, SOLO))
     assert _jit_steps(again, model, [0.01, 0.01, 0.01]) == ["eager", "off", "off"]  # decided at once, no compile
     assert again.compiled is None
-    assert said == [
+    assert said.messages == [
         "jit=auto stays eager, as measured before for this model on this machine (0.50x compiled, less than "
         "jit.min_speedup=1.05; --redecide measures again)"
     ]
 
 
-def test_jit_replay_compiles_where_the_original_did_without_a_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jit_replay_compiles_where_the_original_did_without_a_trial(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     cfg = _config()
-    original, model, _ = _jit(Decisions(cfg, SOLO))
+    original, model = _jit(Decisions(cfg, SOLO))
     assert _jit_steps(original, model, [0.01, 0.01, 3.0, 0.005, 0.005]) == [
         "eager",
         "trial",
@@ -279,7 +314,8 @@ def test_jit_replay_compiles_where_the_original_did_without_a_trial(monkeypatch:
     ]
     records = Decisions(cfg, SOLO)
     records.keep("jit", original.record, "measured")
-    replay, model, said = _jit(Decisions(cfg, SOLO, orders=_replay_orders(records)))
+    said.clear()  # the replay's lines only
+    replay, model = _jit(Decisions(cfg, SOLO, orders=_replay_orders(records)))
     # timings that would decide otherwise change nothing: compiled from the same step, untimed
     assert _jit_steps(replay, model, [0.01, 0.01, 9.0, 9.0, 9.0]) == [
         "eager",
@@ -289,7 +325,7 @@ def test_jit_replay_compiles_where_the_original_did_without_a_trial(monkeypatch:
         "compiled",
     ]
     assert replay.compiled_at == original.compiled_at == 2
-    assert said[0].endswith(
+    assert said.messages[0].endswith(
         "compiled was 2.00x eager here before (cached), no trial; compiling from step 2 "
         "(torch.compile aot_eager, mode default)"
     )
@@ -310,9 +346,9 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
     cfg.jit = JitConfig(name="auto", stable_steps=2, min_remaining_s=1e9)  # decides, stays eager
     d = Decisions(cfg, SOLO)
-    precision = Precision(cfg.precision, SOLO, 40, [].append, d)
-    memory = Memory(cfg.memory, SOLO, 8, [].append, d)
-    jit = Jit(cfg.jit, SOLO, 40, [].append, decisions=d)
+    precision = Precision(cfg.precision, SOLO, 40, d)
+    memory = Memory(cfg.memory, SOLO, 8, d)
+    jit = Jit(cfg.jit, SOLO, 40, decisions=d)
     torch.manual_seed(0)
     raw = memory.apply(precision.prepare(GPT(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16)))
     model = jit.wrap(raw)
@@ -336,9 +372,7 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
 def _memory(cfg: Config, d: Decisions, max_steps: int | None = None):
     from fwk.strategies.memory import Memory
 
-    said: list[str] = []
-    memory = Memory(cfg.memory, SOLO, 8, said.append, d, max_steps=max_steps)
-    return memory, said
+    return Memory(cfg.memory, SOLO, 8, d, max_steps=max_steps)
 
 
 def _memory_steps(memory, steps: range) -> list[str]:
@@ -352,7 +386,9 @@ def _memory_steps(memory, steps: range) -> list[str]:
 
 
 @pytest.mark.parametrize(("max_steps", "timed"), [(6, True), (5, False)])
-def test_memory_times_no_plans_that_the_run_would_end_amid(max_steps: int, timed: bool) -> None:
+def test_memory_times_no_plans_that_the_run_would_end_amid(
+    max_steps: int, timed: bool, said: pytest.LogCaptureFixture
+) -> None:
     """Its turn at step 2, a warm-up and 3 plans: 4 steps, which a 6-step run has after it
     and a 5-step run does not (it keeps the plain plan, untimed, uncached, and says why)."""
     from fwk.config.schema import MemoryConfig
@@ -360,37 +396,41 @@ def test_memory_times_no_plans_that_the_run_would_end_amid(max_steps: int, timed
     cfg = _config()
     cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
     d = Decisions(cfg, SOLO)
-    memory, said = _memory(cfg, d, max_steps=max_steps)
+    memory = _memory(cfg, d, max_steps=max_steps)
     plans = _memory_steps(memory, range(max_steps))
     assert [s for s, _ in memory.timeline] == ([2, 3, 4, 5] if timed else [])
     assert ("memory" in d.records()) is timed
     if not timed:
         assert plans == ["none"] * 5 and not memory.trying
-        assert said == ["memory=auto chose none: the 3 step(s) left are too few to time its 3 plans (4 steps)"]
+        assert said.messages == ["memory=auto chose none: the 3 step(s) left are too few to time its 3 plans (4 steps)"]
 
 
-def test_memory_reuses_its_cached_plan_and_so_does_a_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_reuses_its_cached_plan_and_so_does_a_replay(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     from fwk.config.schema import MemoryConfig
 
     cfg = _config()
     cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
-    first, _ = _memory(cfg, Decisions(cfg, SOLO))
+    first = _memory(cfg, Decisions(cfg, SOLO))
     plans = _memory_steps(first, range(8))
     assert [s for s, _ in first.timeline] == [2, 3, 4, 5]  # its turn: a warm-up, then 3 candidate plans
     chosen = plans[-1]
 
-    again, said = _memory(cfg, Decisions(cfg, SOLO))
+    said.clear()  # the second run's lines only
+    again = _memory(cfg, Decisions(cfg, SOLO))
     assert _memory_steps(again, range(8))[2:] == [chosen] * 6 and again.timeline == []  # no trials
-    assert said == [
+    assert said.messages == [
         f"memory=auto chose {chosen} (as measured before for this model on this machine; auto.cache=false or "
         "--redecide measures again)"
     ]
 
     records = Decisions(cfg, SOLO)
     records.keep("memory", first._decision_record({}), "measured")
-    replay, said = _memory(cfg, Decisions(cfg, SOLO, orders=_replay_orders(records)))
+    said.clear()  # the replay's lines only
+    replay = _memory(cfg, Decisions(cfg, SOLO, orders=_replay_orders(records)))
     assert _memory_steps(replay, range(8))[2:] == [chosen] * 6 and replay.timeline == []  # its turn: no trials
-    assert said == [f"memory=auto chose {chosen} (re-applied from the replayed run)"]
+    assert said.messages == [f"memory=auto chose {chosen} (re-applied from the replayed run)"]
 
 
 @pytest.mark.parametrize(
@@ -404,7 +444,7 @@ def test_channels_last_follows_the_step_as_the_format_does(
     monkeypatch.setattr(hardware, "probe", lambda device: BF16_CPU)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-    p = Precision(_config().precision, SOLO, 100, [].append, Decisions(_config(), SOLO))
+    p = Precision(_config().precision, SOLO, 100, Decisions(_config(), SOLO))
     model = p.prepare(net)
     weight = model[0].weight
     layouts = []
@@ -415,7 +455,7 @@ def test_channels_last_follows_the_step_as_the_format_does(
     assert layouts == [True] * 8 + [layout_after] * 4  # the trial: steps 0-7
     assert model[0].weight is weight  # converted in place: the optimizer keeps its parameters
     assert weight.is_contiguous(memory_format=torch.channels_last if layout_after else torch.contiguous_format)
-    again = Precision(_config().precision, SOLO, 100, [].append, Decisions(_config(), SOLO))
+    again = Precision(_config().precision, SOLO, 100, Decisions(_config(), SOLO))
     again.prepare(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)))
     assert again.channels_last is layout_after
 

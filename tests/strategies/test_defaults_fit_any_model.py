@@ -31,7 +31,9 @@ EXTRA = {"resnet50_imagenet": ["data=synthetic"]}  # no ImageNet here: the data 
 
 @pytest.mark.parametrize("option", ["fp32", "bf16", "fp16", "staged", "auto"])
 @pytest.mark.parametrize("recipe", recipe_names())
-def test_every_recipe_takes_a_user_model(monkeypatch: pytest.MonkeyPatch, recipe: str, option: str) -> None:
+def test_every_recipe_takes_a_user_model(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture, recipe: str, option: str
+) -> None:
     target = USER_MODEL.get(recipe, "tests.strategies.user_models.UserNet")
     overrides = [
         f"recipe={recipe}",
@@ -48,8 +50,8 @@ def test_every_recipe_takes_a_user_model(monkeypatch: pytest.MonkeyPatch, recipe
         monkeypatch.setattr(hardware, "probe", lambda _device, features=features: features)
         monkeypatch.setattr(precision_module, "choose_format", lambda f, _d, device=device: original(f, device))
         preflight(cfg)  # nothing the user typed names a module: the recipe's patterns are not checked here
-        said: list[str] = []
-        strategies = parallelize.Strategies(cfg, SOLO, cfg.train.batch_size, said.append)
+        said.clear()  # this probe's lines only
+        strategies = parallelize.Strategies(cfg, SOLO, cfg.train.batch_size)
         model = _instantiate(section)
         raw, _ = strategies.apply(model, optimizer_floats=2.0)
         p = strategies.precision
@@ -57,7 +59,8 @@ def test_every_recipe_takes_a_user_model(monkeypatch: pytest.MonkeyPatch, recipe
         if cfg.precision.keep_fp32:  # every recipe keeps its classifier / LM head (last:Linear) in fp32
             assert "last:Linear" in p.keep_patterns and "Linear" in islands, (name, islands)
         unmatched = [q for q in cfg.precision.keep_fp32 if q not in p.keep_patterns]
-        assert all(any(f"'{q}'" in line and "left out" in line for line in said) for q in unmatched), (name, said)
+        lines = said.messages
+        assert all(any(f"'{q}'" in line and "left out" in line for line in lines) for q in unmatched), (name, lines)
 
 
 def test_a_pattern_or_argument_the_user_typed_stays_strict() -> None:

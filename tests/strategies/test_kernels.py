@@ -24,35 +24,35 @@ def _gpt() -> GPT:
     return GPT(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
 
-def test_auto_is_plain_pytorch_on_cpu() -> None:
-    kernels = Kernels(KernelsConfig(name="auto"), CPU, (said := []).append)
+def test_auto_is_plain_pytorch_on_cpu(said: pytest.LogCaptureFixture) -> None:
+    kernels = Kernels(KernelsConfig(name="auto"), CPU)
     model = kernels.apply(_gpt())
     assert not kernels.triton and not kernels.fused_loss
     assert type(model.ln_f) is torch.nn.LayerNorm
-    assert said == ["kernels: plain PyTorch (no CUDA device)"]
+    assert said.messages == ["kernels: plain PyTorch (no CUDA device)"]
 
 
 def test_triton_without_a_gpu_or_interpreter_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     require(available(), "Triton is needed")  # imported now, under the interpreter setting it keeps
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(UserError) as err:
-        Kernels(KernelsConfig(name="triton"), CPU, print)
+        Kernels(KernelsConfig(name="triton"), CPU)
     assert str(err.value).startswith("kernels=triton needs a CUDA device (or TRITON_INTERPRET=1")
 
 
-def test_triton_swaps_norms_and_the_head_loss_and_matches_plain() -> None:
+def test_triton_swaps_norms_and_the_head_loss_and_matches_plain(said: pytest.LogCaptureFixture) -> None:
     require(available(), "Triton is needed")
     from fwk.kernels.cross_entropy import linear_cross_entropy
     from fwk.kernels.layernorm import LayerNorm
 
     plain, fast = _gpt(), _gpt()
-    kernels = Kernels(KernelsConfig(name="triton"), CPU, (said := []).append)  # the interpreter (conftest)
+    kernels = Kernels(KernelsConfig(name="triton"), CPU)  # the interpreter (conftest)
     kernels.apply(fast)
     assert kernels.triton and kernels.fused_loss
     assert fast.head_loss is linear_cross_entropy
     assert all(type(m) is LayerNorm for m in (fast.ln_f, fast.blocks[0].ln_1, fast.blocks[1].ln_2))
     assert fast.state_dict().keys() == plain.state_dict().keys()
-    assert said == ["kernels: Triton for 5 norm layers, chunked linear cross-entropy, fused optimizer step"]
+    assert said.messages == ["kernels: Triton for 5 norm layers, chunked linear cross-entropy, fused optimizer step"]
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)
     plain_loss = CrossEntropy(0.1)(plain, x, y)

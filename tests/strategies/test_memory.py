@@ -53,11 +53,11 @@ def _batch(model: nn.Module, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _stepper(model: nn.Module, memory: MemoryConfig, lr: float = 0.1, **train) -> tuple[TrainStep, Memory]:
-    precision = Precision(PrecisionConfig(name="fp32"), SOLO, 100, lambda s: None)
-    mem = Memory(memory, SOLO, per_rank_batch=16, say=lambda s: None)
+    precision = Precision(PrecisionConfig(name="fp32"), SOLO, 100)
+    mem = Memory(memory, SOLO, per_rank_batch=16)
     model = mem.apply(precision.prepare(model))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    jit = Jit(JitConfig(name="off"), SOLO, 100, lambda s: None)
+    jit = Jit(JitConfig(name="off"), SOLO, 100)
     cfg = TrainConfig(**train)
     plan = StepPlan(cfg.accum_steps, mem)
     return TrainStep(model, opt, [precision, mem, jit], plan, CrossEntropy(), cfg.grad_clip, SOLO), mem
@@ -203,14 +203,13 @@ def test_the_failed_steps_tensors_are_freed_before_the_redo() -> None:
     assert alive_at_retry == [[False], [False, False]]
 
 
-def test_auto_reports_the_trial_plans_that_ran_out_of_memory() -> None:
+def test_auto_reports_the_trial_plans_that_ran_out_of_memory(said: pytest.LogCaptureFixture) -> None:
     step, mem = _stepper(_Tight(), MemoryConfig(name="auto", budget_gb=1.0))
-    said: list[str] = []
-    mem.say = said.append
+    said.clear()  # the lines of the steps only
     for i in range(8):
         step(i, [_batch(_cnn())])
     assert mem.plan == MemoryPlan(checkpoint=True, micro_batches=4)  # the first plan of 4 samples
-    chosen = [s for s in said if s.startswith("memory=auto chose")]
+    chosen = [s for s in said.messages if s.startswith("memory=auto chose")]
     assert len(chosen) == 1
     assert "tried none out of memory; microbatch x2 out of memory; checkpoint out of memory;" in chosen[0]
     assert "inf" not in chosen[0]

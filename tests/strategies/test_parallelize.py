@@ -14,11 +14,10 @@ from fwk.strategies import jit, kernels, memory, parallel, parallelize, precisio
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
-def _strategies(overrides: list[str]) -> tuple[parallelize.Strategies, torch.nn.Module, list[str]]:
+def _strategies(overrides: list[str]) -> tuple[parallelize.Strategies, torch.nn.Module]:
     cfg = to_typed(compose(["model.channels1=4", "model.channels2=4", "model.hidden=8", *overrides]))
-    said: list[str] = []
     model = build_model(cfg.model, build_data(cfg.data, seed=cfg.seed))
-    return parallelize.Strategies(cfg, SOLO, cfg.train.batch_size, said.append), model, said
+    return parallelize.Strategies(cfg, SOLO, cfg.train.batch_size), model
 
 
 def test_strategies_are_applied_in_the_one_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +37,7 @@ def test_strategies_are_applied_in_the_one_order(monkeypatch: pytest.MonkeyPatch
     recording(memory.Memory, "apply", "memory")
     recording(jit.Jit, "wrap", "jit")
     recording(parallel, "wrap", "parallel")
-    strategies, model, _ = _strategies(["memory=checkpoint", "jit=auto"])
+    strategies, model = _strategies(["memory=checkpoint", "jit=auto"])
     raw, trained = strategies.apply(model, optimizer_floats=2.0)
     assert calls == list(parallelize.APPLY_ORDER) == ["kernels", "precision", "memory", "jit", "parallel"]
     assert raw is model  # kernels, precision and memory work on the plain model in place
@@ -47,8 +46,8 @@ def test_strategies_are_applied_in_the_one_order(monkeypatch: pytest.MonkeyPatch
         strategies.apply(model, optimizer_floats=2.0)
 
 
-def test_the_loop_gets_state_metrics_and_summary_from_all_of_them() -> None:
-    strategies, model, said = _strategies(["precision=fp16", "jit=off"])
+def test_the_loop_gets_state_metrics_and_summary_from_all_of_them(said: pytest.LogCaptureFixture) -> None:
+    strategies, model = _strategies(["precision=fp16", "jit=off"])
     with pytest.raises(AssertionError, match="apply"):
         strategies.parts()  # the DDP monitor watches the wrapped model: nothing before apply()
     strategies.apply(model, optimizer_floats=2.0)
@@ -60,4 +59,4 @@ def test_the_loop_gets_state_metrics_and_summary_from_all_of_them() -> None:
     assert {"memory", "jit"} <= set(summary)
     row = strategies.metrics(step=10)
     assert row["loss_scale"] == 65536.0 and row["skipped_steps"] == 0  # the fp16 scaler's columns
-    assert any(line.startswith("precision=fp16") for line in said)
+    assert any(line.startswith("precision=fp16") for line in said.messages)

@@ -40,17 +40,16 @@ def _net() -> nn.Sequential:
 def _precision(monkeypatch: pytest.MonkeyPatch, bf16_fast: bool = False, max_steps: int = 100, **cfg) -> Precision:
     features = hardware.Features(bf16_fast=bf16_fast, fp16_works=True, text="test CPU")
     monkeypatch.setattr(hardware, "probe", lambda device: features)
-    said: list[str] = []
-    p = Precision(PrecisionConfig(**cfg), SOLO, max_steps, said.append)
-    p.said = said  # type: ignore[attr-defined]
-    return p
+    return Precision(PrecisionConfig(**cfg), SOLO, max_steps)
 
 
-def test_auto_is_fp32_on_a_cpu_without_bf16_units(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_is_fp32_on_a_cpu_without_bf16_units(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     p = _precision(monkeypatch, name="auto")
     p.prepare(_net())
     assert p.format == "fp32"
-    assert "precision=auto chose fp32: test CPU" in p.said[0]
+    assert "precision=auto chose fp32: test CPU" in said.messages[0]
 
 
 def test_auto_choice_from_features() -> None:
@@ -131,7 +130,9 @@ def test_a_typed_pattern_that_matches_nothing_names_the_closest_modules() -> Non
     check_model(cfg, _net(), torch.device("cpu"))  # not typed: a recipe's default, checked where it is used
 
 
-def test_a_default_pattern_applies_where_it_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_default_pattern_applies_where_it_matches(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     """A recipe's keep_fp32 written for its own model, on a user's model: the part that
     matches is kept, the rest is left out with one line."""
     p = _precision(monkeypatch, name="bf16", keep_fp32=["head.4", "Recorder"])
@@ -139,7 +140,7 @@ def test_a_default_pattern_applies_where_it_matches(monkeypatch: pytest.MonkeyPa
     assert p.keep_patterns == ["Recorder"]
     assert any(
         line.startswith("precision.keep_fp32: 'head.4' (the recipe's default) matches no module of Sequential")
-        for line in p.said
+        for line in said.messages
     )
     p.begin(0)
     with p.autocast():
@@ -156,7 +157,9 @@ def test_role_patterns_name_a_module_by_type_and_place() -> None:
         match(net, ["last:Conv2d"], "k")
 
 
-def test_staged_phases_switch_at_the_configured_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_staged_phases_switch_at_the_configured_steps(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     # 20 steps: warm-up 0-1 (fp32), main 2-17 (bf16, keep_fp32 honoured), final 18-19 (last Linear fp32)
     p = _precision(
         monkeypatch, max_steps=20, name="staged", dtype="bf16", warmup_frac=0.1, final_frac=0.1, keep_fp32=["1"]
@@ -173,7 +176,7 @@ def test_staged_phases_switch_at_the_configured_steps(monkeypatch: pytest.Monkey
     assert all(seen[s] == (torch.bfloat16, torch.bfloat16, "main") for s in range(2, 18))
     assert seen[18] == seen[19] == (torch.bfloat16, torch.float32, "final")  # last Linear back in fp32
     assert all(dtype == torch.float32 for dtype, _ in model[1].seen)  # keep_fp32 in every phase
-    assert [m for m in p.said if "phase" in m] == [
+    assert [m for m in said.messages if "phase" in m] == [
         "step 2: precision phase warmup -> main (bf16 autocast)",
         "step 18: precision phase main -> final (bf16, final layers fp32)",
     ]
@@ -219,7 +222,9 @@ def test_fp16_inf_gradient_skips_the_step_and_lowers_the_scale(monkeypatch: pyte
     assert restored.metrics() == p.metrics()
 
 
-def test_auto_under_fp16_moves_hot_modules_to_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_under_fp16_moves_hot_modules_to_fp32(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
+) -> None:
     # An older CUDA GPU would get fp16; here the format is forced, the probe is real.
     monkeypatch.setattr("fwk.strategies.precision.choose_format", lambda features, device: "fp16")
     p = _precision(monkeypatch, name="auto", probe_steps=2, fp16_headroom=16.0)
@@ -235,14 +240,16 @@ def test_auto_under_fp16_moves_hot_modules_to_fp32(monkeypatch: pytest.MonkeyPat
         p.scale_loss(out.float().mean() * 1e-6).backward()  # small gradients: only the activation is hot
     assert p.ranges["3"][0] > 65504 / 16
     assert p.ranges["0"][0] < 65504 / 16
-    assert p.said[-1].endswith("1 module(s) above 4094 join keep_fp32: 3")
+    assert said.messages[-1].endswith("1 module(s) above 4094 join keep_fp32: 3")
     with p.autocast():
         assert model(torch.randn(2, 8)).dtype == torch.float32  # module 3 now runs in fp32
         assert model[0](torch.randn(2, 8)).dtype == torch.float16
 
 
 @pytest.mark.parametrize("bf16_fast", [False, True], ids=["fp32-only", "bf16"])
-def test_auto_probes_ranges_only_where_fp16_may_run(monkeypatch: pytest.MonkeyPatch, bf16_fast: bool) -> None:
+def test_auto_probes_ranges_only_where_fp16_may_run(
+    monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture, bf16_fast: bool
+) -> None:
     """The ranges only pick fp16's fp32 modules: without fp16 no hook runs, and fp32 alone is
     decided from step 0 (the next decision need not wait out probe_steps)."""
     p = _precision(monkeypatch, bf16_fast=bf16_fast, name="auto", probe_steps=3)
@@ -250,7 +257,7 @@ def test_auto_probes_ranges_only_where_fp16_may_run(monkeypatch: pytest.MonkeyPa
     assert p.probe_done and p._probe is None and p.ranges == {}
     assert not any(m._forward_hooks for m in model.modules())
     assert p.decided is (not bf16_fast)  # bf16 is still timed against fp32, after the probe's steps
-    assert not any("ranges over" in line for line in p.said)
+    assert not any("ranges over" in line for line in said.messages)
 
 
 def test_fp16_on_a_device_without_it_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,8 @@ import multiprocessing
 import time
 from pathlib import Path
 
+import pytest
+
 from fwk.track import index, status
 from fwk.track.store import RunDir, RunLock
 from tests.track.fake_runs import make_run
@@ -37,20 +39,20 @@ def test_row_reads_recipe_tags_step_and_metrics(tmp_path: Path) -> None:
     assert status.row_from_dir(make_run(tmp_path, "bbb"))["tags"] == []
 
 
-def test_query_filters_newest_first(tmp_path: Path) -> None:
+def test_query_filters_newest_first(tmp_path: Path, said: pytest.LogCaptureFixture) -> None:
     now = time.time()
     make_run(tmp_path, "r1", recipe="a", tags=["x"], created=now - 300, eval_metrics={"val_acc": 0.5})
     make_run(tmp_path, "r2", recipe="b", tags=["x", "y"], created=now - 200, checkpoint=True)
     make_run(tmp_path, "r3", recipe="a", created=now - 100, outcome="failed")
-    lines: list[str] = []
-    assert [r["id"] for r in index.query(tmp_path, say=lines.append)] == ["r3", "r2", "r1"]
+    assert [r["id"] for r in index.query(tmp_path)] == ["r3", "r2", "r1"]
+    lines = said.messages
     assert len(lines) == 1 and "missing" in lines[0]  # the first look builds the index, saying so
-    assert [r["id"] for r in index.query(tmp_path, recipe="a", say=lines.append)] == ["r3", "r1"]
+    assert [r["id"] for r in index.query(tmp_path, recipe="a")] == ["r3", "r1"]
     assert [r["id"] for r in index.query(tmp_path, status="interrupted")] == ["r2"]
     assert [r["id"] for r in index.query(tmp_path, tags=["x"])] == ["r2", "r1"]
     assert [r["id"] for r in index.query(tmp_path, tags=["x", "y"])] == ["r2"]
     assert index.query(tmp_path, sweep="s1") == []
-    assert len(lines) == 1  # later looks use it silently
+    assert said.messages == lines  # later looks use it silently
 
 
 def test_record_upserts_and_keeps_created(tmp_path: Path) -> None:
@@ -76,7 +78,7 @@ def test_a_stale_running_row_is_squared_with_the_dir(tmp_path: Path) -> None:
 
 def test_index_follows_dirs_added_and_removed_by_hand(tmp_path: Path) -> None:
     make_run(tmp_path, "aaa")
-    index.query(tmp_path, say=lambda _: None)
+    index.query(tmp_path)
     make_run(tmp_path, "bbb")
     assert {r["id"] for r in index.query(tmp_path)} == {"aaa", "bbb"}
     import shutil
@@ -85,29 +87,31 @@ def test_index_follows_dirs_added_and_removed_by_hand(tmp_path: Path) -> None:
     assert [r["id"] for r in index.query(tmp_path)] == ["bbb"]
 
 
-def test_corrupt_index_is_rebuilt_with_one_line(tmp_path: Path) -> None:
+def test_corrupt_index_is_rebuilt_with_one_line(tmp_path: Path, said: pytest.LogCaptureFixture) -> None:
     make_run(tmp_path, "aaa", eval_metrics={"val_acc": 0.9})
     make_run(tmp_path, "bbb")
     index.index_path(tmp_path).write_bytes(b"this is not a database" * 100)
-    lines: list[str] = []
-    rows = index.query(tmp_path, say=lines.append)
+    rows = index.query(tmp_path)
     assert {r["id"]: r["status"] for r in rows} == {"aaa": "complete", "bbb": "interrupted"}
+    lines = said.messages
     assert len(lines) == 1 and "corrupt" in lines[0] and "2 run dirs" in lines[0]
-    index.query(tmp_path, say=lines.append)
-    assert len(lines) == 1
+    index.query(tmp_path)
+    assert said.messages == lines
 
 
-def test_the_first_run_under_a_new_root_is_no_news(tmp_path: Path, capsys) -> None:
+def test_the_first_run_under_a_new_root_is_no_news(tmp_path: Path, said: pytest.LogCaptureFixture) -> None:
     index.record(make_run(tmp_path, "aaa"), "running")
-    assert capsys.readouterr().err == ""
+    assert said.messages == []
 
 
-def test_an_index_error_is_one_warning_not_a_failed_run(tmp_path: Path, capsys) -> None:
+def test_an_index_error_is_one_warning_not_a_failed_run(tmp_path: Path, said: pytest.LogCaptureFixture) -> None:
     run = make_run(tmp_path, "aaa")
     index.index_path(tmp_path).mkdir()  # sqlite cannot open a folder
     index.record_quietly(run, "running")
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("fwk: warning: run index not updated for aaa")
+    (record,) = said.records
+    assert record.levelname == "WARNING" and record.getMessage().startswith(
+        "fwk: warning: run index not updated for aaa"
+    )
 
 
 def _write_many(root: str, prefix: str, n: int) -> None:

@@ -44,21 +44,21 @@ def test_another_launch_is_refused_while_the_lease_is_fresh(tmp_path: Path) -> N
     assert json.loads((tmp_path / lease.LEASE).read_text())["key"] == "SLURM job 7, rendezvous n1:15007"
 
 
-def test_another_machine_of_the_same_launch_shares_it_and_the_last_one_out_removes_it(tmp_path: Path) -> None:
+def test_another_machine_of_the_same_launch_shares_it_and_the_last_one_out_removes_it(
+    tmp_path: Path, said: pytest.LogCaptureFixture
+) -> None:
     _held(tmp_path, "rendezvous n1:29500", age=1)
-    said: list[str] = []
-    with Lease(tmp_path, "abc", "rendezvous n1:29500", said.append):
+    with Lease(tmp_path, "abc", "rendezvous n1:29500"):
         held = json.loads((tmp_path / lease.LEASE).read_text())
         assert held["host"] == socket.gethostname() and time.time() - held["renewed"] < 1
-    assert not (tmp_path / lease.LEASE).exists() and said == []
+    assert not (tmp_path / lease.LEASE).exists() and said.messages == []
 
 
-def test_a_stale_lease_is_taken_over_saying_whose(tmp_path: Path) -> None:
+def test_a_stale_lease_is_taken_over_saying_whose(tmp_path: Path, said: pytest.LogCaptureFixture) -> None:
     _held(tmp_path, "SLURM job 7, rendezvous n1:15007", age=40)
-    said: list[str] = []
-    with Lease(tmp_path, "abc", "SLURM job 9, rendezvous n2:15009", said.append):
+    with Lease(tmp_path, "abc", "SLURM job 9, rendezvous n2:15009"):
         assert json.loads((tmp_path / lease.LEASE).read_text())["key"] == "SLURM job 9, rendezvous n2:15009"
-    assert said == [
+    assert said.messages == [
         "run abc: took over the lease of SLURM job 7, rendezvous n1:15007 (host node7, pid 4242; renewed 40 s ago): "
         "its launch is gone"
     ]
