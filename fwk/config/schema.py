@@ -396,5 +396,21 @@ class ServeConfig:
         1.5, "--auto-promote: promote only if canary p99 latency <= stable's p99 x this ratio"
     )
     max_body_mb: float = doc(16.0, "largest accepted request body, in MiB (larger: 413 with a JSON error)")
+    max_request_rows: int = doc(
+        256, "rows one request may carry; above max_batch_size it runs as several batches; above this: 413"
+    )
+    max_queue_rows: int = doc(
+        1024, "rows waiting per model version; a request that would queue more gets 503 with Retry-After"
+    )
+    max_inflight: int = doc(128, "inference requests in the server at once; more get 503 with Retry-After")
+    request_timeout_s: float = doc(
+        30.0, "a request not answered within this (queue and run) gets 504; its batch is dropped if nobody waits"
+    )
+    body_timeout_s: float = doc(10.0, "a request body not fully received within this gets 408")
+    admin_token: str = doc(
+        "auto",
+        "bearer token that promote and rollback require (Authorization: Bearer TOKEN); auto: made at start and "
+        "printed once; empty: those endpoints are off",
+    )
     drain_s: float = doc(30.0, "on SIGTERM: seconds to let in-flight requests finish before exiting")
     latency_window: int = doc(2048, "latest requests per version kept for the p50/p99 figures (stats, auto-promote)")

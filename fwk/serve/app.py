@@ -2,38 +2,72 @@
 promote/rollback of a canary, per-version stats, and Prometheus ``/metrics``.
 
 Every error is JSON, ``{"error": "..."}`` (the v2 protocol's form, which tritonclient
-reads): 400 for a bad input, 404 for an unknown model, version or path, 413 for an
-oversized body, 409 for a promote without a canary, 503 while warming up, 500 if the
-model itself fails. No request can stop the server.
+reads): 400 for a bad input (checked before it joins a batch; or one the model failed on
+while the rest of its batch ran), 401/403 for promote and rollback without the admin token
+or from another origin, 404 for an unknown model, version or path, 408 for a body that
+does not arrive in time, 413 for an oversized body or request, 409 for a promote without a
+canary, 503 with Retry-After while warming up or over a bound (requests in flight, a
+version's queue), 504 past the request deadline, 500 if the model itself fails. Each bound
+counts its refusals (``fwk_serve_refused_total``). No request can stop the server, and a
+large body is parsed, and a large reply written, off the event loop: the health checks
+keep answering.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hmac
 import logging
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fwk import __version__
 from fwk.serve import protocol
+from fwk.serve.batcher import InputFailed, Overloaded
 from fwk.serve.protocol import BadRequest
 from fwk.serve.repository import Repository
 
 logger = logging.getLogger(__name__)
 
+OFF_LOOP_BYTES = 64 * 1024  # a body (or reply) larger than this is parsed (written) in a thread
+RETRY_AFTER_S = 1
 
-def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def build(repo: Repository) -> Starlette:
+async def _discard(request: Request) -> None:
+    async for _ in request.stream():
+        pass
+
+
+async def _off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: in a thread when ``big`` (the event loop keeps answering meanwhile), else here."""
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
+
+
+class Refused(BadRequest):
+    """A request turned away by a bound (503 + Retry-After, 504, 408), counted by reason."""
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message, status)
+        self.reason = reason
+
+
+def build(repo: Repository, admin_token: str = "") -> Starlette:
+    """The app; ``admin_token``: what promote and rollback require (empty: they are off)."""
     limit = int(repo.cfg.max_body_mb * 1024 * 1024)
+    inflight = [0]  # inference requests in the server now (serve.max_inflight)
 
     def model_of(request: Request) -> str:
         name = request.path_params["name"]
@@ -54,12 +88,45 @@ def build(repo: Repository) -> Starlette:
             over = f"request body of {int(size)} bytes is over serve.max_body_mb={repo.cfg.max_body_mb:g}"
             raise BadRequest(over, 413)
         chunks, n = [], 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > limit:
-                raise BadRequest(f"request body is over serve.max_body_mb={repo.cfg.max_body_mb:g}", 413)
-            chunks.append(chunk)
+
+        async def read() -> None:
+            nonlocal n
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > limit:
+                    raise BadRequest(f"request body is over serve.max_body_mb={repo.cfg.max_body_mb:g}", 413)
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), repo.cfg.body_timeout_s)
+        except asyncio.TimeoutError:
+            what = f"{n} bytes of the body arrived in serve.body_timeout_s={repo.cfg.body_timeout_s:g} s"
+            raise Refused(f"{what}; send it whole", 408, "body_timeout") from None
         return b"".join(chunks)
+
+    async def drain(request: Request) -> None:
+        """Read the body to its end, keeping none of it (up to serve.body_timeout_s)."""
+        with contextlib.suppress(asyncio.TimeoutError, ClientDisconnect):
+            await asyncio.wait_for(_discard(request), repo.cfg.body_timeout_s)
+
+    def check_admin(request: Request) -> None:
+        """promote/rollback: only with the token, and never from a web page of another origin."""
+        if not admin_token:
+            off = "promote and rollback are off (serve.admin_token is empty); start with serve.admin_token=auto"
+            raise BadRequest(off, 403)
+        origin = request.headers.get("origin")
+        fetched = request.headers.get("sec-fetch-site", "")
+        if (origin is not None and origin.split("://")[-1] != request.headers.get("host")) or fetched == "cross-site":
+            raise BadRequest(
+                f"cross-origin request ({origin or fetched}) refused: promote and rollback are same-origin", 403
+            )
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {admin_token}".encode()):
+            raise BadRequest(
+                f"{request.url.path} needs the admin token (Authorization: Bearer TOKEN), printed when fwk serve "
+                "started or set by serve.admin_token",
+                401,
+            )
 
     async def server_metadata(request: Request) -> JSONResponse:
         extensions = ["binary_tensor_data", "model_repository"]
@@ -93,29 +160,55 @@ def build(repo: Repository) -> Starlette:
         )
 
     async def infer(request: Request) -> Response:
+        if inflight[0] >= repo.cfg.max_inflight:
+            # the body read and dropped first: a connection closed on unread data resets, and its
+            # client may lose this very answer; answered here, not raised (the cheapest path under load)
+            await drain(request)
+            repo.metrics.refused.labels("inflight").inc()
+            why = f"{inflight[0]} requests in flight (serve.max_inflight={repo.cfg.max_inflight}); retry shortly"
+            return _error(why, 503, {"Retry-After": str(RETRY_AFTER_S)})
+        inflight[0] += 1
+        try:
+            return await asyncio.wait_for(answer(request), repo.cfg.request_timeout_s)
+        except asyncio.TimeoutError:  # its batch, if queued, is dropped: nobody waits for it
+            raise Refused(
+                f"no answer within serve.request_timeout_s={repo.cfg.request_timeout_s:g} s", 504, "deadline"
+            ) from None
+        finally:
+            inflight[0] -= 1
+
+    async def answer(request: Request) -> Response:
         t0 = time.perf_counter()
         model = model_of(request)
         asked = version_of(model, request)
         if not repo.ready:
-            raise BadRequest("the server is warming up; wait for GET /v2/health/ready", 503)
+            raise Refused("the server is warming up; wait for GET /v2/health/ready", 503, "warming")
         body = await body_of(request)
         router = repo.routers[model]
-        head, rest = protocol.split(body, request.headers.get(protocol.HEADER_LENGTH))
+        big = len(body) > OFF_LOOP_BYTES
+        head, rest = await _off_loop(big, protocol.split, body, request.headers.get(protocol.HEADER_LENGTH))
         client = request.headers.get("x-client-id") or protocol.client_id(head)
         version = asked or router.pick(client)
         entry = await repo.get(model, version)
         assert entry.loaded is not None and entry.batcher is not None
-        parsed = protocol.parse(head, rest, model, entry.loaded.input, entry.loaded.outputs)
+        want, outputs = entry.loaded.input, entry.loaded.outputs
+        parsed = await _off_loop(big, protocol.parse, head, rest, model, want, outputs, repo.cfg.max_request_rows)
         labels = repo.metrics.latency.labels(model, version)
         try:
             result = await entry.batcher.submit(parsed.x, parsed.high)
-        except Exception as exc:  # the model failed on the batch: this version's error, not the caller's
-            router.record(version, time.perf_counter() - t0, ok=False)
+        except Overloaded as exc:
+            raise Refused(f"model {model} version {version} is busy: {exc}; retry shortly", 503, "queue") from None
+        except InputFailed as exc:  # its own input: the caller's error, not charged to the version
+            repo.metrics.requests.labels(model, version, "400").inc()
+            return _error(f"model {model} version {version} cannot run this input: {exc}", 400)
+        except Exception as exc:  # the model failed: this version's error, not the caller's
+            router.record(version, time.perf_counter() - t0, ok=False, routed=asked is None)
             repo.metrics.requests.labels(model, version, "500").inc()
             return _error(f"model {model} version {version} failed: {type(exc).__name__}: {exc}", 500)
-        body, headers = protocol.reply(model, version, parsed, entry.loaded.outputs, result.outputs)
+        large = sum(o.nbytes for o in result.outputs) > OFF_LOOP_BYTES
+        body, headers = await _off_loop(large, protocol.reply, model, version, parsed, outputs, result.outputs)
         seconds = time.perf_counter() - t0
-        decision = router.record(version, seconds, ok=True)
+        decision = router.record(version, seconds, ok=True, routed=asked is None)
         if decision is not None:
             logger.info(
                 f"auto-{decision['action']} of {model}: {decision['from']} -> {decision['to']}; {decision['why']}"
@@ -127,6 +220,7 @@ def build(repo: Repository) -> Starlette:
 
     async def switch(request: Request) -> Response:
         model = model_of(request)
+        check_admin(request)
         router = repo.routers[model]
         action = request.url.path.rsplit("/", 1)[1]
         if router.canary is None:
@@ -159,6 +253,10 @@ def build(repo: Repository) -> Starlette:
 
     async def bad_request(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, BadRequest)
+        if isinstance(exc, Refused):
+            repo.metrics.refused.labels(exc.reason).inc()
+            if exc.status == 503:
+                return _error(str(exc), 503, {"Retry-After": str(RETRY_AFTER_S)})
         return _error(str(exc), exc.status)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -199,5 +297,5 @@ def build(repo: Repository) -> Starlette:
         Route("/v2/repository/index", repository_index, methods=["POST"]),
         Route("/metrics", metrics),
     ]
-    handlers = {BadRequest: bad_request, HTTPException: http_error, Exception: crash}
+    handlers = {BadRequest: bad_request, Refused: bad_request, HTTPException: http_error, Exception: crash}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

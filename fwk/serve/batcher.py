@@ -10,6 +10,13 @@ caller never has company). Batches run in a thread pool (``run`` is a blocking
 call, onnxruntime's ``session.run``); ``slots`` bounds the batches running at once to the
 pool's threads, so while every thread is busy requests pile up into the next batch
 instead of into the pool's queue as batches of one.
+
+Bounded: a request of more rows than ``max_batch_size`` runs as several batches; the rows
+waiting are at most ``max_queue_rows`` (past that, ``submit`` raises ``Overloaded`` at once);
+a request whose caller has gone (its deadline passed) is dropped before its batch runs, and
+a batch with no caller left does not run. One bad request fails alone: when a merged batch
+fails, its requests run again one by one, and only those that fail alone get the error
+(``InputFailed`` when another of the batch ran: the request's input, not the model).
 """
 
 from __future__ import annotations
@@ -25,6 +32,14 @@ import numpy as np
 
 EWMA_ALPHA = 0.2  # weight of the newest batch's run time in the running estimate per batch size
 _STOP = object()
+
+
+class Overloaded(Exception):
+    """The version's queue is full: the request was not queued (503, try again later)."""
+
+
+class InputFailed(Exception):
+    """The model failed on this request's input, run alone, while the others of its batch ran."""
 
 
 @dataclass
@@ -62,9 +77,13 @@ class Batcher:
         max_delay_ms: float,
         adaptive: bool = True,
         on_batch: Callable[[int, int, float], None] | None = None,
+        max_queue_rows: int | None = None,
     ) -> None:
+        """``max_queue_rows``: rows that may wait (None: no bound)."""
         self._run, self._executor, self._slots = run, executor, slots
         self.max_batch_size, self.max_delay_s, self.adaptive = max_batch_size, max_delay_ms / 1000, adaptive
+        self.max_queue_rows = max_queue_rows
+        self.queued_rows = 0  # rows submitted and not yet in a batch
         self._on_batch = on_batch
         self.seconds: dict[int, float] = {}  # batch rows -> EWMA of its run time
         self.gap_s: float | None = None  # EWMA of the time between two submits
@@ -100,13 +119,34 @@ class Batcher:
             self._task = asyncio.get_running_loop().create_task(self._collect())
 
     async def submit(self, x: np.ndarray, high: bool = False) -> Result:
+        """``x``'s outputs, run in batches of at most ``max_batch_size`` rows (several for a
+        larger request, its parts' outputs joined back); ``Overloaded`` when its rows do not
+        fit the queue."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
+        rows = int(x.shape[0])
+        if self.max_queue_rows is not None and self.queued_rows + rows > self.max_queue_rows:
+            raise Overloaded(f"{self.queued_rows} rows are queued (serve.max_queue_rows={self.max_queue_rows})")
+        if rows <= self.max_batch_size:
+            return await self._submit(x, high)
+        n = self.max_batch_size
+        parts = await asyncio.gather(*(self._submit(x[i : i + n], high) for i in range(0, rows, n)))
+        outputs = [np.concatenate(o) for o in zip(*(p.outputs for p in parts), strict=True)]
+        return Result(
+            outputs,
+            max(p.batch_rows for p in parts),
+            max(p.batch_requests for p in parts),
+            max(p.queue_s for p in parts),
+            sum(p.infer_s for p in parts),
+        )
+
+    async def _submit(self, x: np.ndarray, high: bool) -> Result:
         item = _Item(x, high, asyncio.get_running_loop().create_future())
         if self._last is not None:
             gap = item.t - self._last
             self.gap_s = gap if self.gap_s is None else (1 - EWMA_ALPHA) * self.gap_s + EWMA_ALPHA * gap
         self._last = item.t
+        self.queued_rows += item.rows
         self._queue.put_nowait(item)
         return await item.future
 
@@ -125,27 +165,37 @@ class Batcher:
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
 
+    def _taken(self, item: Any) -> Any:
+        """An item off the queue: its rows no longer wait."""
+        if isinstance(item, _Item):
+            self.queued_rows -= item.rows
+        return item
+
     async def _collect(self) -> None:
         carry: Any = None
         while True:
-            first = carry if carry is not None else await self._queue.get()
+            first = carry if carry is not None else self._taken(await self._queue.get())
             carry = None
             if first is _STOP:
                 return
+            if first.future.done():  # its caller is gone (deadline): nothing to run it for
+                continue
             await self._slots.acquire()  # meanwhile, requests pile up in the queue
             batch, rows = [first], first.rows
             while rows < self.max_batch_size and not batch[-1].high:
                 try:
-                    item = self._queue.get_nowait()
+                    item = self._taken(self._queue.get_nowait())
                 except asyncio.QueueEmpty:
                     delay = self.delay_s(rows)
                     wait = first.t + delay - time.perf_counter()
                     if wait <= 0 or (self.adaptive and self.gap_s is not None and self.gap_s > delay):
                         break  # waited enough, or no request is expected within the wait
                     try:
-                        item = await asyncio.wait_for(self._queue.get(), wait)
+                        item = self._taken(await asyncio.wait_for(self._queue.get(), wait))
                     except asyncio.TimeoutError:
                         break
+                if item is not _STOP and item.future.done():
+                    continue
                 # the next batch: a stop (after this batch), too many rows, or other trailing dims
                 if item is _STOP or rows + item.rows > self.max_batch_size or item.x.shape[1:] != first.x.shape[1:]:
                     carry = item
@@ -159,13 +209,20 @@ class Batcher:
     async def _dispatch(self, batch: list[_Item], rows: int) -> None:
         start = time.perf_counter()
         try:
+            batch = [i for i in batch if not i.future.done()]  # callers gone while it filled: not run for
+            if not batch:
+                return
+            rows = sum(i.rows for i in batch)
             x = batch[0].x if len(batch) == 1 else np.concatenate([i.x for i in batch])  # (rows, ...)
-            outs, seconds = await asyncio.get_running_loop().run_in_executor(self._executor, self.timed_run, x)
-        except Exception as exc:  # the model failed on this batch: every caller in it gets the error
-            for i in batch:
-                if not i.future.done():
-                    i.future.set_exception(exc)
-            return
+            loop = asyncio.get_running_loop()
+            try:
+                outs, seconds = await loop.run_in_executor(self._executor, self.timed_run, x)
+            except Exception as exc:
+                if len(batch) == 1 and not batch[0].future.done():  # the model failed on this request alone
+                    batch[0].future.set_exception(exc)
+                elif len(batch) > 1:  # find the guilty: each request alone, so that the others still get their answer
+                    await self._one_by_one(batch, start)
+                return
         finally:
             self._slots.release()
         self.record(rows, seconds)
@@ -177,3 +234,21 @@ class Batcher:
             at += i.rows
             if not i.future.done():
                 i.future.set_result(Result(mine, rows, len(batch), start - i.t, seconds))
+
+    async def _one_by_one(self, batch: list[_Item], start: float) -> None:
+        """After a merged batch failed: run each of its requests alone (in the batch's slot)."""
+        loop, failed, ran = asyncio.get_running_loop(), [], 0
+        for i in batch:
+            if i.future.done():
+                continue
+            try:
+                outs, seconds = await loop.run_in_executor(self._executor, self.timed_run, i.x)
+            except Exception as exc:  # noqa: BLE001 - the model's error on this input: this caller's answer
+                failed.append((i, exc))
+                continue
+            ran += 1
+            if not i.future.done():
+                i.future.set_result(Result(outs, i.rows, 1, start - i.t, seconds))
+        for i, exc in failed:  # when none ran, the model failed, not an input
+            if not i.future.done():
+                i.future.set_exception(InputFailed(f"{type(exc).__name__}: {exc}") if ran else exc)

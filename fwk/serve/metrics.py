@@ -33,6 +33,10 @@ class Metrics:
             "fwk_serve_request_latency_seconds", "from the body read to the reply", labels, buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.refused = Counter(
+            "fwk_serve_refused", "requests turned away by a bound (inflight, queue, deadline, body_timeout, warming)",
+            ("reason",), registry=r,
+        )
         self.warmup = Counter(
             "fwk_serve_warmup_inferences", "warm-up inferences run before taking traffic", (*labels, "batch_size"),
             registry=r,

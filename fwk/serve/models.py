@@ -9,7 +9,7 @@ id, by a run id (then the run's newest export), or by a unique prefix of either.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,7 @@ class Tensor:
     datatype: str  # v2: FP32, INT64, ...
     dtype: str  # numpy
     shape: tuple[int, ...]
+    ids: int | None = None  # an integer input that indexes an embedding table: its rows (valid ids 0..ids-1)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -154,7 +155,30 @@ def load(export: Export, intra_op_threads: int) -> Loaded:
     (x,) = inputs
     if not x.shape or x.shape[0] != -1:
         raise UserError(f"export {export.id}: input '{x.name}' has no free batch dimension (shape {list(x.shape)})")
+    if x.dtype.startswith(("int", "uint")):
+        x = replace(x, ids=table_rows(export.model_file, x.name))
     return Loaded(export, session, x, [_tensor(a) for a in session.get_outputs()])
+
+
+def table_rows(model_file: Path, name: str) -> int | None:
+    """The rows of the embedding table that input ``name`` indexes (a Gather of an
+    initializer, maybe through a DequantizeLinear in an int8 model); None when it feeds
+    no such table. Read from the graph without loading the weights' data."""
+    import onnx
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    made_by = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] != name:
+            continue
+        table = node.input[0]
+        producer = made_by.get(table)
+        if producer is not None and producer.op_type == "DequantizeLinear":
+            table = producer.input[0]
+        if table in shapes and len(shapes[table]) == 2:
+            return int(shapes[table][0])
+    return None
 
 
 def example(tensor: Tensor, rows: int, seed: int = 0) -> Any:

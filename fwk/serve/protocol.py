@@ -11,6 +11,7 @@ naming what was expected; the app turns it into a 4xx with ``{"error": ...}``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,8 @@ def split(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes
         req = json.loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the request body nests JSON too deeply; a v2 request is an object of flat lists") from None
     if not isinstance(req, dict):
         raise BadRequest('the request body must be a JSON object: {"inputs": [...]}')
     return req, rest
@@ -70,8 +73,21 @@ def client_id(req: dict[str, Any]) -> str | None:
     return None if value is None else str(value)
 
 
-def parse(req: dict[str, Any], rest: bytes, model: str, want: Tensor, outputs: list[Tensor]) -> InferRequest:
-    """Check a v2 infer request against the model's one input; the input as a numpy array."""
+def _params(where: dict[str, Any], what: str) -> dict[str, Any]:
+    params = where.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"{what}'parameters' must be a JSON object, not {type(params).__name__}")
+    return params
+
+
+def parse(
+    req: dict[str, Any], rest: bytes, model: str, want: Tensor, outputs: list[Tensor], max_rows: int | None = None
+) -> InferRequest:
+    """Check a v2 infer request against the model's one input, before it joins a batch:
+    names, datatype, shape, size, and the values (finite floats; token ids the model has).
+    Returns the input as a numpy array. ``max_rows``: more rows is a 413 naming the limit."""
     inputs = req.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) for i in inputs):
         raise BadRequest(f"'inputs' must be a list of tensors; model {model} takes one input {_wanted(want)}")
@@ -88,10 +104,14 @@ def parse(req: dict[str, Any], rest: bytes, model: str, want: Tensor, outputs: l
     fits = same_rank and all(w in (-1, d) and d >= 1 for d, w in zip(shape, want.shape, strict=True))
     if not fits:
         raise BadRequest(f"input '{want.name}' has shape {shape}; expected {list(want.shape)} (-1: any size >= 1)")
-    count = int(np.prod(shape))
-    params = inp.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise BadRequest(f"input '{want.name}': 'parameters' must be a JSON object")
+    if max_rows is not None and shape[0] > max_rows:
+        raise BadRequest(
+            f"input '{want.name}' has {shape[0]} rows; a request carries at most serve.max_request_rows={max_rows}: "
+            "split it",
+            413,
+        )
+    count = math.prod(shape)  # Python's integers: a product that overflows int64 stays huge, not 0
+    params = _params(inp, f"input '{want.name}': ")
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         need = count * np.dtype(want.dtype).itemsize
@@ -111,15 +131,14 @@ def parse(req: dict[str, Any], rest: bytes, model: str, want: Tensor, outputs: l
         if x.size != count:
             raise BadRequest(f"input '{want.name}' has {x.size} values; shape {shape} needs {count}")
         x = x.reshape(shape)
-    top = req.get("parameters") or {}
-    if not isinstance(top, dict):
-        raise BadRequest("'parameters' must be a JSON object")
+    _check_values(x, want)
+    top = _params(req, "")
     names = {o.name for o in outputs}
     asked = None
     if req.get("outputs") is not None:
         if not isinstance(req["outputs"], list) or not all(isinstance(o, dict) for o in req["outputs"]):
             raise BadRequest("'outputs' must be a list of {\"name\": ...}")
-        asked = [(o.get("name"), bool((o.get("parameters") or {}).get("binary_data", False))) for o in req["outputs"]]
+        asked = [(o.get("name"), bool(_params(o, "an output's ").get("binary_data", False))) for o in req["outputs"]]
         for name, _ in asked:
             if name not in names:
                 raise BadRequest(f"unknown output {name!r} of model {model}; its outputs: {', '.join(sorted(names))}")
@@ -127,6 +146,16 @@ def parse(req: dict[str, Any], rest: bytes, model: str, want: Tensor, outputs: l
         asked = [(o.name, True) for o in outputs]
     priority = top.get("priority")
     return InferRequest(req.get("id"), x, priority == "high" or priority == 1, client_id(req), asked)
+
+
+def _check_values(x: np.ndarray, want: Tensor) -> None:
+    """What the model cannot take and would fail (or poison its batch) on: NaN or Inf, and
+    token ids outside its embedding table."""
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise BadRequest(f"input '{want.name}' holds NaN or Inf values; send finite numbers")
+    if want.ids is not None and x.size and (x.min() < 0 or x.max() >= want.ids):
+        bad = int(x.min()) if x.min() < 0 else int(x.max())
+        raise BadRequest(f"input '{want.name}' holds token id {bad}; the model takes ids 0..{want.ids - 1}")
 
 
 def reply(

@@ -93,6 +93,7 @@ class Repository:
                     self.cfg.max_delay_ms,
                     self.cfg.adaptive,
                     on_batch=self.metrics.on_batch(model, version),
+                    max_queue_rows=self.cfg.max_queue_rows,
                 )
                 await loop.run_in_executor(self._executor, self._warm_up, model, version, loaded, batcher)
                 batcher.start()

@@ -4,9 +4,13 @@ A request that names a version gets it. Otherwise the canary (when there is one)
 ``share`` of the traffic: a request with a client id always lands on the same side (a
 hash of the id, not a coin), one without tosses a coin. Promote makes the canary the
 stable version; rollback stops routing to it. Both only swap which version new requests
-get: a request already queued or running finishes on the version it was given. With
-auto-promote, once the canary has served N requests its error rate and p99 latency are
-compared with the stable version's over the same window, and it is promoted or rolled back.
+get: a request already queued or running finishes on the version it was given.
+
+With auto-promote, only the traffic the router assigned counts (a request that names its
+version chose it; it could steer the decision): once the canary has served N such
+requests, and the stable version has latencies of its own (``MIN_STABLE``) over the same
+span of time, their error rates and p99 latencies over that span are compared, and the
+canary is promoted or rolled back.
 """
 
 from __future__ import annotations
@@ -20,39 +24,60 @@ from typing import Any
 
 import numpy as np
 
+MIN_STABLE = 100  # auto-promote: the stable version's own answered requests over the canary's span, at least
+_TRIAL_KEPT = 100_000  # auto-promote: samples kept per version (the stable one gets 1/share times the canary's)
+
+
+class Window:
+    """The newest ``size`` requests of one version: (time, seconds, ok)."""
+
+    def __init__(self, size: int) -> None:
+        self.rows: deque[tuple[float, float, bool]] = deque(maxlen=size)
+
+    def add(self, t: float, seconds: float, ok: bool) -> None:
+        self.rows.append((t, seconds, ok))
+
+    def since(self, t0: float) -> list[tuple[float, float, bool]]:
+        return [r for r in self.rows if r[0] >= t0]
+
+
+def error_rate(rows: list[tuple[float, float, bool]]) -> float:
+    return sum(not ok for _, _, ok in rows) / len(rows) if rows else 0.0
+
+
+def p_ms(rows: list[tuple[float, float, bool]], q: float) -> float | None:
+    """The ``q`` quantile of the answered requests' latencies, in ms; None without any."""
+    good = [s for _, s, ok in rows if ok]
+    return float(np.quantile(np.asarray(good), q) * 1000) if good else None
+
 
 @dataclass
 class VersionStats:
-    """Counters of one version since the server started (latencies: the newest ``window``)."""
+    """Counters of one version since the server started, and its newest ``window`` requests
+    (the error rate and latencies are the window's)."""
 
     window: int = 2048
     requests: int = 0
     errors: int = 0
-    latencies: deque = field(default_factory=deque)
+    recent: Window = field(init=False)
 
     def __post_init__(self) -> None:
-        self.latencies = deque(maxlen=self.window)
+        self.recent = Window(self.window)
 
-    def add(self, seconds: float, ok: bool) -> None:
+    def add(self, seconds: float, ok: bool, t: float) -> None:
         self.requests += 1
         self.errors += 0 if ok else 1
-        if ok:
-            self.latencies.append(seconds)
-
-    @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
-
-    def quantile_ms(self, q: float) -> float | None:
-        return float(np.quantile(np.fromiter(self.latencies, float), q) * 1000) if self.latencies else None
+        self.recent.add(t, seconds, ok)
 
     def summary(self) -> dict[str, Any]:
+        rows = list(self.recent.rows)
         return {
             "requests": self.requests,
             "errors": self.errors,
-            "error_rate": self.error_rate,
-            "p50_ms": self.quantile_ms(0.5),
-            "p99_ms": self.quantile_ms(0.99),
+            "window": len(rows),
+            "error_rate": error_rate(rows),
+            "p50_ms": p_ms(rows, 0.5),
+            "p99_ms": p_ms(rows, 0.99),
         }
 
 
@@ -88,6 +113,8 @@ class Router:
         self.model, self.versions, self.stable, self.canary, self.share = model, list(versions), stable, canary, share
         self.auto = auto if canary is not None else None
         self.stats = {v: VersionStats(window) for v in versions}
+        self.trial = {v: Window(_TRIAL_KEPT) for v in versions}  # auto-promote: the routed requests only
+        self.trial_from: float | None = None  # when the canary's first routed request was answered
         self.decisions: list[dict[str, Any]] = []  # promotions and rollbacks, oldest first
         self._coin = random.Random(seed)
 
@@ -97,24 +124,37 @@ class Router:
         point = sticky_share(self.model, client_id) if client_id else self._coin.random()
         return self.canary if point < self.share else self.stable
 
-    def record(self, version: str, seconds: float, ok: bool) -> dict[str, Any] | None:
-        """Count a served request; with auto-promote, the decision it triggered (if any)."""
-        self.stats[version].add(seconds, ok)
-        if self.auto is not None and version == self.canary and self.stats[version].requests >= self.auto.requests:
-            return self._decide()
-        return None
+    def record(
+        self, version: str, seconds: float, ok: bool, routed: bool = True, t: float | None = None
+    ) -> dict[str, Any] | None:
+        """Count an answered request; ``routed``: the router picked its version (the request
+        named none). With auto-promote, the decision it triggered (if any)."""
+        t = time.monotonic() if t is None else t
+        self.stats[version].add(seconds, ok, t)
+        if self.auto is None or not routed or version not in (self.canary, self.stable):
+            return None
+        if version == self.canary and self.trial_from is None:
+            self.trial_from = t
+        self.trial[version].add(t, seconds, ok)
+        return self._decide() if self.trial_from is not None else None
 
-    def _decide(self) -> dict[str, Any]:
-        assert self.auto is not None and self.canary is not None
-        new, old = self.stats[self.canary], self.stats[self.stable]
-        err_ok = new.error_rate <= old.error_rate + self.auto.max_error_delta
-        p99_new, p99_old = new.quantile_ms(0.99), old.quantile_ms(0.99)
-        p99_ok = p99_new is not None and (p99_old is None or p99_new <= p99_old * self.auto.max_p99_ratio)
+    def _decide(self) -> dict[str, Any] | None:
+        """Promote or roll back once both versions have enough routed requests since the
+        canary's first one; None before."""
+        assert self.auto is not None and self.canary is not None and self.trial_from is not None
+        new, old = self.trial[self.canary].since(self.trial_from), self.trial[self.stable].since(self.trial_from)
+        answered = sum(ok for _, _, ok in old)
+        if len(new) < self.auto.requests or answered < min(MIN_STABLE, self.auto.requests):
+            return None
+        err_new, err_old = error_rate(new), error_rate(old)
+        err_ok = err_new <= err_old + self.auto.max_error_delta
+        p99_new, p99_old = p_ms(new, 0.99), p_ms(old, 0.99)
+        p99_ok = p99_new is not None and p99_old is not None and p99_new <= p99_old * self.auto.max_p99_ratio
         fmt = lambda ms: "n/a" if ms is None else f"{ms:.2f} ms"  # noqa: E731
         why = (
-            f"after {new.requests} canary requests: error rate {new.error_rate:.2%} vs {old.error_rate:.2%} "
-            f"(bound +{self.auto.max_error_delta:.2%}), p99 {fmt(p99_new)} vs {fmt(p99_old)} "
-            f"(bound x{self.auto.max_p99_ratio:g})"
+            f"after {len(new)} canary requests and {len(old)} stable ones over the same span: error rate "
+            f"{err_new:.2%} vs {err_old:.2%} (bound +{self.auto.max_error_delta:.2%}), p99 {fmt(p99_new)} vs "
+            f"{fmt(p99_old)} (bound x{self.auto.max_p99_ratio:g})"
         )
         return self.promote(why) if err_ok and p99_ok else self.rollback(why)
 

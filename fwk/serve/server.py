@@ -8,6 +8,7 @@ batches and stops the inference threads.
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import socket
 from dataclasses import dataclass
@@ -114,6 +115,9 @@ def run(
     repo = Repository(p.routers, p.exports, cfg, threads, preload)
     for line in describe(p):
         logger.info(line)
+    token = secrets.token_urlsafe(24) if cfg.admin_token == "auto" else cfg.admin_token
+    if cfg.admin_token == "auto":  # said once: only whoever started the server can steer its rollout
+        logger.info(f"admin token (POST .../promote, .../rollback as Authorization: Bearer TOKEN): {token}")
     batching = f"max batch {cfg.max_batch_size}, max delay {cfg.max_delay_ms:g} ms" + (
         " (adaptive)" if cfg.adaptive else ""
     )
@@ -122,7 +126,7 @@ def run(
         f"{cfg.intra_op_threads or 'auto'} onnxruntime threads); SIGTERM or Ctrl-C drains and stops"
     )
     config = uvicorn.Config(
-        build(repo),
+        build(repo, token),
         host=host,
         port=port,
         log_level="warning",

@@ -25,6 +25,12 @@ def _rules(c: ServeConfig) -> Iterator[tuple[bool, str, Any, str]]:
     )
     yield c.auto_promote_max_p99_ratio > 0, "serve.auto_promote_max_p99_ratio", c.auto_promote_max_p99_ratio, "> 0"
     yield c.max_body_mb > 0, "serve.max_body_mb", c.max_body_mb, "a number of MiB > 0"
+    yield c.max_request_rows >= 1, "serve.max_request_rows", c.max_request_rows, "an integer >= 1"
+    rows = "an integer >= serve.max_request_rows (a request must fit the queue)"
+    yield c.max_queue_rows >= c.max_request_rows, "serve.max_queue_rows", c.max_queue_rows, rows
+    yield c.max_inflight >= 1, "serve.max_inflight", c.max_inflight, "an integer >= 1"
+    yield c.request_timeout_s > 0, "serve.request_timeout_s", c.request_timeout_s, "a number of seconds > 0"
+    yield c.body_timeout_s > 0, "serve.body_timeout_s", c.body_timeout_s, "a number of seconds > 0"
     yield c.drain_s >= 0, "serve.drain_s", c.drain_s, "a number of seconds >= 0"
     yield c.latency_window >= 10, "serve.latency_window", c.latency_window, "an integer >= 10"
 

@@ -175,6 +175,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "parallel": ("parallel", "rows", 150),
     "export": ("export", "rows", 30),
     "resnet50": ("resnet50", "rows", 1500),
+    "serve": ("serve_overload", "rows", 600),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -82,6 +83,13 @@ class Server:
 
     def output(self) -> str:
         return self.log.read_text()
+
+
+def admin(server: Server) -> dict[str, str]:
+    """The Authorization header of the admin token the server printed at start."""
+    found = re.search(r"admin token \(.*\): (\S+)$", server.output(), re.MULTILINE)
+    assert found, server.output()
+    return {"Authorization": f"Bearer {found.group(1)}"}
 
 
 def get(server: Server, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, bytes]:

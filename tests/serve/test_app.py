@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import require
-from tests.serve.conftest import Exports, Server, get, start_server, stop
+from tests.serve.conftest import Exports, Server, admin, get, start_server, stop
 
 try:
     import tritonclient.http as triton
@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - the test extra has it
 
 DELAY_MS, MAX_BATCH = 300, 16
 SETTINGS = [f"serve.max_delay_ms={DELAY_MS}", "serve.adaptive=false", f"serve.max_batch_size={MAX_BATCH}"]
-SETTINGS += ["serve.max_body_mb=0.05", "serve.warmup=1"]
+SETTINGS += ["serve.max_body_mb=0.05", "serve.warmup=1", "serve.max_request_rows=32"]
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +146,18 @@ def _tensor(shape, datatype="FP32", name="input", n=None):
     return {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": [0.0] * count}]}
 
 
+def _params(shape, params):
+    req = _tensor(shape)
+    req["inputs"][0]["parameters"] = params
+    return req
+
+
+def _nan(shape):
+    req = _tensor(shape)
+    req["inputs"][0]["data"][3] = float("nan")
+    return req
+
+
 BAD = [
     ("/v2/models/digits_cnn/infer", _tensor([2, 8, 8]), 400, "has shape [2, 8, 8]; expected [-1, 1, 8, 8]"),
     ("/v2/models/digits_cnn/infer", _tensor([1, 1, 8, 9]), 400, "expected [-1, 1, 8, 8]"),
@@ -158,8 +170,21 @@ BAD = [
     ("/v2/models/digits_cnn/versions/0000/infer", _tensor([1, 1, 8, 8]), 404, "has no version '0000'"),
     ("/v2/models/nope", None, 404, "unknown model 'nope'"),
     ("/v2/nothing/here", None, 404, "no route GET /v2/nothing/here"),
-    ("/v2/models/digits_cnn/promote", b"", 409, "has no canary to promote"),
+    ("/v2/models/digits_cnn/promote", b"", 401, "needs the admin token (Authorization: Bearer TOKEN)"),
     ("/v2/models/digits_cnn/infer", _tensor([400, 1, 8, 8]), 413, "is over serve.max_body_mb=0.05"),
+    # hostile bodies: each one line and a 400 (or 413), never a 500
+    ("/v2/models/digits_cnn/infer", b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nests JSON too deeply"),
+    ("/v2/models/digits_cnn/infer", _tensor([2**61, 1, 8, 8], n=64), 413, "has 2305843009213693952 rows; a request"),
+    ("/v2/models/digits_cnn/infer", _tensor([1, 1, 8, 8]) | {"parameters": [1]}, 400, "'parameters' must be a JSON"),
+    ("/v2/models/digits_cnn/infer", _params([1, 1, 8, 8], "x"), 400, "input 'input': 'parameters' must be a JSON obj"),
+    (
+        "/v2/models/digits_cnn/infer",
+        _tensor([1, 1, 8, 8]) | {"outputs": [{"name": "logits", "parameters": 3}]},
+        400,
+        "an output's 'parameters' must be a JSON object",
+    ),
+    ("/v2/models/digits_cnn/infer", _nan([1, 1, 8, 8]), 400, "input 'input' holds NaN or Inf values"),
+    ("/v2/models/digits_cnn/infer", _tensor([33, 1, 8, 8], n=1), 413, "has 33 rows; a request carries at most serve."),
 ]
 
 
@@ -175,8 +200,13 @@ def test_bad_requests_are_json_4xx_naming_what_was_expected(server, path, body, 
 def test_bad_binary_input_and_tritonclient_errors(server: Server) -> None:
     client = _client(server)
     x = _images(1)
-    head = json.dumps({"inputs": [{"name": "input", "shape": [2, 1, 8, 8], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 512}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "input", "shape": [2, 1, 8, 8], "datatype": "FP32", "parameters": {"binary_data_size": 512}}
+            ]
+        }
+    ).encode()
     headers = {"Inference-Header-Content-Length": str(len(head))}
     status, body = get(server, "/v2/models/digits_cnn/infer", head + x.tobytes(), headers)
     assert status == 400 and "needs 512" in json.loads(body)["error"]
@@ -201,3 +231,25 @@ def test_metrics_are_prometheus_text_per_version(server: Server, exports: Export
 
 def test_output_path_is_the_model_file(exports: Exports) -> None:
     assert Path(exports.output).read_bytes() == exports.model(exports.fp32).read_bytes()
+
+
+def test_a_request_of_more_rows_than_a_batch_runs_in_parts_and_is_answered_whole(
+    server: Server, exports: Exports
+) -> None:
+    client = _client(server)
+    x = _images(MAX_BATCH + 9, seed=3)  # 25 rows: a batch of 16 and one of 9
+    direct = ort.InferenceSession(str(exports.model(exports.fp32)), providers=["CPUExecutionProvider"])
+    want = direct.run(None, {"input": x})
+    np.testing.assert_allclose(_infer(client, x, priority=1), want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_promote_and_rollback_need_the_token_and_the_same_origin(server: Server) -> None:
+    path = "/v2/models/digits_cnn/promote"
+    token = admin(server)
+    assert get(server, path, b"", {"Authorization": "Bearer guess"})[0] == 401
+    status, body = get(server, path, b"", token | {"Origin": "http://evil.example"})
+    assert status == 403 and "cross-origin request (http://evil.example) refused" in json.loads(body)["error"]
+    assert get(server, path, b"", token | {"Sec-Fetch-Site": "cross-site"})[0] == 403
+    status, body = get(server, path, b"", token | {"Origin": f"http://{server.url}"})  # its own page may
+    assert status == 409 and "has no canary to promote" in json.loads(body)["error"]
+    assert server.output().count(token["Authorization"].split()[1]) == 1  # printed once, at start

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from fwk.serve.batcher import Batcher
+from fwk.serve.batcher import Batcher, InputFailed, Overloaded
 
 
 def _double(x: np.ndarray) -> list[np.ndarray]:
@@ -146,3 +146,80 @@ def test_a_failing_model_fails_its_callers_not_the_batcher() -> None:
         return ok
 
     assert float(_run(main()).outputs[0][0, 0]) == 1.0
+
+
+def test_one_bad_request_fails_alone_and_its_neighbours_are_answered() -> None:
+    """A merged batch that fails runs again request by request: only the guilty one fails,
+    with InputFailed (its input, not the model), and the others get their own rows."""
+    runs: list[int] = []
+
+    def picky(x: np.ndarray) -> list[np.ndarray]:
+        runs.append(len(x))
+        if (x == 999).any():
+            raise IndexError("index 999 is out of bounds for dimension 0 with size 256")
+        return [x * 2]
+
+    async def main():
+        b = _batcher(run=picky, max_batch_size=32, max_delay_ms=200, adaptive=False)
+        xs = [np.full((1, 4), 999 if i == 5 else i, np.int64) for i in range(17)]
+        results = await asyncio.gather(*(b.submit(x) for x in xs), return_exceptions=True)
+        await b.close()
+        return xs, results
+
+    xs, results = _run(main())
+    bad = results.pop(5)
+    assert isinstance(bad, InputFailed) and "out of bounds" in str(bad)
+    good = [x for i, x in enumerate(xs) if i != 5]
+    for x, r in zip(good, results, strict=True):
+        assert not isinstance(r, BaseException), r
+        np.testing.assert_array_equal(r.outputs[0], x * 2)
+    assert runs == [17] + [1] * 17  # the merged batch, then each request alone
+
+
+def test_a_request_larger_than_a_batch_runs_as_several_and_is_joined_back() -> None:
+    sizes: list[int] = []
+
+    def record(x: np.ndarray) -> list[np.ndarray]:
+        sizes.append(len(x))
+        return [x + 1]
+
+    async def main():
+        b = _batcher(run=record, max_batch_size=8, max_delay_ms=0.0)
+        x = np.arange(20 * 3, dtype=np.float32).reshape(20, 3)
+        r = await b.submit(x)
+        await b.close()
+        return x, r
+
+    x, r = _run(main())
+    np.testing.assert_array_equal(r.outputs[0], x + 1)
+    assert sorted(sizes) == [4, 8, 8] and r.batch_rows == 8
+
+
+def test_a_full_queue_refuses_at_once_and_a_gone_caller_is_not_run() -> None:
+    ran: list[float] = []
+
+    def slow(x: np.ndarray) -> list[np.ndarray]:
+        ran.extend(x[:, 0].tolist())
+        time.sleep(0.2)
+        return [x]
+
+    async def main():
+        b = _batcher(run=slow, slots=1, max_batch_size=2, max_delay_ms=0.0, max_queue_rows=4)
+        first = asyncio.ensure_future(b.submit(np.zeros((2, 1), np.float32)))  # runs: the one slot busy
+        await asyncio.sleep(0.05)
+        waiting = asyncio.ensure_future(b.submit(np.ones((2, 1), np.float32)))  # held for the next batch
+        await asyncio.sleep(0.01)
+        queued = [asyncio.ensure_future(b.submit(np.full((2, 1), k, np.float32))) for k in (2, 3)]
+        await asyncio.sleep(0.01)
+        assert b.queued_rows == 4
+        t0 = time.perf_counter()
+        with pytest.raises(Overloaded, match=r"4 rows are queued \(serve.max_queue_rows=4\)"):
+            await b.submit(np.full((1, 1), 9, np.float32))
+        refused_in = time.perf_counter() - t0
+        queued[1].cancel()  # its caller's deadline passed: it must not run
+        await asyncio.gather(first, waiting, queued[0])
+        await b.close()
+        return refused_in
+
+    assert _run(main()) < 0.05
+    assert sorted(set(ran)) == [0.0, 1.0, 2.0]  # not 3 (cancelled), not 9 (refused)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from tests.serve.conftest import Exports, Server, get
+from tests.serve.conftest import Exports, Server, admin, get
 
 X = np.random.default_rng(0).standard_normal((1, 1, 8, 8)).astype(np.float32)
 TENSOR = {"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": X.ravel().tolist()}
@@ -38,7 +38,7 @@ def _under_load(server: Server, switch: str, threads: int = 4, limit: int = 300)
     started.wait()
     while len(results) < 40:  # traffic is flowing before the switch
         threading.Event().wait(0.01)
-    status, body = get(server, f"/v2/models/digits_cnn/{switch}", b"")
+    status, body = get(server, f"/v2/models/digits_cnn/{switch}", b"", admin(server))
     after = len(results)
     while len(results) < after + 40:
         threading.Event().wait(0.01)
@@ -74,5 +74,17 @@ def test_promote_without_failed_requests(serving, exports: Exports) -> None:
     assert codes == Counter({200: sum(codes.values())})
     assert decision["action"] == "promote" and decision["stable"] == exports.int8
     assert {v for _, v in after} == {exports.int8}
-    status, body = get(server, "/v2/models/digits_cnn/rollback", b"")
+    status, body = get(server, "/v2/models/digits_cnn/rollback", b"", admin(server))
     assert status == 409 and "has no canary to rollback" in json.loads(body)["error"]
+
+
+def test_the_admin_token_is_the_users_or_none(serving, exports: Exports) -> None:
+    """serve.admin_token=SECRET: that one, and nothing printed; empty: promote and rollback are off."""
+    server = serving(exports.fp32, "--canary", exports.int8, "serve.admin_token=s3cret")
+    assert "admin token" not in server.output()
+    assert get(server, "/v2/models/digits_cnn/promote", b"", {"Authorization": "Bearer auto"})[0] == 401
+    status, body = get(server, "/v2/models/digits_cnn/promote", b"", {"Authorization": "Bearer s3cret"})
+    assert status == 200 and json.loads(body)["stable"] == exports.int8
+    off = serving(exports.fp32, "--canary", exports.int8, "serve.admin_token=")
+    status, body = get(off, "/v2/models/digits_cnn/rollback", b"", {"Authorization": "Bearer "})
+    assert status == 403 and "promote and rollback are off (serve.admin_token is empty)" in json.loads(body)["error"]
