@@ -297,5 +297,5 @@ def build(repo: Repository, admin_token: str = "") -> Starlette:
         Route("/v2/repository/index", repository_index, methods=["POST"]),
         Route("/metrics", metrics),
     ]
-    handlers = {BadRequest: bad_request, Refused: bad_request, HTTPException: http_error, Exception: crash}
+    handlers = {BadRequest: bad_request, HTTPException: http_error, Exception: crash}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -16,11 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from fwk.config.schema import ServeConfig
 from fwk.serve.batcher import Batcher
 from fwk.serve.metrics import Metrics
 from fwk.serve.models import Export, Loaded, example, load
 from fwk.serve.routing import Router
+from fwk.serve.settings import ServeConfig
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from fwk.config.schema import ServeConfig
 from fwk.errors import UserError
 from fwk.serve.models import Export, find_export
 from fwk.serve.routing import AutoPromote, Router
+from fwk.serve.settings import ServeConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,63 @@
-"""The ``serve`` config group: composed on its own (Hydra grammar), typed, range-checked."""
+"""The ``serve`` config group: its schema, composed on its own (Hydra grammar), typed, range-checked."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from fwk.config.schema import ServeConfig
 from fwk.errors import UserError
+from fwk.registry import doc
+
+
+@dataclass
+class ServeConfig:
+    """`fwk serve` (conf/serve/): batching, warm-up, threads, canary rollout and request limits.
+
+    Not part of ``Config``: like ``export``, composed on its own (``serve=OPTION``,
+    ``serve.KEY=VALUE``); only fwk/serve/ reads it.
+    """
+
+    name: str = doc("default", "name of the option in conf/serve/")
+    max_batch_size: int = doc(32, "rows per inference batch at most; 1 = batching off (each request runs alone)")
+    max_delay_ms: float = doc(
+        5.0,
+        "longest a batch waits for more requests after its oldest one arrived, in ms; the wait is also "
+        "capped by the measured run time of a batch of the current size (adaptive)",
+    )
+    adaptive: bool = doc(True, "cap the wait by the measured run time per batch size (false: always max_delay_ms)")
+    warmup: int = doc(2, "warm-up inferences at each batch size 1..max_batch_size before a version takes traffic")
+    threads: int = doc(0, "inference threads (batches run at once); 0 = the cores this process may use")
+    intra_op_threads: int = doc(
+        1, "onnxruntime threads inside one inference; 1 with a thread per core avoids oversubscribing the cores"
+    )
+    canary_share: float = doc(0.05, "share of a model's traffic routed to its canary version (--canary), in (0, 1)")
+    auto_promote_requests: int = doc(1000, "--auto-promote: decide after this many requests served by the canary")
+    auto_promote_max_error_delta: float = doc(
+        0.01, "--auto-promote: promote only if canary error rate <= stable's + this (a share, 0.01 = 1 point)"
+    )
+    auto_promote_max_p99_ratio: float = doc(
+        1.5, "--auto-promote: promote only if canary p99 latency <= stable's p99 x this ratio"
+    )
+    max_body_mb: float = doc(16.0, "largest accepted request body, in MiB (larger: 413 with a JSON error)")
+    max_request_rows: int = doc(
+        256, "rows one request may carry; above max_batch_size it runs as several batches; above this: 413"
+    )
+    max_queue_rows: int = doc(
+        1024, "rows waiting per model version; a request that would queue more gets 503 with Retry-After"
+    )
+    max_inflight: int = doc(128, "inference requests in the server at once; more get 503 with Retry-After")
+    request_timeout_s: float = doc(
+        30.0, "a request not answered within this (queue and run) gets 504; its batch is dropped if nobody waits"
+    )
+    body_timeout_s: float = doc(10.0, "a request body not fully received within this gets 408")
+    admin_token: str = doc(
+        "auto",
+        "bearer token that promote and rollback require (Authorization: Bearer TOKEN); auto: made at start and "
+        "printed once; empty: those endpoints are off",
+    )
+    drain_s: float = doc(30.0, "on SIGTERM: seconds to let in-flight requests finish before exiting")
+    latency_window: int = doc(2048, "latest requests per version kept for the p50/p99 figures (stats, auto-promote)")
 
 
 def _rules(c: ServeConfig) -> Iterator[tuple[bool, str, Any, str]]:

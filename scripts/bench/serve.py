@@ -77,9 +77,11 @@ def start(export: str, runs: Path, settings: list[str]) -> tuple[subprocess.Pope
     raise SystemExit("fwk serve was not ready in 120 s")
 
 
-def _request(port: int, model: str, shape: tuple[int, ...]) -> bytes:
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    tensor = {"name": "input", "shape": list(shape), "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}
+def request(port: int, model: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    """One infer request (the binary tensor extension), as bytes on the wire."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32) if datatype == "FP32" else rng.integers(0, 256, shape)
+    tensor = {"name": "input", "shape": list(shape), "datatype": datatype, "parameters": {"binary_data_size": x.nbytes}}
     head = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
     body = head + x.tobytes()
     return (
@@ -88,21 +90,28 @@ def _request(port: int, model: str, shape: tuple[int, ...]) -> bytes:
     ).encode() + body
 
 
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> int:
+    """Send one request on the keep-alive connection and read its whole reply; the HTTP status
+    (0: the server closed the connection instead)."""
+    writer.write(data)
+    status = await reader.readline()
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+    return int(status.split()[1]) if status else 0
+
+
 async def _client(port: int, request: bytes, until: list[float], latencies: list[float], budget: list[int]) -> None:
     """One closed-loop client on a keep-alive connection: send, read the whole reply, repeat."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         while budget[0] > 0 and time.perf_counter() < until[1]:
             t0 = time.perf_counter()
-            writer.write(request)
-            status = await reader.readline()
-            length = 0
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            await reader.readexactly(length)
-            if b" 200 " not in status:
-                raise RuntimeError(f"server answered {status!r}")
+            status = await exchange(reader, writer, request)
+            if status != 200:
+                raise RuntimeError(f"server answered {status}")
             if t0 >= until[0]:  # after the warm-up
                 latencies.append(time.perf_counter() - t0)
                 budget[0] -= 1
@@ -112,14 +121,14 @@ async def _client(port: int, request: bytes, until: list[float], latencies: list
 
 def load(port: int, model: str, shape: tuple[int, ...], clients: int, seconds: float, requests: int) -> dict:
     """Closed-loop load from ``clients`` connections: QPS and latency percentiles."""
-    request = _request(port, model, shape)
+    data = request(port, model, "FP32", shape)
     latencies: list[float] = []
 
     async def main() -> float:
         t0 = time.perf_counter()
         until = [t0 + 0.5, t0 + 0.5 + seconds]
         budget = [requests]
-        await asyncio.gather(*(_client(port, request, until, latencies, budget) for _ in range(clients)))
+        await asyncio.gather(*(_client(port, data, until, latencies, budget) for _ in range(clients)))
         return time.perf_counter() - until[0]
 
     took = asyncio.run(main())

@@ -35,36 +35,11 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from serve import exported, start
+from serve import exchange, exported, request, start
 
 HANG_S = 60.0  # a reply later than this after its request went out: hung
 MAX_CONNECTIONS = 512
 SHAPES = {"digits_cnn": ("FP32", (1, 1, 8, 8)), "gpt_stdlib": ("INT64", (8, 128))}  # the issue's gpt: 8 rows
-
-
-def request(port: int, model: str, datatype: str, shape: tuple[int, ...]) -> bytes:
-    """One infer request (the binary tensor extension), as bytes on the wire."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype(np.float32) if datatype == "FP32" else rng.integers(0, 256, shape)
-    tensor = {"name": "input", "shape": list(shape), "datatype": datatype, "parameters": {"binary_data_size": x.nbytes}}
-    head = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
-    body = head + x.tobytes()
-    return (
-        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Inference-Header-Content-Length: {len(head)}\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> int:
-    """Send one request on the connection and read its whole reply; the HTTP status."""
-    writer.write(data)
-    status = await reader.readline()
-    length = 0
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    await reader.readexactly(length)
-    return int(status.split()[1]) if status else 0
 
 
 class Pool:
