@@ -1,7 +1,9 @@
 """`fwk serve`: exported ONNX models behind a KServe v2 (Open Inference Protocol) HTTP server.
 
-models.py finds and loads exports, batcher.py merges requests into batches, routing.py
-picks a version (stable, canary), protocol.py parses and writes v2 bodies, app.py holds
-the routes and metrics, server.py starts uvicorn, warms up and drains on SIGTERM.
+models.py finds and loads exports (limits.py reads what their input can take from the
+graph), batcher.py merges requests into batches, routing.py picks a version (stable,
+canary), protocol.py parses and writes v2 bodies, app.py holds the routes and metrics,
+front.py answers health checks and refusals before them, server.py starts uvicorn, warms up
+and drains on SIGTERM.
 Nothing here imports torch.
 """

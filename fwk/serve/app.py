@@ -16,7 +16,6 @@ keep answering.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import time
@@ -26,29 +25,24 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fwk import __version__
 from fwk.serve import protocol
 from fwk.serve.batcher import InputFailed, Overloaded
+from fwk.serve.front import RETRY_AFTER_S, Front
 from fwk.serve.protocol import BadRequest
 from fwk.serve.repository import Repository
 
 logger = logging.getLogger(__name__)
 
 OFF_LOOP_BYTES = 64 * 1024  # a body (or reply) larger than this is parsed (written) in a thread
-RETRY_AFTER_S = 1
 
 
 def _error(message: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-async def _discard(request: Request) -> None:
-    async for _ in request.stream():
-        pass
 
 
 async def _off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
@@ -64,10 +58,10 @@ class Refused(BadRequest):
         self.reason = reason
 
 
-def build(repo: Repository, admin_token: str = "") -> Starlette:
-    """The app; ``admin_token``: what promote and rollback require (empty: they are off)."""
+def build(repo: Repository, admin_token: str = "") -> Front:
+    """The routed app behind its Front (health checks, refusals past serve.max_inflight);
+    ``admin_token``: what promote and rollback require (empty: they are off)."""
     limit = int(repo.cfg.max_body_mb * 1024 * 1024)
-    inflight = [0]  # inference requests in the server now (serve.max_inflight)
 
     def model_of(request: Request) -> str:
         name = request.path_params["name"]
@@ -104,11 +98,6 @@ def build(repo: Repository, admin_token: str = "") -> Starlette:
             raise Refused(f"{what}; send it whole", 408, "body_timeout") from None
         return b"".join(chunks)
 
-    async def drain(request: Request) -> None:
-        """Read the body to its end, keeping none of it (up to serve.body_timeout_s)."""
-        with contextlib.suppress(asyncio.TimeoutError, ClientDisconnect):
-            await asyncio.wait_for(_discard(request), repo.cfg.body_timeout_s)
-
     def check_admin(request: Request) -> None:
         """promote/rollback: only with the token, and never from a web page of another origin."""
         if not admin_token:
@@ -132,12 +121,6 @@ def build(repo: Repository, admin_token: str = "") -> Starlette:
         extensions = ["binary_tensor_data", "model_repository"]
         return JSONResponse({"name": "fwk", "version": __version__, "extensions": extensions})
 
-    async def live(request: Request) -> Response:
-        return JSONResponse({"live": True})
-
-    async def ready(request: Request) -> Response:
-        return JSONResponse({"ready": repo.ready}, status_code=200 if repo.ready else 503)
-
     async def model_ready(request: Request) -> Response:
         model = model_of(request)
         v = version_of(model, request) or repo.routers[model].stable
@@ -159,23 +142,13 @@ def build(repo: Repository, admin_token: str = "") -> Starlette:
             }
         )
 
-    async def infer(request: Request) -> Response:
-        if inflight[0] >= repo.cfg.max_inflight:
-            # the body read and dropped first: a connection closed on unread data resets, and its
-            # client may lose this very answer; answered here, not raised (the cheapest path under load)
-            await drain(request)
-            repo.metrics.refused.labels("inflight").inc()
-            why = f"{inflight[0]} requests in flight (serve.max_inflight={repo.cfg.max_inflight}); retry shortly"
-            return _error(why, 503, {"Retry-After": str(RETRY_AFTER_S)})
-        inflight[0] += 1
+    async def infer(request: Request) -> Response:  # past serve.max_inflight: refused by the Front
         try:
             return await asyncio.wait_for(answer(request), repo.cfg.request_timeout_s)
         except asyncio.TimeoutError:  # its batch, if queued, is dropped: nobody waits for it
             raise Refused(
                 f"no answer within serve.request_timeout_s={repo.cfg.request_timeout_s:g} s", 504, "deadline"
             ) from None
-        finally:
-            inflight[0] -= 1
 
     async def answer(request: Request) -> Response:
         t0 = time.perf_counter()
@@ -283,8 +256,6 @@ def build(repo: Repository, admin_token: str = "") -> Starlette:
 
     routes = [
         Route("/v2", server_metadata),
-        Route("/v2/health/live", live),
-        Route("/v2/health/ready", ready),
         Route("/v2/models/{name}", model_metadata),
         Route("/v2/models/{name}/versions/{version}", model_metadata),
         Route("/v2/models/{name}/ready", model_ready),
@@ -298,4 +269,5 @@ def build(repo: Repository, admin_token: str = "") -> Starlette:
         Route("/metrics", metrics),
     ]
     handlers = {BadRequest: bad_request, HTTPException: http_error, Exception: crash}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    return Front(app, lambda: repo.ready, repo.metrics, repo.cfg.max_inflight, repo.cfg.body_timeout_s)

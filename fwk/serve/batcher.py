@@ -13,10 +13,11 @@ instead of into the pool's queue as batches of one.
 
 Bounded: a request of more rows than ``max_batch_size`` runs as several batches; the rows
 waiting are at most ``max_queue_rows`` (past that, ``submit`` raises ``Overloaded`` at once);
-a request whose caller has gone (its deadline passed) is dropped before its batch runs, and
-a batch with no caller left does not run. One bad request fails alone: when a merged batch
-fails, its requests run again one by one, and only those that fail alone get the error
-(``InputFailed`` when another of the batch ran: the request's input, not the model).
+a request whose caller has gone (its deadline passed) is dropped before its batch runs, a
+batch with no caller left does not run, and (given ``handles``) one running is stopped when
+its last caller goes. One bad request fails alone: when a merged batch fails, its requests
+run again one by one, and only those that fail alone get the error (``InputFailed`` when
+another of the batch ran: the request's input, not the model).
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ class Batcher:
         adaptive: bool = True,
         on_batch: Callable[[int, int, float], None] | None = None,
         max_queue_rows: int | None = None,
+        handles: Callable[[], Any] | None = None,
     ) -> None:
-        """``max_queue_rows``: rows that may wait (None: no bound)."""
-        self._run, self._executor, self._slots = run, executor, slots
+        """``max_queue_rows``: rows that may wait (None: no bound). ``handles``: makes the handle
+        of one run (onnxruntime's RunOptions), passed as ``run(x, handle)``; ``handle.terminate
+        = True`` from another thread stops that run (None: a run always ends by itself)."""
+        self._run, self._executor, self._slots, self._handles = run, executor, slots, handles
         self.max_batch_size, self.max_delay_s, self.adaptive = max_batch_size, max_delay_ms / 1000, adaptive
         self.max_queue_rows = max_queue_rows
         self.queued_rows = 0  # rows submitted and not yet in a batch
@@ -150,11 +154,25 @@ class Batcher:
         self._queue.put_nowait(item)
         return await item.future
 
-    def timed_run(self, x: np.ndarray) -> tuple[list[np.ndarray], float]:
+    def timed_run(self, x: np.ndarray, handle: Any = None) -> tuple[list[np.ndarray], float]:
         """The blocking call, timed in the worker thread (the pool's queueing is not run time)."""
         t0 = time.perf_counter()
-        out = self._run(x)
+        out = self._run(x) if handle is None else self._run(x, handle)
         return out, time.perf_counter() - t0
+
+    def _stopped_when_gone(self, batch: list[_Item]) -> Any:
+        """A handle for the batch's run, terminated as soon as none of its callers waits."""
+        if self._handles is None:
+            return None
+        handle = self._handles()
+
+        def gone(_: asyncio.Future) -> None:
+            if all(i.future.cancelled() for i in batch):
+                handle.terminate = True
+
+        for i in batch:
+            i.future.add_done_callback(gone)
+        return handle
 
     async def close(self) -> None:
         """Finish what is queued and running, then stop."""
@@ -215,9 +233,12 @@ class Batcher:
             rows = sum(i.rows for i in batch)
             x = batch[0].x if len(batch) == 1 else np.concatenate([i.x for i in batch])  # (rows, ...)
             loop = asyncio.get_running_loop()
+            handle = self._stopped_when_gone(batch)
             try:
-                outs, seconds = await loop.run_in_executor(self._executor, self.timed_run, x)
+                outs, seconds = await loop.run_in_executor(self._executor, self.timed_run, x, handle)
             except Exception as exc:
+                if all(i.future.done() for i in batch):  # stopped: nobody waits for it any more
+                    return
                 if len(batch) == 1 and not batch[0].future.done():  # the model failed on this request alone
                     batch[0].future.set_exception(exc)
                 elif len(batch) > 1:  # find the guilty: each request alone, so that the others still get their answer

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fwk.errors import UserError
+from fwk.serve.limits import read as read_limits
 from fwk.track.lookup import closest
 
 REPORT = "export_report.json"  # fwk/export/report.py's REPORT; not imported: it is torch-free, but keep serve light
@@ -114,6 +115,7 @@ class Tensor:
     dtype: str  # numpy
     shape: tuple[int, ...]
     ids: int | None = None  # an integer input that indexes an embedding table: its rows (valid ids 0..ids-1)
+    longest: tuple[int, ...] = ()  # per dimension, the most a position table allows (-1: any); () none known
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -129,15 +131,22 @@ def _tensor(arg: Any) -> Tensor:
 
 @dataclass
 class Loaded:
-    """An export in an onnxruntime session: run(x) takes a batch (rows first) of the one input."""
+    """An export in an onnxruntime session: run(x) takes a batch (rows first) of the one input;
+    ``options``, from ``handle()``, lets another thread stop that run (``options.terminate = True``)."""
 
     export: Export
     session: Any
     input: Tensor
     outputs: list[Tensor] = field(default_factory=list)
 
-    def run(self, x: Any) -> list[Any]:
-        return self.session.run(None, {self.input.name: x})
+    def run(self, x: Any, options: Any = None) -> list[Any]:
+        return self.session.run(None, {self.input.name: x}, options)
+
+    @staticmethod
+    def handle() -> Any:
+        import onnxruntime as ort
+
+        return ort.RunOptions()
 
 
 def load(export: Export, intra_op_threads: int) -> Loaded:
@@ -156,29 +165,9 @@ def load(export: Export, intra_op_threads: int) -> Loaded:
     if not x.shape or x.shape[0] != -1:
         raise UserError(f"export {export.id}: input '{x.name}' has no free batch dimension (shape {list(x.shape)})")
     if x.dtype.startswith(("int", "uint")):
-        x = replace(x, ids=table_rows(export.model_file, x.name))
+        limits = read_limits(export.model_file, x.name, len(x.shape))
+        x = replace(x, ids=limits.ids, longest=limits.longest)
     return Loaded(export, session, x, [_tensor(a) for a in session.get_outputs()])
-
-
-def table_rows(model_file: Path, name: str) -> int | None:
-    """The rows of the embedding table that input ``name`` indexes (a Gather of an
-    initializer, maybe through a DequantizeLinear in an int8 model); None when it feeds
-    no such table. Read from the graph without loading the weights' data."""
-    import onnx
-
-    graph = onnx.load(str(model_file), load_external_data=False).graph
-    shapes = {t.name: list(t.dims) for t in graph.initializer}
-    made_by = {out: node for node in graph.node for out in node.output}
-    for node in graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] != name:
-            continue
-        table = node.input[0]
-        producer = made_by.get(table)
-        if producer is not None and producer.op_type == "DequantizeLinear":
-            table = producer.input[0]
-        if table in shapes and len(shapes[table]) == 2:
-            return int(shapes[table][0])
-    return None
 
 
 def example(tensor: Tensor, rows: int, seed: int = 0) -> Any:

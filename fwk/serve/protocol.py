@@ -110,6 +110,10 @@ def parse(
             "split it",
             413,
         )
+    for k, (size, most) in enumerate(zip(shape, want.longest, strict=False)):  # () when none is known
+        if 0 < most < size:  # a learned position table of ``most`` rows: more positions fail the model
+            why = f"input '{want.name}' has {size} positions on dimension {k}; the model takes at most {most}"
+            raise BadRequest(why)
     count = math.prod(shape)  # Python's integers: a product that overflows int64 stays huge, not 0
     params = _params(inp, f"input '{want.name}': ")
     if "binary_data_size" in params:

@@ -11,6 +11,7 @@ canary ones), the others on their first request, warmed before it runs.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +73,9 @@ class Repository:
             f"ready: {len(pairs)} version(s) warmed up ({self.cfg.warmup} runs at batch sizes {sizes}) "
             f"in {time.perf_counter() - t0:.1f} s"
         )
+        # what exists now (modules, sessions, tables) lives as long as the server: out of the
+        # collector's reach, a full collection under load walks only the requests' objects
+        gc.freeze()
         self.ready = True
 
     async def get(self, model: str, version: str) -> Version:
@@ -94,6 +98,7 @@ class Repository:
                     self.cfg.adaptive,
                     on_batch=self.metrics.on_batch(model, version),
                     max_queue_rows=self.cfg.max_queue_rows,
+                    handles=loaded.handle,
                 )
                 await loop.run_in_executor(self._executor, self._warm_up, model, version, loaded, batcher)
                 batcher.start()

@@ -223,3 +223,35 @@ def test_a_full_queue_refuses_at_once_and_a_gone_caller_is_not_run() -> None:
 
     assert _run(main()) < 0.05
     assert sorted(set(ran)) == [0.0, 1.0, 2.0]  # not 3 (cancelled), not 9 (refused)
+
+
+class _Handle:
+    terminate = False
+
+
+def test_a_running_batch_is_stopped_when_its_last_caller_goes() -> None:
+    """As onnxruntime's RunOptions: the run checks ``terminate`` between its steps."""
+    steps: list[int] = []
+
+    def long(x: np.ndarray, handle: _Handle) -> list[np.ndarray]:
+        for step in range(500):  # 5 s unless stopped
+            if handle.terminate:
+                raise RuntimeError("Exiting due to terminate flag being set to true.")
+            steps.append(step)
+            time.sleep(0.01)
+        return [x]
+
+    async def main():
+        b = _batcher(run=long, slots=1, max_batch_size=4, max_delay_ms=0.0, handles=_Handle)
+        one, two = (asyncio.ensure_future(b.submit(np.zeros((1, 1), np.float32))) for _ in range(2))
+        await asyncio.sleep(0.1)
+        one.cancel()  # one caller left: the run goes on
+        await asyncio.sleep(0.1)
+        ran_on = len(steps)
+        t0 = time.perf_counter()
+        two.cancel()
+        await b.close()  # returns once the run has stopped
+        return ran_on, time.perf_counter() - t0
+
+    ran_on, stopped_in = _run(main())
+    assert ran_on >= 15 and stopped_in < 1.0 and len(steps) < 100, (ran_on, stopped_in, len(steps))

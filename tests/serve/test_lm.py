@@ -35,23 +35,28 @@ def _ids(ids: list[int]) -> bytes:
     ).encode()
 
 
-def test_a_shape_whose_size_overflows_int64_is_a_400(lm: Exports, tmp_path: Path) -> None:
+def test_a_huge_shape_and_more_positions_than_the_model_has_are_400s(lm: Exports, tmp_path: Path) -> None:
     server = start_server(lm, lm.fp32, "serve.warmup=0", log=tmp_path / "serve.log")
     try:
         body = {"inputs": [{"name": "input", "shape": [2, 2**62], "datatype": "INT64", "data": []}]}
-        status, reply = get(server, "/v2/models/gpt_stdlib/infer", json.dumps(body).encode())
+        huge = get(server, "/v2/models/gpt_stdlib/infer", json.dumps(body).encode())
+        longer = get(server, "/v2/models/gpt_stdlib/infer", _ids([1] * 129))
+        whole = get(server, "/v2/models/gpt_stdlib/infer", _ids([1] * 128))
     finally:
         stop(server)
-    assert status == 400, reply
-    assert json.loads(reply)["error"] == (  # numpy's int64 product of the shape would be 0
-        "input 'input' has 0 values; shape [2, 4611686018427387904] needs 9223372036854775808"
+    assert huge[0] == 400 and json.loads(huge[1])["error"] == (  # checked before its values are read
+        "input 'input' has 4611686018427387904 positions on dimension 1; the model takes at most 128"
     )
+    assert longer[0] == 400 and json.loads(longer[1])["error"] == (
+        "input 'input' has 129 positions on dimension 1; the model takes at most 128"
+    )
+    assert whole[0] == 200
 
 
-def test_the_embedding_table_bounds_the_ids(lm: Exports) -> None:
-    from fwk.serve.models import table_rows
+def test_the_graph_bounds_ids_by_the_embedding_and_positions_by_the_position_table(lm: Exports) -> None:
+    from fwk.serve.limits import Limits, read
 
-    assert table_rows(lm.model(lm.fp32), "input") == 256  # bytes
+    assert read(lm.model(lm.fp32), "input", 2) == Limits(256, (-1, 128))  # bytes; model.block_size=128 positions
 
 
 def test_one_out_of_range_id_fails_alone_among_good_requests(lm: Exports, tmp_path: Path) -> None:

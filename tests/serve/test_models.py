@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fwk.errors import UserError
-from fwk.serve.models import find_export
+from fwk.serve.models import Loaded, Tensor, find_export
 
 
 def _export(runs: Path, run: str, eid: str, created: str, passed: bool = True) -> None:
@@ -65,3 +66,23 @@ def test_unknown_names_the_closest(runs: Path) -> None:
     with pytest.raises(UserError) as err:
         find_export(runs, "e13")
     assert str(err.value).endswith("closest ids: e111111111, e122222222, f333333333")
+
+
+def test_a_run_handle_stops_its_run_and_no_other(tmp_path: Path) -> None:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["n", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["input"], ["output"])], "relu", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    loaded = Loaded(None, session, Tensor("input", "FP32", "float32", (-1, 4)))
+    batch = np.array([[-1.0, 0.0, 2.0, -3.0]], np.float32)
+    stopped = Loaded.handle()
+    stopped.terminate = True
+    with pytest.raises(Exception, match="terminate"):
+        loaded.run(batch, stopped)
+    np.testing.assert_array_equal(loaded.run(batch, Loaded.handle())[0], [[0.0, 0.0, 2.0, 0.0]])
+    np.testing.assert_array_equal(loaded.run(batch)[0], [[0.0, 0.0, 2.0, 0.0]])
