@@ -5,6 +5,8 @@ config never imports torch. Each builder (fwk/models/<family>.py) takes its conf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from fwk.errors import UserError
 from fwk.models.registry import MODELS
@@ -75,3 +77,49 @@ class ResNet18Config:
     zero_init_residual: bool = doc(
         False, "start the last BatchNorm of each residual block at zero, so each block starts as identity"
     )
+
+
+HF_TASKS = ("causal_lm", "sequence_classification", "image_classification")  # AutoModelFor* heads
+HF_INITS = ("pretrained", "scratch")
+
+
+@MODELS.register_config
+@dataclass
+class HFConfig:
+    name: str = doc("hf", "registry name")
+    path: str | None = doc(
+        None,
+        "a local folder holding a config.json (weights optional), or a model name already in the local Hugging "
+        "Face cache; nothing is ever downloaded. Empty: the model is built from model.config alone",
+    )
+    task: str = doc("causal_lm", f"which AutoModelFor* head: {', '.join(HF_TASKS)}")
+    init: str = doc("pretrained", "pretrained: the folder's weights; scratch: its config with fresh weights")
+    config: dict[str, Any] = doc(
+        {},
+        "transformers config keys: on top of the folder's config.json, or (no path) the whole config with its "
+        "model_type, e.g. {model_type: llama, hidden_size: 128, num_hidden_layers: 2}",
+    )
+
+    def check(self) -> None:
+        """What cannot work, as one line before any run dir (no torch, no transformers)."""
+        if self.task not in HF_TASKS:
+            raise UserError(f"model.task={self.task} is not one of {', '.join(HF_TASKS)}")
+        if self.init not in HF_INITS:
+            raise UserError(f"model.init={self.init} is not one of {', '.join(HF_INITS)}")
+        if not self.path:
+            if "model_type" not in self.config:
+                raise UserError(
+                    "model=hf needs model.path=DIR (a folder with a config.json) or model.config with a model_type, "
+                    "e.g. +model.config.model_type=llama"
+                )
+            if self.init == "pretrained":
+                raise UserError("model.init=pretrained needs model.path (a folder with weights); or model.init=scratch")
+            return
+        folder = Path(self.path).expanduser()
+        local = folder.exists() or self.path.startswith((".", "/", "~")) or self.path.count("/") > 1
+        if local and not (folder / "config.json").is_file():
+            what = "does not exist" if not folder.exists() else "has no config.json"
+            raise UserError(
+                f"model.path={self.path} {what}: give a folder holding a Hugging Face config.json "
+                "(what save_pretrained writes)"
+            )

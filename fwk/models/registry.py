@@ -7,6 +7,8 @@ the modules below, imported on the first builder lookup.
 from fwk.registry import Registry
 
 MODELS = Registry(
-    "model", configs="fwk.models.configs", builders=("fwk.models.cnn", "fwk.models.gpt", "fwk.models.vision")
+    "model",
+    configs="fwk.models.configs",
+    builders=("fwk.models.cnn", "fwk.models.gpt", "fwk.models.vision", "fwk.models.hf"),
 )
 register_model = MODELS.register

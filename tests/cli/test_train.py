@@ -55,7 +55,7 @@ def test_recipe_nope_lists_recipes_and_exits_2(runs: Path) -> None:
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert "digits_cnn, gpt_stdlib, gpt_stdlib_fast, resnet50_imagenet" in lines[0]
+    assert "digits_cnn, gpt_stdlib, gpt_stdlib_fast, hf_llama_stdlib, resnet50_imagenet" in lines[0]
     assert not runs.exists()  # nothing written for a bad command
 
 

@@ -100,7 +100,8 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     [
         (
             ["recipe=nope"],
-            "unknown recipe 'nope'; choose one of: digits_cnn, gpt_stdlib, gpt_stdlib_fast, resnet50_imagenet",
+            "unknown recipe 'nope'; choose one of: digits_cnn, gpt_stdlib, gpt_stdlib_fast, hf_llama_stdlib, "
+            "resnet50_imagenet",
         ),
         (["model=nope"], "unknown model 'nope'"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: expected a number > 0"),
