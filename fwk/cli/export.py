@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import typer
 
-_OPTIONS = "--prune, --ratio, --rounds, --quantize, --qat-steps, --output, --max-accuracy-drop, --overwrite"
+_OPTIONS = "--format, --prune, --ratio, --rounds, --quantize, --qat-steps, --output, --max-accuracy-drop, --overwrite"
 
 
 def export(
@@ -16,6 +17,12 @@ def export(
         help="A run id or a unique prefix of one (default: the newest complete run), then overrides of the "
         "export group: export.KEY=VALUE, export=OPTION; paths.runs=DIR for runs trained under another root.",
         show_default=False,
+    ),
+    fmt: str = typer.Option(
+        "onnx",
+        "--format",
+        help="onnx (pruned, quantized, verified), hf (a model=hf run as the folder save_pretrained writes, "
+        "loadable by transformers' AutoModelFor*), or safetensors (the raw weights of any model).",
     ),
     prune: str = typer.Option(
         "none",
@@ -27,10 +34,11 @@ def export(
     rounds: int | None = typer.Option(
         None, "--rounds", help="Pruning rounds that reach --ratio together (default: 3 for lottery_ticket, else 1)."
     ),
-    quantize: str = typer.Option(
-        "int8",
+    quantize: str | None = typer.Option(
+        None,
         "--quantize",
-        help="none, int8 (static QDQ, calibrated on training batches: conv nets), dynamic_int8 (transformers) or fp16.",
+        help="none, int8 (static QDQ, calibrated on training batches: conv nets; the default), dynamic_int8 "
+        "(transformers) or fp16.",
     ),
     output: Path | None = typer.Option(
         None, "--output", help="Also write the final model to this path (refused if it exists, unless --overwrite)."
@@ -60,6 +68,7 @@ def export(
     from fwk.errors import UserError
     from fwk.export.pipeline import check_output
     from fwk.export.settings import PrunePlan, check_qat_steps, check_quantize, load_settings
+    from fwk.export.weights import FORMATS
     from fwk.track.lookup import find_run, runs_root
 
     # the user's mistakes first, before anything slow is imported
@@ -70,6 +79,17 @@ def export(
     ids = [w for w in words if "=" not in w]
     if len(ids) > 1:
         raise UserError(f"fwk export takes one run id, got {len(ids)}: {', '.join(ids)}")
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt} is not one of {', '.join(FORMATS)}")
+    if fmt != "onnx":
+        onnx_only = [o for o, on in (("--prune", prune != "none"), ("--quantize", quantize is not None)) if on]
+        onnx_only += ["--qat-steps"] if qat_steps != "0" else []
+        if onnx_only:
+            raise UserError(
+                f"{onnx_only[0]} applies to --format onnx; --format {fmt} writes the trained weights as they are"
+            )
+        return _weights(ids, words, fmt, output, overwrite)
+    quantize = quantize or "int8"
     plan = PrunePlan.checked(prune, ratio, rounds)
     check_quantize(quantize)
     qat = check_qat_steps(qat_steps, quantize)
@@ -79,8 +99,6 @@ def export(
     roots = [w.partition("=")[2] for w in words if w.startswith("paths.runs=")]
     cfg = load_settings([w for w in words if "=" in w and not w.startswith("paths.runs=")])
     run = find_run(Path(roots[-1]) if roots else runs_root(), ids[0] if ids else None)
-
-    import logging
 
     from rich.console import Console
 
@@ -99,3 +117,19 @@ def export(
         show=console.print,
         qat_steps=qat,
     )
+
+
+def _weights(ids: list[str], words: list[str], fmt: str, output: Path | None, overwrite: bool) -> None:
+    """--format hf|safetensors: the run's weights as they are, reloaded and compared."""
+    from fwk.errors import UserError
+    from fwk.export.weights import check_weights_output, run_weights_export
+    from fwk.track.lookup import find_run, runs_root
+
+    roots = [w.partition("=")[2] for w in words if w.startswith("paths.runs=")]
+    others = [w for w in words if "=" in w and not w.startswith("paths.runs=")]
+    if others:
+        raise UserError(f"{others[0]}: export.* settings apply to --format onnx; --format {fmt} takes none")
+    check_weights_output(fmt, output, overwrite)
+    run = find_run(Path(roots[-1]) if roots else runs_root(), ids[0] if ids else None)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    run_weights_export(run, fmt, output, overwrite)

@@ -99,6 +99,11 @@ class HFConfig:
         "transformers config keys: on top of the folder's config.json, or (no path) the whole config with its "
         "model_type, e.g. {model_type: llama, hidden_size: 128, num_hidden_layers: 2}",
     )
+    init_from: str | None = doc(
+        None,
+        "start from these weights (fine-tuning): a .safetensors file (fwk export --format safetensors) or a folder "
+        "save_pretrained wrote (fwk export --format hf); their names and shapes must be the model's",
+    )
 
     def check(self) -> None:
         """What cannot work, as one line before any run dir (no torch, no transformers)."""
@@ -114,7 +119,8 @@ class HFConfig:
                 )
             if self.init == "pretrained":
                 raise UserError("model.init=pretrained needs model.path (a folder with weights); or model.init=scratch")
-            return
+            return self.check_init_from()
+        self.check_init_from()
         folder = Path(self.path).expanduser()
         local = folder.exists() or self.path.startswith((".", "/", "~")) or self.path.count("/") > 1
         if local and not (folder / "config.json").is_file():
@@ -122,4 +128,11 @@ class HFConfig:
             raise UserError(
                 f"model.path={self.path} {what}: give a folder holding a Hugging Face config.json "
                 "(what save_pretrained writes)"
+            )
+
+    def check_init_from(self) -> None:
+        if self.init_from and not Path(self.init_from).expanduser().exists():
+            raise UserError(
+                f"model.init_from={self.init_from} does not exist: give a .safetensors file or a folder "
+                "save_pretrained wrote"
             )

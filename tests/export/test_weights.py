@@ -1,0 +1,101 @@
+"""`fwk export --format hf|safetensors`: the trained weights in the files other tools read,
+loaded back by those tools with the same outputs; and a run started from them (model.init_from)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_fwk
+from tests.models.test_hf import TINY
+
+STEPS = ["train.max_steps=4", "train.eval_every=4", "checkpoint.every=4"]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs root of one finished tiny hf_llama_stdlib run."""
+    runs = tmp_path_factory.mktemp("llama") / "runs"
+    out = run_fwk("train", *TINY, *STEPS, runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return runs
+
+
+def _val_loss(runs: Path) -> float:
+    (run,) = runs.glob("*/")
+    return json.loads((run / "summary.json").read_text())["eval"]["val_loss"]
+
+
+def test_hf_export_loads_in_transformers_with_the_same_logits(llama: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from fwk.export.source import load
+    from fwk.track.lookup import find_run
+
+    out = run_fwk("export", "--format", "hf", "--output", str(tmp_path / "hf"), runs=llama)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "hf: config.json, generation_config.json, model.safetensors; reloaded with" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors"
+    ]  # fmt: skip
+    source = load(find_run(llama, None))
+    ids = torch.stack([torch.as_tensor(source.data.val[i][0]) for i in range(3)])
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, source.model(ids), rtol=0, atol=1e-5)
+    again = run_fwk("export", "--format", "hf", runs=llama)  # the same export: shown, not written again
+    assert again.returncode == 0 and "already exists" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("fmt", ["hf", "safetensors"])
+def test_init_from_an_export_continues_from_its_loss(llama: Path, tmp_path: Path, fmt: str) -> None:
+    target = tmp_path / ("hf" if fmt == "hf" else "model.safetensors")
+    out = run_fwk("export", "--format", fmt, "--output", str(target), runs=llama)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # one step at lr 1e-12: the weights stay the exported ones, so the evaluation is the first run's
+    args = [*TINY, "train.max_steps=1", "train.eval_every=1", "optim.lr=1e-12", f"model.init_from={target}"]
+    out = run_fwk("train", *args, runs=tmp_path / "runs")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _val_loss(tmp_path / "runs") == pytest.approx(_val_loss(llama), abs=1e-5)  # fresh weights: ~5.55
+
+
+def test_weights_of_another_shape_are_one_line(llama: Path, tmp_path: Path) -> None:
+    out = run_fwk("export", "--format", "safetensors", "--output", str(tmp_path / "w.safetensors"), runs=llama)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wider = [a for a in TINY if "hidden_size" not in a] + ["model.config.hidden_size=48"]
+    out = run_fwk("train", *wider, "train.max_steps=1", f"model.init_from={tmp_path / 'w.safetensors'}", runs=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"fwk: error: model.init_from={tmp_path / 'w.safetensors'} does not fit the model: "), line
+    assert "of another shape (e.g. " in line and " (256, 32) vs (256, 48))" in line  # the tied embedding/head
+
+
+def test_safetensors_of_an_fwk_model_and_what_cannot_be_asked(tmp_path: Path) -> None:
+    from safetensors.torch import load_model
+
+    from fwk.engine.build import build_model
+    from fwk.export.source import load
+    from fwk.track.lookup import find_run
+
+    runs = tmp_path / "runs"
+    out = run_fwk("train", "train.max_steps=2", "train.eval_every=2", "jit=off", runs=runs)  # digits_cnn
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = run_fwk("export", "--format", "safetensors", "--output", str(tmp_path / "cnn.safetensors"), runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    source = load(find_run(runs, None))
+    model = build_model(source.config.model, source.data).eval()
+    load_model(model, tmp_path / "cnn.safetensors")
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.model.state_dict().values(), strict=True)
+    )
+    for args, message in (
+        (["--format", "hf"], "--format hf writes model=hf runs; run "),
+        (["--format", "hf", "--quantize", "int8"], "--quantize applies to --format onnx; --format hf writes the"),
+        (["--format", "tflite"], "--format tflite is not one of onnx, hf, safetensors"),
+    ):
+        out = run_fwk("export", *args, runs=runs)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.stderr.strip().splitlines()[-1].startswith(f"fwk: error: {message}"), out.stderr
