@@ -138,3 +138,56 @@ def check_layout(root: str) -> str:
     if not os.path.isdir(os.path.join(root, "val")):
         raise UserError(f"data.root '{root}' has no val/ folder; {layout_hint(root)}")
     return root
+
+
+HF_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".txt": "text"}
+
+
+@DATA.register_config
+@dataclass
+class HFDataConfig:
+    name: str = doc("hf", "registry name")
+    path: str = doc(
+        "",
+        "local data read with Hugging Face datasets: a Parquet, JSON Lines, CSV or text file (or a glob of them), "
+        "or a folder save_to_disk wrote",
+    )
+    text_column: str = doc("text", "the column holding the text")
+    label_column: str = doc("", "empty: language modelling on the text; a column name: classify the text by it")
+    tokenizer: str | None = doc(
+        None,
+        "bytes (byte level, no files), or a folder with a tokenizer; the default (null) is model.path's tokenizer "
+        "under model=hf, else bytes",
+    )
+    seq_len: int = doc(128, "tokens per example: packed windows (language modelling), or truncated/padded texts")
+    val_every: int = doc(20, "with no validation split in the data: every val_every-th text goes to val (>= 2)")
+    val_max_tokens: int = doc(262144, "cap on val tokens (language modelling) so evaluation stays quick (0 = no cap)")
+
+    def files(self) -> list[Path]:
+        """The data files ``path`` names (a save_to_disk folder: its files)."""
+        import glob
+
+        where = Path(self.path).expanduser()
+        if where.is_dir():
+            return sorted(p for p in where.rglob("*") if p.is_file())
+        return sorted(Path(p) for p in glob.glob(str(where)))
+
+    def check(self) -> None:
+        if not self.path:
+            raise UserError("data=hf needs data.path: a .parquet, .jsonl, .csv or .txt file, or a save_to_disk folder")
+        where = Path(self.path).expanduser()
+        if not where.is_dir() and not self.files():
+            raise UserError(f"data.path={self.path} matches no file; give a .parquet, .jsonl, .csv or .txt file")
+        if not where.is_dir():
+            odd = sorted({p.suffix for p in self.files() if p.suffix not in HF_FORMATS})
+            if odd:
+                raise UserError(f"data.path={self.path}: files of type {odd[0]!r}; fwk reads {', '.join(HF_FORMATS)}")
+        if self.seq_len < 1:
+            raise UserError(f"data.seq_len={self.seq_len} must be >= 1")
+        if self.val_every < 2:
+            raise UserError(f"data.val_every={self.val_every} must be >= 2 (1 would leave no training texts)")
+
+    def fingerprint(self) -> Fingerprint:
+        where = Path(self.path).expanduser()
+        files = self.files()
+        return sources.of_files(where if where.is_dir() else Path("/"), [f.resolve() for f in files])

@@ -9,7 +9,7 @@ from fwk.registry import Registry
 DATA = Registry(
     "data",
     configs="fwk.data.configs",
-    builders=("fwk.data.digits", "fwk.data.imagefolder", "fwk.data.synthetic", "fwk.data.text"),
+    builders=("fwk.data.digits", "fwk.data.imagefolder", "fwk.data.synthetic", "fwk.data.text", "fwk.data.hf"),
     alone={"streaming": "fwk.data.streaming"},  # litdata: imported by a streamed run only
 )
 register_data = DATA.register

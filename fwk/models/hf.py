@@ -49,18 +49,19 @@ def transformers() -> Any:
     return tf
 
 
-def folder(path: str) -> Path:
-    """The local folder of ``path``: itself, or its snapshot in the Hugging Face cache."""
+def folder(path: str, marker: str = "config.json", key: str = "model.path") -> Path:
+    """The local folder of ``path`` that holds ``marker``: itself, or its snapshot in the
+    Hugging Face cache (``key``: the setting that named it, for the error)."""
     local = Path(path).expanduser()
-    if (local / "config.json").is_file():
+    if (local / marker).is_file():
         return local
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(path, "config.json")
+    cached = try_to_load_from_cache(path, marker) if not local.is_absolute() and path.count("/") <= 1 else None
     if isinstance(cached, str):
         return Path(cached).parent
     raise UserError(
-        f"model.path={path}: no folder with a config.json there, and no model of that name in the local Hugging "
+        f"{key}={path}: no folder with a {marker} there, and no model of that name in the local Hugging "
         "Face cache; fwk never downloads: fetch it first (hf download NAME) or give the folder save_pretrained wrote"
     )
 

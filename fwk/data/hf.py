@@ -1,0 +1,190 @@
+"""Local data read with Hugging Face datasets (``data=hf``); nothing is downloaded.
+
+``data.path`` is a Parquet, JSON Lines, CSV or text file (or a glob of them; a text file is
+one text), or a folder ``save_to_disk`` wrote. Its ``validation`` (or ``test``) split is the
+val set; without one, every ``val_every``-th text is. Texts are tokenized with
+``data.tokenizer``: ``bytes`` (the UTF-8 bytes, vocabulary 256) or a folder holding a
+transformers tokenizer (by default the model's, under ``model=hf``).
+
+- Language modelling (no ``label_column``): the token ids of all texts, each followed by
+  the tokenizer's end-of-text id (bytes: a newline), packed into non-overlapping windows of
+  ``seq_len`` (``ByteWindows``), as ``data=stdlib_text`` does; items are slices of one
+  tensor in memory, so a resumed run sees the same items in the same order.
+- Classification (``label_column``): each text truncated or padded to ``seq_len`` tokens,
+  its label mapped to 0..C-1 in sorted order of the labels seen.
+
+The tokenization is ``datasets.map``'s, which caches its result by the data's and the
+tokenizer's fingerprint beside the data's Arrow cache: a second run reads it back.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from fwk.data.base import DataBundle
+from fwk.data.configs import HF_FORMATS, HFDataConfig
+from fwk.data.registry import register_data
+from fwk.data.text import ByteWindows
+from fwk.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+VAL_SPLITS = ("validation", "valid", "val", "test")
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("data=hf needs Hugging Face datasets: pip install 'fwk[hf]'") from None
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+class Tokenizer:
+    """Texts -> token ids: UTF-8 bytes, or a transformers tokenizer from a local folder."""
+
+    def __init__(self, where: str | None) -> None:
+        self.name = where or "bytes"
+        if self.name == "bytes":
+            self.hf, self.vocab, self.end, self.pad = None, 256, [ord("\n")], 0
+            return
+        from fwk.models.hf import folder, transformers
+
+        where = folder(self.name, "tokenizer_config.json", "data.tokenizer")
+        try:
+            self.hf = transformers().AutoTokenizer.from_pretrained(where, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise UserError(
+                f"data.tokenizer={self.name}: no tokenizer there ({str(exc).splitlines()[0]}); "
+                "give a folder with tokenizer files, or data.tokenizer=bytes"
+            ) from None
+        self.vocab = len(self.hf)
+        self.end = [self.hf.eos_token_id] if self.hf.eos_token_id is not None else []
+        self.pad = self.hf.pad_token_id if self.hf.pad_token_id is not None else (self.hf.eos_token_id or 0)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if self.hf is None:
+            return [list(t.encode("utf-8")) for t in texts]
+        return self.hf(texts, add_special_tokens=False)["input_ids"]
+
+
+def _load(cfg: HFDataConfig) -> tuple[Any, Any | None]:
+    """(the training texts, the data's own validation split or None)."""
+    ds = _datasets()
+    where = Path(cfg.path).expanduser()
+    try:
+        if where.is_dir():
+            loaded = ds.load_from_disk(str(where))
+        else:
+            files = [str(f) for f in cfg.files()]
+            kind = HF_FORMATS[Path(files[0]).suffix]
+            extra = {"sample_by": "document"} if kind == "text" else {}
+            loaded = ds.load_dataset(kind, data_files=files, **extra)
+    except (OSError, ValueError, FileNotFoundError) as exc:
+        raise UserError(f"data.path={cfg.path}: cannot read it with datasets: {str(exc).splitlines()[0]}") from None
+    if not isinstance(loaded, ds.DatasetDict):
+        return loaded, None
+    val = next((loaded[s] for s in VAL_SPLITS if s in loaded), None)
+    train = loaded["train"] if "train" in loaded else loaded[next(s for s in loaded if s not in VAL_SPLITS)]
+    return train, val
+
+
+def _columns(table: Any, cfg: HFDataConfig) -> None:
+    for key in ("text_column", "label_column"):
+        name = getattr(cfg, key)
+        if name and name not in table.column_names:
+            raise UserError(
+                f"data.{key}={name}: the data has no such column; its columns: {', '.join(table.column_names)}"
+            )
+
+
+def _ids(table: Any, tok: Tokenizer, column: str) -> Any:
+    """Each text's token ids (a cached ``datasets.map``)."""
+    return table.map(
+        lambda batch: {"ids": tok.encode(batch[column])},
+        batched=True,
+        remove_columns=[c for c in table.column_names if c != column],
+    )
+
+
+def _packed(table: Any, tok: Tokenizer, column: str, cap: int = 0) -> torch.Tensor:
+    """All texts' ids, each followed by the end-of-text id, as one (N,) tensor (first ``cap`` if set)."""
+    parts, total = [], 0
+    for ids in _ids(table, tok, column)["ids"]:
+        parts.append(np.asarray(ids + tok.end, dtype=np.int32))
+        total += len(parts[-1])
+        if cap and total >= cap:
+            break
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    return torch.from_numpy(flat[:cap] if cap else flat)
+
+
+class LabelledTexts(Dataset):
+    """Item i: (ids (T,) int64, truncated or padded, label () int64)."""
+
+    def __init__(self, ids: torch.Tensor, labels: torch.Tensor) -> None:
+        self.ids, self.labels = ids, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ids[i], self.labels[i]
+
+
+def _labelled(table: Any, tok: Tokenizer, cfg: HFDataConfig, classes: dict[Any, int]) -> LabelledTexts:
+    rows = _ids(table, tok, cfg.text_column)["ids"]
+    ids = torch.full((len(rows), cfg.seq_len), tok.pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        r = r[: cfg.seq_len]
+        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    labels = torch.as_tensor([classes[v] for v in table[cfg.label_column]], dtype=torch.long)
+    return LabelledTexts(ids, labels)
+
+
+@register_data(HFDataConfig)
+def hf(cfg: HFDataConfig, *, seed: int) -> DataBundle:
+    """``seed`` is unused: the data and split are fixed; the loader shuffles with the run's seed."""
+    del seed
+    cfg.check()
+    train, val = _load(cfg)
+    _columns(train, cfg)
+    if val is None:
+        every = cfg.val_every
+        val = train.select([i for i in range(len(train)) if (i + 1) % every == 0])
+        train = train.select([i for i in range(len(train)) if (i + 1) % every != 0])
+        if len(val) == 0:
+            raise UserError(f"data.val_every={every} leaves no val text ({len(train)} texts); lower it")
+    else:
+        _columns(val, cfg)
+    tok = Tokenizer(cfg.tokenizer)
+    if cfg.label_column:
+        classes = {v: i for i, v in enumerate(sorted(set(train[cfg.label_column]) | set(val[cfg.label_column])))}
+        return DataBundle(
+            train=_labelled(train, tok, cfg, classes),
+            val=_labelled(val, tok, cfg, classes),
+            task="classification",
+            num_classes=len(classes),
+            in_memory=True,
+        )
+    windows = {}
+    for split, table, cap in (("train", train, 0), ("val", val, cfg.val_max_tokens)):
+        windows[split] = ByteWindows(_packed(table, tok, cfg.text_column, cap), cfg.seq_len)
+        if len(windows[split]) == 0:
+            raise UserError(
+                f"the {split} texts make {len(windows[split].data)} tokens, too few for one window of "
+                f"seq_len={cfg.seq_len}; add text or lower data.seq_len"
+            )
+    logger.info(
+        f"data=hf: {len(windows['train'].data):,} train and {len(windows['val'].data):,} val tokens "
+        f"({tok.name}, vocabulary {tok.vocab})"
+    )
+    return DataBundle(train=windows["train"], val=windows["val"], task="lm", num_classes=tok.vocab, in_memory=True)
