@@ -2,9 +2,9 @@
 
 Every side is a process started by this one and timed from its start (imports, data, model
 and every decision included) to the evaluation that first reaches the target
-(``sides.py``): digits_cnn to val_acc >= 0.985; resnet_digits to 0.97; gpt_stdlib to a
-val loss of 1.7 nats/byte. All sides evaluate every ``train.eval_every`` steps on the same
-validation batches. The sides:
+(``sides.py``): digits_cnn to val_acc >= 0.985; resnet_digits to 0.97; gpt_stdlib and
+hf_llama_stdlib (a transformers Llama on the same bytes) to a val loss of 1.7 nats/byte. All
+sides evaluate every ``train.eval_every`` steps on the same validation batches. The sides:
 
 - ``plain (recipe)``: ``plain_loop.py``, fp32 eager PyTorch (bf16 autocast on a GPU), the
   recipe's optimizer, lr, batch and schedule;
@@ -80,6 +80,18 @@ CASES = {  # name -> (full size, --quick size)
             ["recipe=gpt_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8",
              "train.max_steps=40"],
             "val_loss", 3.5, 1, "--quick", "gpt_stdlib_fast", {"steps": [20, 40]},
+        ),
+    ),
+    "hf_llama_stdlib": (  # gpt_stdlib's task and target with a Hugging Face transformers Llama (model=hf)
+        Case(
+            ["recipe=hf_llama_stdlib", "train.eval_every=25"], "val_loss", 1.7, 2,
+            "gpt_stdlib's target with a transformers Llama; ~1.5 min a run on 2 cores: 2 reps", None,
+            {"steps": [300, 450, 600], "lr_scale": [1, 2]},
+        ),
+        Case(
+            ["recipe=hf_llama_stdlib", "train.eval_every=10", "train.eval_batches=2", "train.batch_size=8",
+             "train.max_steps=40"],
+            "val_loss", 3.5, 1, "--quick", None, {"steps": [20, 40]},
         ),
     ),
 }  # fmt: skip

@@ -49,7 +49,7 @@ PARTS = [
          [PY, f"{BENCH}/jit.py", *FULL, "--batch", "64", "--rounds", "5", "--workloads", "gpt,resnet50"],
          [PY, f"{BENCH}/jit.py", *TINY, "--workloads", "digits"], 150),
     Part("kernels", "speed", "Triton kernels vs eager and torch.compile; fused cross-entropy peak at vocab 128k",
-         25, [PY, f"{BENCH}/kernels.py"], None),
+         25, [PY, f"{BENCH}/kernel_speed.py"], None),
     Part("memory", "speed", "activation checkpointing and micro-batches: peak memory against step time", 25,
          [PY, f"{BENCH}/memory.py", *FULL, "--rounds", "3", "--workloads", "resnet50,gpt8"],
          [PY, f"{BENCH}/memory.py", *TINY, "--gpt-batch", "4", "--workloads", "gpt8"], 120),  # 4: 4 micro-batches

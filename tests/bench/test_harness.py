@@ -85,7 +85,8 @@ def test_only_picks_groups_and_the_cases_named_after_a_colon():
     got = harness.selection("tta:gpt_stdlib+digits_cnn,overhead")
     assert got == [("tta", ["gpt_stdlib", "digits_cnn"]), ("overhead", [])]
     assert harness.selection("") == [(g, []) for g in harness.GROUPS]
-    with pytest.raises(SystemExit, match="^--only tta:nope: tta has the cases digits_cnn,resnet_digits,gpt_stdlib$"):
+    cases = "digits_cnn,resnet_digits,gpt_stdlib,hf_llama_stdlib"
+    with pytest.raises(SystemExit, match=f"^--only tta:nope: tta has the cases {cases}$"):
         harness.selection("tta:nope")
     with pytest.raises(SystemExit, match="^--only overhead:x: overhead has the cases"):
         harness.selection("overhead:x")

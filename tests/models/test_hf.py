@@ -106,6 +106,7 @@ def test_a_name_in_the_local_cache_is_found_and_nothing_is_downloaded(
 
 
 def test_the_loss_is_the_models_own_and_its_decoder_layers_are_the_blocks() -> None:
+    from fwk.optim.muon import split
     from fwk.strategies.modules import blocks
 
     torch.manual_seed(0)
@@ -117,6 +118,8 @@ def test_the_loss_is_the_models_own_and_its_decoder_layers_are_the_blocks() -> N
     torch.testing.assert_close(model(idx, targets), expected)
     assert model.head_of == "hf.lm_head"  # the fp32 island and the fused loss follow it
     assert [n for n, _ in blocks(model)] == ["hf.model.layers.0", "hf.model.layers.1"]
+    _, _, muon = split(model)  # Muon's: the 7 projections of each layer, not the tied embedding and head
+    assert len(muon) == 14 and all(n.startswith("hf.model.layers.") for n in muon)
 
 
 def test_classification_heads_give_logits_of_their_labels() -> None:
@@ -151,3 +154,13 @@ def test_two_processes_train_it(tmp_path: Path, parallel: str) -> None:
     assert summary["replicas_in_sync"] is True
     if parallel == "fsdp":  # a unit per decoder layer, then the root
         assert "parallel=fsdp: mesh shard=2; 3 units (hf.model.layers.0, ...)" in out.stdout, out.stdout
+
+
+def test_checkpointing_muon_and_the_profiler_take_its_structure(tmp_path: Path) -> None:
+    args = [*TINY, "train.max_steps=2", "train.eval_every=2", "memory=checkpoint", "optim=muon"]
+    out = run_fwk("train", *args, runs=tmp_path / "runs")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "memory=checkpoint of 2 modules (hf.model.layers.0, hf.model.layers.1)" in out.stdout
+    out = run_fwk("profile", *TINY, runs=tmp_path / "profiled")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "hf.model.layers.0" in out.stdout and "LlamaRMSNorm" in out.stdout

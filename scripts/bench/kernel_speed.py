@@ -1,7 +1,7 @@
 """fwk's Triton kernels against PyTorch eager and torch.compile of the same reference.
 
-    .venv/bin/python scripts/bench/kernels.py            # on a CUDA machine: every kernel
-    .venv/bin/python scripts/bench/kernels.py --vocab 131072 --rows 4096 --width 4096
+    .venv/bin/python scripts/bench/kernel_speed.py            # on a CUDA machine: every kernel
+    .venv/bin/python scripts/bench/kernel_speed.py --vocab 131072 --rows 4096 --width 4096
 
 For each kernel (forward + backward where it has one): the median time of ``rounds``
 interleaved calls and the peak memory allocated above what was held before the call, for
@@ -157,7 +157,7 @@ def rows(quick: bool) -> list:
     args = arguments(gpt_batch=0, workloads="").parse_args([])
     args.rows, args.width, args.vocab = (256, 64, 4096) if quick else (1024, 256, 32768)
     if torch.cuda.is_available():
-        raise RuntimeError("kernels on CUDA: run scripts/bench/kernels.py (its table is not in the harness yet)")
+        raise RuntimeError("kernels on CUDA: run scripts/bench/kernel_speed.py (its table is not in the harness yet)")
     got = cpu_measure(args)
     (ft, fm), (ct, cm) = got["full logits"], got["chunked"]
     r = cm / max(fm, 1)
