@@ -67,6 +67,8 @@ def _forgive(overrides: list[str], root: Path) -> list[str]:
     - ``model._target_=pkg.Class`` without ``model=custom`` picks ``model=custom`` (any group
       with a conf/<group>/custom.yaml); ``model.KEY=value`` then adds KEY, the class's argument.
       With another option (``model=gpt model._target_=...``) it says what to write instead.
+    - ``model.config.KEY=value`` and ``model.config={...}`` (``model=hf``) set or add the key:
+      a transformers config takes any key, whether the recipe set it or not.
     """
     overrides = [part for override in overrides for part in _elastic_range(override)]
     groups = _groups(root)
@@ -96,6 +98,8 @@ def _forgive(overrides: list[str], root: Path) -> list[str]:
         key = head.lstrip("+")
         if sep and key.partition(".")[0] in custom and key.partition(".")[2]:
             out.append(f"++{key}={value}")  # custom: keys are the class's arguments, new or not
+        elif sep and (key == "model.config" or key.startswith("model.config.")) and not head.startswith("~"):
+            out.append(f"++{key}={value}")  # model=hf: a transformers config takes any key, new or not
         elif sep and head.startswith("+") and not head.startswith("++") and key not in groups and "/" not in key:
             out.append(f"++{key}={value}")
         else:

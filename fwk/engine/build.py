@@ -142,8 +142,9 @@ def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
 
 
 def example_input(data: DataBundle) -> torch.Tensor:
-    """One validation input as a batch of one, as the model takes it (images as floats):
-    what a method that traces the model runs it on."""
+    """One validation input as a batch of one, as the model takes it (images as floats, token
+    ids as int64): what a method that traces the model runs it on."""
     x = data.val[0][0]
     x = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-    return (x if data.task == "lm" or x.is_floating_point() else x.float()).unsqueeze(0)
+    ids = data.task == "lm" or x.dtype == torch.int64  # a text classifier's input is token ids too
+    return (x if ids or x.is_floating_point() else x.float()).unsqueeze(0)

@@ -2,8 +2,8 @@
 
 Used by the precision strategy (``keep_fp32``, ``final_fp32``) and the memory strategy
 (which blocks to checkpoint). Patterns are globs on ``named_modules()`` names
-(``blocks.*.ln_1``), type names (``LayerNorm``), or a type's first or last module
-(``last:Linear``).
+(``blocks.*.ln_1``) or on type names (``LayerNorm``; ``*Norm``: every norm of a Hugging Face
+model, LlamaRMSNorm and LayerNorm alike), or a type's first or last module (``last:Linear``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from fwk.errors import UserError
 def _hits(named: list[tuple[str, nn.Module]], pattern: str) -> list[tuple[str, nn.Module]]:
     """The modules one pattern names: ``last:TYPE`` / ``first:TYPE`` is the last / first
     module of that type in model order (``last:Linear``: a classifier or LM head, whatever
-    its name); otherwise a glob on the module's name, or its type name."""
+    its name); otherwise a glob on the module's name, or on its type's name."""
     place, sep, kind = pattern.partition(":")
     if sep and place in ("first", "last"):
         of_type = [(n, m) for n, m in named if type(m).__name__ == kind]
         return of_type[-1:] if place == "last" else of_type[:1]
-    return [(n, m) for n, m in named if fnmatch.fnmatchcase(n, pattern) or type(m).__name__ == pattern]
+    return [
+        (n, m) for n, m in named if fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(type(m).__name__, pattern)
+    ]
 
 
 def _named(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -48,8 +50,8 @@ def match(model: nn.Module, patterns: list[str], key: str) -> dict[str, nn.Modul
             close = difflib.get_close_matches(pattern, names, n=4, cutoff=0.3) or names[:4]
             raise UserError(
                 f"{key}: '{pattern}' matches no module of the model; closest: {', '.join(close)} "
-                "(use names from named_modules(), globs such as 'blocks.*.ln_1', type names such as LayerNorm, "
-                "or last:TYPE / first:TYPE such as last:Linear)"
+                "(use names from named_modules(), globs such as 'blocks.*.ln_1', type names such as LayerNorm "
+                "or *Norm, or last:TYPE / first:TYPE such as last:Linear)"
             )
         found.update(hits)
     return {n: m for n, m in named if n in found}

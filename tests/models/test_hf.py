@@ -164,3 +164,33 @@ def test_checkpointing_muon_and_the_profiler_take_its_structure(tmp_path: Path) 
     out = run_fwk("profile", *TINY, runs=tmp_path / "profiled")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "hf.model.layers.0" in out.stdout and "LlamaRMSNorm" in out.stdout
+
+
+def test_a_text_classifier_from_a_config_trains_on_labelled_texts_and_exports(tmp_path: Path) -> None:
+    """model.config written on the command line (a BERT), data=hf with a label column, then
+    the export that transformers' AutoModelForSequenceClassification loads with the same logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    from fwk.export.source import load
+    from fwk.track.lookup import find_run
+
+    texts = tmp_path / "t.jsonl"
+    rows = [{"text": ("x = 1\n" if i % 2 else "def f():\n    pass\n") * (1 + i % 3), "label": i % 2} for i in range(40)]
+    texts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bert = "{model_type:bert,vocab_size:256,hidden_size:16,num_hidden_layers:1,num_attention_heads:2,"
+    bert += "intermediate_size:32,max_position_embeddings:64,num_labels:2}"
+    args = ["model=hf", "model.init=scratch", "model.task=sequence_classification", f"model.config={bert}", "data=hf"]
+    args += [f"data.path={texts}", "data.label_column=label", "data.tokenizer=bytes", "data.seq_len=32"]
+    args += ["data.val_every=4", "train.batch_size=8", "train.max_steps=6", "train.eval_every=6", "jit=off"]
+    runs = tmp_path / "runs"
+    out = run_fwk("train", *args, runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = runs.glob("*/")
+    assert 0 <= json.loads((run / "summary.json").read_text())["eval"]["val_acc"] <= 1
+    out = run_fwk("export", "--format", "hf", "--output", str(tmp_path / "bert"), runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    source = load(find_run(runs, None))
+    ids = torch.stack([source.data.val[i][0] for i in range(4)])
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bert", local_files_only=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, source.model(ids), rtol=0, atol=1e-5)

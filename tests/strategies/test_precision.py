@@ -153,6 +153,7 @@ def test_role_patterns_name_a_module_by_type_and_place() -> None:
     assert list(match(net, ["last:Linear"], "k")) == ["3"]
     assert list(match(net, ["first:Linear"], "k")) == ["0"]
     assert list(match(net, ["last:Recorder", "ReLU"], "k")) == ["1", "2"]
+    assert list(match(net, ["Rec*", "*LU"], "k")) == ["1", "2"]  # globs on type names: *Norm for any norm
     with pytest.raises(UserError, match="'last:Conv2d' matches no module"):
         match(net, ["last:Conv2d"], "k")
 
