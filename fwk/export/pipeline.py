@@ -308,6 +308,19 @@ def _measured(q: Any) -> dict[str, float]:
     return {"val_loss": q.loss, "val_acc": q.metric}
 
 
+def made(run: RunDir, final_dir: Path, name: str) -> dict[str, Any] | None:
+    """The report (file ``name``) of the export already made at ``final_dir``, said in a line;
+    None when there is none yet. Exports appear whole (renamed from a temp dir): a dir without
+    its report was edited by hand, a UserError."""
+    if (final_dir / name).is_file():
+        report = json.loads((final_dir / name).read_text())
+        logger.info(f"export {final_dir.name} of run {run.id} already exists ({report['created']}); showing its report")
+        return report
+    if final_dir.exists():
+        raise UserError(f"{final_dir} exists but has no {name}; move it away and run the export again")
+    return None
+
+
 def write_output(src: Path, output: Path, overwrite: bool) -> None:
     """Copy the final model to --output: a temp file beside it, then one rename."""
     check_output(output, overwrite)  # again: it may have appeared while the export ran
@@ -343,12 +356,8 @@ def run_export(
         )
     eid = export_id(run, checkpoint, plan, quantize, cfg, max_drop, qat_steps)
     final_dir = run.path / "exports" / eid
-    if (final_dir / rep.REPORT).is_file():
-        report = json.loads((final_dir / rep.REPORT).read_text())
-        logger.info(f"export {eid} of run {run.id} already exists ({report['created']}); showing its report")
-    elif final_dir.exists():  # exports appear whole (renamed from a temp dir): this one was edited by hand
-        raise UserError(f"{final_dir} exists but has no {rep.REPORT}; move it away and run the export again")
-    else:
+    report = made(run, final_dir, rep.REPORT)
+    if report is None:
         source = load(run)
         final_dir.parent.mkdir(exist_ok=True)
         tmp = final_dir.parent / f".tmp-{eid}-{os.getpid()}"

@@ -109,19 +109,15 @@ def run_weights_export(run: RunDir, fmt: str, output: Path | None, overwrite: bo
     """Write and verify the ``fmt`` export of ``run`` (or show the existing one); its report."""
     import torch
 
-    from fwk.export.pipeline import VerificationFailed
+    from fwk.export.pipeline import VerificationFailed, made
     from fwk.export.source import check_exportable, load
 
     check_weights_output(fmt, output, overwrite)
     checkpoint = check_exportable(run)
     eid = _export_id(run, checkpoint, fmt)
     final_dir = run.path / "exports" / eid
-    if (final_dir / REPORT).is_file():
-        report = json.loads((final_dir / REPORT).read_text())
-        logger.info(f"export {eid} of run {run.id} already exists ({report['created']}); showing its report")
-    elif final_dir.exists():
-        raise UserError(f"{final_dir} exists but has no {REPORT}; move it away and run the export again")
-    else:
+    report = made(run, final_dir, REPORT)
+    if report is None:
         source = load(run)
         final_dir.parent.mkdir(exist_ok=True)
         tmp = final_dir.parent / f".tmp-{eid}-{os.getpid()}"

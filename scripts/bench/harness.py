@@ -157,8 +157,7 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 # Newton-Schulz steps emulated, and at the 2026-12-02 caps overran shards (600 s), tta (1800 s),
 # ablation (2400 s), precision (60 s), channels_last (30 s) and memory (80 s), where the AVX512
 # EPYC ran the whole of it in 45 minutes; on 2026-12-03 tta's cold and warm processes overran
-# 4200 s there (gpt_stdlib unmeasured); hf_llama_stdlib added 1500 s to tta (2026-12-04); the caps
-# now add up to 4.6 hours; --slack scales them
+# 4200 s there (gpt_stdlib unmeasured); +1500 s for tta:hf_llama_stdlib: 4.6 hours; --slack scales them
 GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 145),
     "auto": ("auto", "rows", 420),
