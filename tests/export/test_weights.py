@@ -99,3 +99,31 @@ def test_safetensors_of_an_fwk_model_and_what_cannot_be_asked(tmp_path: Path) ->
         out = run_fwk("export", *args, runs=runs)
         assert out.returncode == 2, out.stdout + out.stderr
         assert out.stderr.strip().splitlines()[-1].startswith(f"fwk: error: {message}"), out.stderr
+
+
+def test_a_reload_that_differs_fails_the_export_and_keeps_its_files(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from fwk.export import weights
+    from fwk.export.pipeline import VerificationFailed
+    from fwk.track.lookup import find_run
+
+    runs = tmp_path / "runs"
+    shutil.copytree(llama, runs)
+    write = weights._write_safetensors
+
+    def off(source, out):  # what a lossy writer would give back
+        reloaded, files = write(source, out)
+        with torch.no_grad():
+            next(reloaded.parameters()).add_(1e-2)
+        return reloaded, files
+
+    monkeypatch.setattr(weights, "_write_safetensors", off)
+    with pytest.raises(
+        VerificationFailed, match=r"^the reloaded safetensors export differs .* by [0-9.e-]+ \(> 0.0001\)"
+    ):
+        weights.run_weights_export(find_run(runs, None), "safetensors", None, False)
+    (report,) = runs.glob(f"*/exports/*/{weights.REPORT}")
+    assert json.loads(report.read_text())["passed"] is False and (report.parent / "model.safetensors").is_file()
