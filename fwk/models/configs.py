@@ -115,7 +115,7 @@ class HFConfig:
             if "model_type" not in self.config:
                 raise UserError(
                     "model=hf needs model.path=DIR (a folder with a config.json) or model.config with a model_type, "
-                    "e.g. +model.config.model_type=llama"
+                    "e.g. model.config.model_type=llama"
                 )
             if self.init == "pretrained":
                 raise UserError("model.init=pretrained needs model.path (a folder with weights); or model.init=scratch")
