@@ -111,7 +111,7 @@ def test_a_reload_that_differs_fails_the_export_and_keeps_its_files(
     from fwk.track.lookup import find_run
 
     runs = tmp_path / "runs"
-    shutil.copytree(llama, runs)
+    shutil.copytree(llama, runs, ignore=shutil.ignore_patterns("exports"))  # not the exports other tests made
     write = weights._write_safetensors
 
     def off(source, out):  # what a lossy writer would give back
