@@ -4,7 +4,8 @@
   tied tensors stored once), with the run id and step in its metadata.
 - ``hf``: a ``model=hf`` run as the folder ``save_pretrained`` writes: ``config.json``,
   ``generation_config.json`` for a generative model, ``model.safetensors`` (sharded above
-  ``SHARD``), and the tokenizer of ``model.path`` when it has one. ``AutoModelFor*`` of
+  ``SHARD``), and the tokenizer the run trained with (``data.tokenizer``'s folder, else
+  ``model.path``'s when it has one; byte-level text needs none). ``AutoModelFor*`` of
   transformers loads it back.
 
 Both are verified before they count: the files are loaded back the way their users will load
@@ -91,12 +92,15 @@ def _write_hf(source: Any, out: Path) -> tuple[Any, list[str]]:
             "use --format safetensors for its raw weights, or --format onnx"
         )
     model.hf.save_pretrained(out, max_shard_size=SHARD)
-    path = source.config.model.path
-    if path:
+    # the tokenizer the run trained with: data.tokenizer's folder (data=hf), else model.path's, if it has one
+    data = source.config.data
+    named = getattr(data, "tokenizer", None) if getattr(data, "name", "") == "hf" else None
+    path = named if named not in (None, "bytes") else source.config.model.path
+    if path and named != "bytes":
         tf = transformers()
         try:
-            tokenizer = tf.AutoTokenizer.from_pretrained(folder(path), local_files_only=True)
-        except (OSError, ValueError, TypeError):  # the folder has no tokenizer (bytes, or a config alone)
+            tokenizer = tf.AutoTokenizer.from_pretrained(folder(path, "tokenizer_config.json"), local_files_only=True)
+        except (UserError, OSError, ValueError, TypeError):  # no tokenizer there (a config and weights alone)
             tokenizer = None
         if tokenizer is not None:
             tokenizer.save_pretrained(out)

@@ -159,3 +159,17 @@ def test_a_local_model_folder_with_its_tokenizer_trains_exports_and_reloads(tmp_
     }
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "trained", local_files_only=True)
     assert reloaded.config.vocab_size == 300
+
+
+def test_the_hf_export_carries_the_tokenizer_the_run_trained_with(tmp_path: Path) -> None:
+    tok = tokenizer_folder(tmp_path / "tok", TEXTS)
+    args = ["recipe=hf_llama_stdlib", "model.config.vocab_size=300", "model.config.hidden_size=32", "data=hf"]
+    args += [f"data.path={_jsonl(tmp_path / 't.jsonl')}", f"data.tokenizer={tok}", "data.seq_len=16"]
+    args += ["data.val_every=3", "train.max_steps=2", "train.eval_every=2", "train.batch_size=4", "jit=off"]
+    runs = tmp_path / "runs"
+    out = run_fwk("train", *args, runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = run_fwk("export", "--format", "hf", "--output", str(tmp_path / "out"), runs=runs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "tokenizer.json" in out.stdout and (tmp_path / "out" / "tokenizer.json").is_file()
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == (tok / "tokenizer.json").read_text()
