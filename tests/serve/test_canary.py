@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -21,8 +22,10 @@ def _version(server: Server, client: str | None = None) -> tuple[int, str]:
 
 
 def _under_load(server: Server, switch: str, threads: int = 4, limit: int = 300) -> tuple[Counter, list, dict]:
-    """Requests from ``threads`` callers (at most ``limit`` each) while POST .../``switch`` runs midway."""
-    results: list[tuple[int, str]] = []
+    """Requests from ``threads`` callers (at most ``limit`` each) while POST .../``switch`` runs
+    midway; returns every status, the (status, version) of the requests sent after the switch
+    had answered, and its answer."""
+    results: list[tuple[float, int, str]] = []  # (when sent, status, version)
     started, stop = threading.Barrier(threads + 1), threading.Event()
 
     def caller() -> None:
@@ -30,7 +33,8 @@ def _under_load(server: Server, switch: str, threads: int = 4, limit: int = 300)
         for _ in range(limit):
             if stop.is_set():
                 return
-            results.append(_version(server))
+            sent = time.monotonic()
+            results.append((sent, *_version(server)))
 
     workers = [threading.Thread(target=caller) for _ in range(threads)]
     for w in workers:
@@ -39,14 +43,16 @@ def _under_load(server: Server, switch: str, threads: int = 4, limit: int = 300)
     while len(results) < 40:  # traffic is flowing before the switch
         threading.Event().wait(0.01)
     status, body = get(server, f"/v2/models/digits_cnn/{switch}", b"", admin(server))
-    after = len(results)
+    switched, after = time.monotonic(), len(results)
     while len(results) < after + 40:
         threading.Event().wait(0.01)
     stop.set()
     for w in workers:
         w.join(30)
     assert status == 200, body
-    return Counter(s for s, _ in results), results[after + threads :], json.loads(body)
+    # a request sent before the switch answered may have been routed before it, and finish after
+    later = [(code, version) for sent, code, version in results if sent > switched]
+    return Counter(code for _, code, _ in results), later, json.loads(body)
 
 
 def test_sticky_client_ids_and_rollback_without_failed_requests(serving, exports: Exports) -> None:
