@@ -122,14 +122,15 @@ def export(
 def _weights(ids: list[str], words: list[str], fmt: str, output: Path | None, overwrite: bool) -> None:
     """--format hf|safetensors: the run's weights as they are, reloaded and compared."""
     from fwk.errors import UserError
-    from fwk.export.weights import check_weights_output, run_weights_export
+    from fwk.export.pipeline import check_output
+    from fwk.export.weights import run_weights_export
     from fwk.track.lookup import find_run, runs_root
 
     roots = [w.partition("=")[2] for w in words if w.startswith("paths.runs=")]
     others = [w for w in words if "=" in w and not w.startswith("paths.runs=")]
     if others:
         raise UserError(f"{others[0]}: export.* settings apply to --format onnx; --format {fmt} takes none")
-    check_weights_output(fmt, output, overwrite)
+    check_output(output, overwrite, folder=fmt == "hf")
     run = find_run(Path(roots[-1]) if roots else runs_root(), ids[0] if ids else None)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     run_weights_export(run, fmt, output, overwrite)

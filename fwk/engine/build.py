@@ -91,8 +91,7 @@ def build_model(cfg: Any, data: DataBundle) -> nn.Module:
     size = declared if declared is not None else _output_size(model, data)
     if size != expected and not (data.task == "lm" and size > expected):  # a vocabulary padded past the tokenizer's
         key = "model.vocab_size" if hasattr(cfg, "vocab_size") else "model.num_classes"
-        key = "model.config.num_labels" if getattr(cfg, "name", "") == "hf" and data.task != "lm" else key
-        key = "model.config.vocab_size" if getattr(cfg, "name", "") == "hf" and data.task == "lm" else key
+        key = cfg.output_key(data.task) if hasattr(cfg, "output_key") else key  # a config whose size lives elsewhere
         raise UserError(f"{key}={size} but the data has {expected} classes; set {key}={expected}")
     return model
 

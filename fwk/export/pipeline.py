@@ -44,11 +44,12 @@ class VerificationFailed(UserError):
     exit_code = 1
 
 
-def check_output(output: Path | None, overwrite: bool) -> None:
-    """Refuse an --output that exists (unless --overwrite) or cannot be written, before any work."""
+def check_output(output: Path | None, overwrite: bool, folder: bool = False) -> None:
+    """Refuse an --output that exists (unless --overwrite) or cannot be written, before any work;
+    ``folder``: the output is a folder (--format hf), else a file."""
     if output is None:
         return
-    if output.is_dir():
+    if output.is_dir() and not folder:
         raise UserError(f"--output {output} is a directory; give a file path, e.g. {output / 'model.onnx'}")
     if output.exists() and not overwrite:
         raise UserError(f"--output {output} already exists; pass --overwrite to replace it, or choose another path")

@@ -38,22 +38,6 @@ SHARD = "2GB"  # hf: larger models are written as several model-0000N-of-0000M.s
 HELD_OUT = 8  # validation samples the reloaded model is run on
 
 
-def check_weights_output(fmt: str, output: Path | None, overwrite: bool) -> None:
-    """Refuse an --output that exists (unless --overwrite) or cannot be written, before any work:
-    a folder for hf, a file for safetensors."""
-    from fwk.export.pipeline import check_output
-
-    if fmt != "hf":
-        return check_output(output, overwrite)
-    if output is None:
-        return None
-    if output.exists() and not overwrite:
-        raise UserError(f"--output {output} already exists; pass --overwrite to replace it, or choose another path")
-    if not output.parent.is_dir():
-        raise UserError(f"--output {output}: folder {output.parent} does not exist; create it first")
-    return None
-
-
 def _export_id(run: RunDir, checkpoint: Path, fmt: str) -> str:
     key = json.dumps({"run": run.id, "checkpoint": checkpoint.name, "format": fmt}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:10]
@@ -113,10 +97,10 @@ def run_weights_export(run: RunDir, fmt: str, output: Path | None, overwrite: bo
     """Write and verify the ``fmt`` export of ``run`` (or show the existing one); its report."""
     import torch
 
-    from fwk.export.pipeline import VerificationFailed, made
+    from fwk.export.pipeline import VerificationFailed, check_output, made
     from fwk.export.source import check_exportable, load
 
-    check_weights_output(fmt, output, overwrite)
+    check_output(output, overwrite, folder=fmt == "hf")
     checkpoint = check_exportable(run)
     eid = _export_id(run, checkpoint, fmt)
     final_dir = run.path / "exports" / eid

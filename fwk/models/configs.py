@@ -130,6 +130,10 @@ class HFConfig:
                 "(what save_pretrained writes)"
             )
 
+    def output_key(self, task: str) -> str:
+        """The key that sets the model's output size: its vocabulary, or its number of labels."""
+        return "model.config.vocab_size" if task == "lm" else "model.config.num_labels"
+
     def check_init_from(self) -> None:
         if self.init_from and not Path(self.init_from).expanduser().exists():
             raise UserError(

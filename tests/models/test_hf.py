@@ -194,3 +194,19 @@ def test_a_text_classifier_from_a_config_trains_on_labelled_texts_and_exports(tm
     reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bert", local_files_only=True).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids).logits, source.model(ids), rtol=0, atol=1e-5)
+
+
+def test_an_output_size_that_is_not_the_datas_names_the_hf_key() -> None:
+    from fwk.data.base import DataBundle
+    from fwk.data.hf import LabelledTexts
+    from fwk.engine.build import build_model
+
+    texts = LabelledTexts(torch.randint(0, 256, (4, 8)), torch.tensor([0, 1, 0, 1]))
+    data = DataBundle(train=texts, val=texts, task="classification", num_classes=2, in_memory=True)
+    bert = {"model_type": "bert", "vocab_size": 256, "hidden_size": 16, "num_hidden_layers": 1, "num_labels": 3}
+    bert |= {"num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32}
+    cfg = HFConfig(init="scratch", task="sequence_classification", config=bert)
+    with pytest.raises(
+        UserError, match=r"^model.config.num_labels=3 but the data has 2 classes; set model.config.num_labels=2$"
+    ):
+        build_model(cfg, data)
