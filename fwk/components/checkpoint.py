@@ -2,8 +2,8 @@
 
 Layout of one checkpoint: ``checkpoints/step-00000400/`` holding ``state.pt`` (model,
 optimizer, scheduler, data position, step), ``rng-rank<R>.pt`` (every rank's RNG
-states) and ``manifest.json`` (step, world size, sha256 of each file). Under FSDP the
-model and optimizer go to ``sharded/`` instead, written by every rank with
+states and its own data position) and ``manifest.json`` (step, world size, sha256 of
+each file). Under FSDP the model and optimizer go to ``sharded/`` instead, written by every rank with
 ``torch.distributed.checkpoint``, which reshards them when another number of processes
 loads them (fwk/engine/resize.py). It is written into a temp dir, fsynced, then renamed:
 a crash leaves the previous checkpoint intact. Files are loaded with
@@ -88,6 +88,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 _SHARDED = "sharded"
+# parts of the state each rank keeps in its own file too: a streamed set's position is the
+# rank's own (fwk/data/hf_stream.py); state.pt holds rank 0's, for another world size
+RANK_OWN = ("loader",)
 Template = Callable[[], dict[str, Any]]
 
 
@@ -175,7 +178,7 @@ class Checkpointer:
             tmp.mkdir()
         self.dist.barrier()
         rng_file = tmp / f"rng-rank{self.dist.rank}.pt"
-        torch.save(rng_state(), rng_file)
+        torch.save({**rng_state(), **{k: state[k] for k in RANK_OWN if k in state}}, rng_file)
         _fsync_file(rng_file)
         if self.sharded:
             import torch.distributed.checkpoint as dcp
@@ -280,8 +283,9 @@ class Checkpointer:
         return None
 
     def load(self, path: Path, template: Template | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """(state, this rank's RNG state), after checking every checksum. The RNG state is None
-        when another world size wrote it (fwk/engine/resize.py derives the rank's streams).
+        """(state, this rank's RNG state), after checking every checksum; the state's data
+        position is this rank's own. The RNG state is None when another world size wrote it
+        (fwk/engine/resize.py derives the rank's streams; the position is rank 0's).
 
         Sharded: ``template()`` gives this rank's model and optimizer state to load into."""
         damage = self._damage(path)
@@ -293,6 +297,9 @@ class Checkpointer:
         manifest = json.loads((path / "manifest.json").read_text())
         same_size = manifest.get("world_size") == self.dist.world_size
         rng = torch.load(rng_file, map_location="cpu", weights_only=True) if same_size else None
+        for key in RANK_OWN if rng is not None else ():
+            if key in rng:  # (a checkpoint from before it kept the key per rank has rank 0's only)
+                state[key] = rng.pop(key)
         if manifest.get("sharded", False):
             import torch.distributed.checkpoint as dcp
 

@@ -33,8 +33,10 @@ class DataBundle:
     ``collate`` is the loaders' ``collate_fn`` (None: PyTorch's). ``finish(batch, device)``
     turns a loaded batch into (inputs, targets) on the device, in the training process
     (``data.decode=gpu``: decode and augment there); None: the batch is (inputs, targets).
-    ``train_loader(batch_size, world_size, loader_kwargs, collate)``: a data set that
-    streams (``data=streaming``) makes its own endless, resumable training loader; None:
+    ``train_loader(batch_size, world_size, loader_kwargs, collate, rank)``: a data set that
+    streams (``data=streaming``, ``data=hf data.streaming=true``) makes its own endless,
+    resumable training loader, whose ``state_dict`` is this rank's own (each rank's is kept
+    in its own checkpoint file, fwk/components/checkpoint.py); None:
     fwk's ``TrainLoader`` samples ``train`` by index. ``trial_loader(batch_size,
     loader_kwargs, collate)``: that data set's throwaway loader of the same kind, over its own
     copy of the set (``loader=auto`` times it for each worker count, leaving the run's data

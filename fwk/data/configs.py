@@ -162,6 +162,17 @@ class HFDataConfig:
     seq_len: int = doc(128, "tokens per example: packed windows (language modelling), or truncated/padded texts")
     val_every: int = doc(20, "with no validation split in the data: every val_every-th text goes to val (>= 2)")
     val_max_tokens: int = doc(262144, "cap on val tokens (language modelling) so evaluation stays quick (0 = no cap)")
+    streaming: bool = doc(
+        False,
+        "read the training texts as a stream (datasets' streaming=True), never all in memory: language modelling; "
+        "resumes exactly on the same number of processes",
+    )
+    shuffle_buffer: int = doc(10000, "streaming: texts in the shuffle buffer (datasets' buffer_size); 0 = file order")
+    open_texts: int = doc(
+        1024,
+        "streaming: texts read at once; each row of a batch is the next window of one of them, drawn at random "
+        "(more: batches nearer to random windows of the whole set, and more memory)",
+    )
 
     def files(self) -> list[Path]:
         """The data files ``path`` names (a save_to_disk folder: its files)."""
@@ -186,6 +197,15 @@ class HFDataConfig:
             raise UserError(f"data.seq_len={self.seq_len} must be >= 1")
         if self.val_every < 2:
             raise UserError(f"data.val_every={self.val_every} must be >= 2 (1 would leave no training texts)")
+        if self.streaming and self.label_column:
+            raise UserError(
+                f"data.streaming=true streams text for language modelling; with data.label_column={self.label_column} "
+                "set data.streaming=false (labelled texts are read whole)"
+            )
+        if self.open_texts < 1:
+            raise UserError(f"data.open_texts={self.open_texts} must be >= 1 (the batch size is the least used)")
+        if self.shuffle_buffer < 0:
+            raise UserError(f"data.shuffle_buffer={self.shuffle_buffer} must be >= 0 (0: the files' order)")
 
     def fingerprint(self) -> Fingerprint:
         where = Path(self.path).expanduser()

@@ -15,6 +15,7 @@ transformers tokenizer (by default the model's, under ``model=hf``).
 
 The tokenization is ``datasets.map``'s, which caches its result by the data's and the
 tokenizer's fingerprint beside the data's Arrow cache: a second run reads it back.
+``data.streaming=true`` reads the training texts as a stream instead (fwk/data/hf_stream.py).
 """
 
 from __future__ import annotations
@@ -29,56 +30,17 @@ from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle
 from fwk.data.configs import HF_FORMATS, HFDataConfig
+from fwk.data.hf_tokens import VAL_SPLITS, Tokenizer, datasets_lib
 from fwk.data.registry import register_data
 from fwk.data.text import ByteWindows
 from fwk.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-VAL_SPLITS = ("validation", "valid", "val", "test")
-
-
-def _datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise UserError("data=hf needs Hugging Face datasets: pip install 'fwk[hf]'") from None
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    return datasets
-
-
-class Tokenizer:
-    """Texts -> token ids: UTF-8 bytes, or a transformers tokenizer from a local folder."""
-
-    def __init__(self, where: str | None) -> None:
-        self.name = where or "bytes"
-        if self.name == "bytes":
-            self.hf, self.vocab, self.end, self.pad = None, 256, [ord("\n")], 0
-            return
-        from fwk.models.hf import folder, transformers
-
-        where = folder(self.name, "tokenizer_config.json", "data.tokenizer")
-        try:
-            self.hf = transformers().AutoTokenizer.from_pretrained(where, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise UserError(
-                f"data.tokenizer={self.name}: no tokenizer there ({str(exc).splitlines()[0]}); "
-                "give a folder with tokenizer files, or data.tokenizer=bytes"
-            ) from None
-        self.vocab = len(self.hf)
-        self.end = [self.hf.eos_token_id] if self.hf.eos_token_id is not None else []
-        self.pad = self.hf.pad_token_id if self.hf.pad_token_id is not None else (self.hf.eos_token_id or 0)
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        if self.hf is None:
-            return [list(t.encode("utf-8")) for t in texts]
-        return self.hf(texts, add_special_tokens=False)["input_ids"]
-
 
 def _load(cfg: HFDataConfig) -> tuple[Any, Any | None]:
     """(the training texts, the data's own validation split or None)."""
-    ds = _datasets()
+    ds = datasets_lib()
     where = Path(cfg.path).expanduser()
     try:
         if where.is_dir():
@@ -152,9 +114,13 @@ def _labelled(table: Any, tok: Tokenizer, cfg: HFDataConfig, classes: dict[Any, 
 
 @register_data(HFDataConfig)
 def hf(cfg: HFDataConfig, *, seed: int) -> DataBundle:
-    """``seed`` is unused: the data and split are fixed; the loader shuffles with the run's seed."""
-    del seed
+    """``seed`` shuffles a stream (``data.streaming``, fwk/data/hf_stream.py); in memory, the data
+    and split are fixed and the loader shuffles with the run's seed."""
     cfg.check()
+    if cfg.streaming:
+        from fwk.data.hf_stream import bundle
+
+        return bundle(cfg, seed)
     train, val = _load(cfg)
     _columns(train, cfg)
     if val is None:

@@ -154,7 +154,7 @@ def train_loader(
     """This rank's endless, resumable training batches: the data set's own loader where it
     streams (``DataBundle.train_loader``), else a ``TrainLoader`` over its items."""
     if data.train_loader is not None:
-        return data.train_loader(batch_size, world_size, loader_kwargs(plan), data.collate)
+        return data.train_loader(batch_size, world_size, loader_kwargs(plan), data.collate, rank)
     return TrainLoader(data.train, batch_size, rank, world_size, seed, plan, data.collate, accum_steps)
 
 

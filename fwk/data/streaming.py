@@ -282,7 +282,8 @@ def streaming(cfg: StreamingConfig, *, seed: int) -> DataBundle:
         num_classes=len(manifest["classes"]),
         mean=mean,
         std=std,
-        train_loader=lambda batch, world, kwargs, collate: StreamLoader(train, batch, world, kwargs, collate),
+        # litdata takes the rank from torch.distributed
+        train_loader=lambda batch, world, kwargs, collate, rank: StreamLoader(train, batch, world, kwargs, collate),
         # a copy of the training split, read as the run reads it (its index.json is in the cache by now)
         trial_loader=lambda batch, kwargs, collate: stream(train_split(), batch, kwargs, collate),
     )

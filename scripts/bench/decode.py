@@ -157,7 +157,7 @@ def _streamed(cfg: StreamingConfig, batch: int, workers: int, cache: Path | None
             shutil.rmtree(cache, ignore_errors=True)  # every chunk comes over HTTP again
         bundle = streaming(cfg, seed=e)
         assert bundle.train_loader is not None
-        return bundle.train_loader(batch, 1, loader_kwargs(_plan(workers)), None).loader
+        return bundle.train_loader(batch, 1, loader_kwargs(_plan(workers)), None, 0).loader
 
     return epoch
 
