@@ -189,7 +189,7 @@ def _build(
     decisions.on_change = lambda records: record_decisions(run_dir, records)
     strategies = Strategies(cfg, dist, per_rank, decisions, accum_factor)
     methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
-    model = (model if model is not None else build_model(cfg.model, data)).to(dist.device)
+    model = (model if model is not None else build_model(cfg.model, data, init=written is None)).to(dist.device)
     methods.prepare(model, data.task, example_input(data))
     model, trained = strategies.apply(model, state_floats_per_param(cfg.optim))
     check_sharding(cfg.optim, is_sharded(model))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,6 +61,7 @@ def model_arguments(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
 
     from hydra.utils import get_object
 
+    section = {k: v for k, v in section.items() if k != "init_from"}  # fwk's: loaded by build_model
     target = section["_target_"]
     try:
         signature = inspect.signature(get_object(target))
@@ -73,9 +75,12 @@ def model_arguments(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
     return {k: v for k, v in section.items() if k not in dropped}, dropped
 
 
-def build_model(cfg: Any, data: DataBundle) -> nn.Module:
+def build_model(cfg: Any, data: DataBundle, init: bool = True) -> nn.Module:
     """A registered model or ``_target_`` class; its output size must match the data's classes.
-    Keys a ``_target_`` class does not take are left out, with a line (see ``model_arguments``)."""
+    Keys a ``_target_`` class does not take are left out, with a line (see ``model_arguments``).
+    ``init``: start from ``model.init_from``'s weights where set; False where a checkpoint's
+    replace them (a resumed run, an export), so the file need not be there any more."""
+    init_from = cfg.get("init_from") if isinstance(cfg, dict) else getattr(cfg, "init_from", None)
     if isinstance(cfg, dict):
         cfg, dropped = model_arguments(cfg)
         if dropped:
@@ -93,6 +98,10 @@ def build_model(cfg: Any, data: DataBundle) -> nn.Module:
         key = "model.vocab_size" if hasattr(cfg, "vocab_size") else "model.num_classes"
         key = cfg.output_key(data.task) if hasattr(cfg, "output_key") else key  # a config whose size lives elsewhere
         raise UserError(f"{key}={size} but the data has {expected} classes; set {key}={expected}")
+    if init and init_from:  # fine-tuning: saved weights, checked against the model's
+        from fwk.models.weights import load_weights
+
+        load_weights(model, Path(init_from).expanduser(), init_from)
     return model
 
 

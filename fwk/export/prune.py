@@ -169,9 +169,10 @@ def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path) -> Prun
             start = Rebuild(list(history), rewind, example, pruned=False)
         else:
             start = Rebuild(list(history), model.state_dict(), example, pruned=True)
-        pruned = start(build_model(source.config.model, source.data))
+        pruned = start(build_model(source.config.model, source.data, init=False))  # the weights are the run's
         weights, summary = retrain(retrain_cfg, pruned, out / "rounds" / f"round-{r}")
-        model = Rebuild(list(history), weights, example, pruned=True)(build_model(source.config.model, source.data))
+        shape = build_model(source.config.model, source.data, init=False)
+        model = Rebuild(list(history), weights, example, pruned=True)(shape)
         model = model.float().eval()
         sizes = count(model, example)
         records.append({"round": r, "steps": steps, **sizes, "eval": summary["eval"]})

@@ -141,7 +141,7 @@ def load(run: RunDir) -> Source:
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
     torch.manual_seed(cfg.seed)  # the initial weights are replaced by the checkpoint's; the data takes the seed
     data = build_data(cfg.data, seed=cfg.seed)
-    model = build_model(cfg.model, data)
+    model = build_model(cfg.model, data, init=False)
     _check_checksums(checkpoint)
     try:
         saved = _saved_state(checkpoint)

@@ -5,8 +5,8 @@
 - ``hf``: a ``model=hf`` run as the folder ``save_pretrained`` writes: ``config.json``,
   ``generation_config.json`` for a generative model, ``model.safetensors`` (sharded above
   ``SHARD``), and the tokenizer the run trained with (``data.tokenizer``'s folder, else
-  ``model.path``'s when it has one; byte-level text needs none). ``AutoModelFor*`` of
-  transformers loads it back.
+  ``model.path``'s when it has one; byte-level text: ``fwk.data.hf_tokens.byte_tokenizer``, ids =
+  UTF-8 bytes). ``AutoModelFor*`` and ``AutoTokenizer`` of transformers load it back.
 
 Both are verified before they count: the files are loaded back the way their users will load
 them (a fresh fwk model, or ``AutoModelFor*.from_pretrained``), run on held-out validation
@@ -36,6 +36,7 @@ REPORT = "weights_report.json"
 TOLERANCE = 1e-4  # max abs difference of the outputs, fp32 on both sides: the same weights, the same math
 SHARD = "2GB"  # hf: larger models are written as several model-0000N-of-0000M.safetensors
 HELD_OUT = 8  # validation samples the reloaded model is run on
+BYTE_LEVEL = ("stdlib_text",)  # data sets whose token ids are bytes (data=hf: data.tokenizer=bytes)
 
 
 def _export_id(run: RunDir, checkpoint: Path, fmt: str) -> str:
@@ -60,7 +61,7 @@ def _write_safetensors(source: Any, out: Path) -> tuple[Any, list[str]]:
 
     meta = {"fwk_run": source.run.id, "step": str(source.step), "model": type(source.model).__name__}
     save_model(source.model, str(out / "model.safetensors"), metadata=meta)
-    fresh = build_model(source.config.model, source.data).float().eval()
+    fresh = build_model(source.config.model, source.data, init=False).float().eval()
     missing, unexpected = load_model(fresh, str(out / "model.safetensors"), strict=True)
     assert not missing and not unexpected, (missing, unexpected)
     return fresh, ["model.safetensors"]
@@ -80,14 +81,19 @@ def _write_hf(source: Any, out: Path) -> tuple[Any, list[str]]:
     data = source.config.data
     named = getattr(data, "tokenizer", None) if getattr(data, "name", "") == "hf" else None
     path = named if named not in (None, "bytes") else source.config.model.path
+    tokenizer = None
     if path and named != "bytes":
         tf = transformers()
         try:
             tokenizer = tf.AutoTokenizer.from_pretrained(folder(path, "tokenizer_config.json"), local_files_only=True)
         except (UserError, OSError, ValueError, TypeError):  # no tokenizer there (a config and weights alone)
             tokenizer = None
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out)
+    elif named == "bytes" or getattr(data, "name", "") in BYTE_LEVEL:
+        from fwk.data.hf_tokens import byte_tokenizer
+
+        tokenizer = byte_tokenizer()
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
     auto = getattr(transformers(), AUTO[model.task])
     reloaded = HFModel(auto.from_pretrained(out, local_files_only=True, dtype=model.hf.dtype), model.task).eval()
     return reloaded, sorted(p.name for p in out.iterdir())

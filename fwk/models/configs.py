@@ -13,6 +13,22 @@ from fwk.models.registry import MODELS
 from fwk.registry import doc
 
 
+def init_from_field() -> Any:
+    """``model.init_from`` of every registered model (loaded by fwk/models/weights.py)."""
+    return doc(
+        None,
+        "start from these weights (fine-tuning): a .safetensors file (fwk export --format safetensors) or a folder "
+        "save_pretrained wrote (fwk export --format hf); their names and shapes must be the model's",
+    )
+
+
+def check_init_from(where: str | None) -> None:
+    if where and not Path(where).expanduser().exists():
+        raise UserError(
+            f"model.init_from={where} does not exist: give a .safetensors file or a folder save_pretrained wrote"
+        )
+
+
 @MODELS.register_config
 @dataclass
 class SmallCNNConfig:
@@ -23,6 +39,10 @@ class SmallCNNConfig:
     hidden: int = doc(128, "width of the hidden layer of the head, in features")
     num_classes: int = doc(10, "number of output classes (logits per image)")
     dropout: float = doc(0.0, "dropout probability before the last linear layer (0 = off)")
+    init_from: str | None = init_from_field()
+
+    def check(self) -> None:
+        check_init_from(self.init_from)
 
 
 @MODELS.register_config
@@ -36,6 +56,7 @@ class GPTConfig:
     n_embd: int = doc(192, "width of the residual stream, in features")
     dropout: float = doc(0.0, "dropout probability on embeddings, attention and residual branches (0 = off)")
     bias: bool = doc(False, "use bias in Linear and LayerNorm layers (False is a little faster and as good)")
+    init_from: str | None = init_from_field()
 
     def check(self) -> None:
         """What the model cannot be built with, as one line before any run dir (the launcher calls it)."""
@@ -51,6 +72,7 @@ class GPTConfig:
             )
         if not 0 <= self.dropout < 1:
             raise UserError(f"model.dropout={self.dropout} is not allowed: expected a probability in [0, 1)")
+        check_init_from(self.init_from)
 
 
 @MODELS.register_config
@@ -61,6 +83,10 @@ class ResNet50Config:
     zero_init_residual: bool = doc(
         True, "start the last BatchNorm of each residual block at zero, so each block starts as identity"
     )
+    init_from: str | None = init_from_field()
+
+    def check(self) -> None:
+        check_init_from(self.init_from)
 
 
 @MODELS.register_config
@@ -77,6 +103,10 @@ class ResNet18Config:
     zero_init_residual: bool = doc(
         False, "start the last BatchNorm of each residual block at zero, so each block starts as identity"
     )
+    init_from: str | None = init_from_field()
+
+    def check(self) -> None:
+        check_init_from(self.init_from)
 
 
 HF_TASKS = ("causal_lm", "sequence_classification", "image_classification")  # AutoModelFor* heads
@@ -99,11 +129,7 @@ class HFConfig:
         "transformers config keys: on top of the folder's config.json, or (no path) the whole config with its "
         "model_type, e.g. {model_type: llama, hidden_size: 128, num_hidden_layers: 2}",
     )
-    init_from: str | None = doc(
-        None,
-        "start from these weights (fine-tuning): a .safetensors file (fwk export --format safetensors) or a folder "
-        "save_pretrained wrote (fwk export --format hf); their names and shapes must be the model's",
-    )
+    init_from: str | None = init_from_field()
 
     def check(self) -> None:
         """What cannot work, as one line before any run dir (no torch, no transformers)."""
@@ -119,8 +145,8 @@ class HFConfig:
                 )
             if self.init == "pretrained":
                 raise UserError("model.init=pretrained needs model.path (a folder with weights); or model.init=scratch")
-            return self.check_init_from()
-        self.check_init_from()
+            return check_init_from(self.init_from)
+        check_init_from(self.init_from)
         folder = Path(self.path).expanduser()
         local = folder.exists() or self.path.startswith((".", "/", "~")) or self.path.count("/") > 1
         if local and not (folder / "config.json").is_file():
@@ -133,10 +159,3 @@ class HFConfig:
     def output_key(self, task: str) -> str:
         """The key that sets the model's output size: its vocabulary, or its number of labels."""
         return "model.config.vocab_size" if task == "lm" else "model.config.num_labels"
-
-    def check_init_from(self) -> None:
-        if self.init_from and not Path(self.init_from).expanduser().exists():
-            raise UserError(
-                f"model.init_from={self.init_from} does not exist: give a .safetensors file or a folder "
-                "save_pretrained wrote"
-            )

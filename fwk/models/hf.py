@@ -123,50 +123,6 @@ class HFCausalLM(HFModel):
         return self.head_loss(hidden.flatten(0, 1), head.weight, targets.flatten(), label_smoothing)
 
 
-def _tensors(where: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a .safetensors file, or of the (maybe sharded) safetensors of a folder."""
-    from safetensors.torch import load_file
-
-    if where.is_file():
-        return load_file(where)
-    if (where / "model.safetensors").is_file():
-        return load_file(where / "model.safetensors")
-    index = where / "model.safetensors.index.json"
-    if index.is_file():
-        import json
-
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(where / shard).items()}
-    raise UserError(f"model.init_from={where} holds no model.safetensors (nor a sharded index of them)")
-
-
-def load_weights(model: nn.Module, where: Path, given: str) -> None:
-    """``where``'s tensors into ``model`` (the transformers model), after checking that their
-    names and shapes are the model's. A tied weight stored once (save_pretrained) is found
-    through the tensor it shares; an fwk export's ``hf.`` prefix is taken off."""
-    tensors = _tensors(where)
-    if tensors and all(k.startswith("hf.") for k in tensors):
-        tensors = {k.removeprefix("hf."): v for k, v in tensors.items()}
-    own = model.state_dict()
-    same: dict[int, list[str]] = {}  # a tied parameter's names (the input embedding and the LM head)
-    for name, param in model.named_parameters(remove_duplicate=False):
-        same.setdefault(id(param), []).append(name)
-    stored = {n for names in same.values() if any(m in tensors for m in names) for n in names}
-    missing = [k for k in own if k not in tensors and k not in stored]
-    unexpected = [k for k in tensors if k not in own]
-    wrong = [
-        f"{k} {tuple(tensors[k].shape)} vs {tuple(own[k].shape)}"
-        for k in tensors
-        if k in own and tensors[k].shape != own[k].shape
-    ]
-    if missing or unexpected or wrong:
-        parts = [f"{len(missing)} of the model's weights missing (e.g. {missing[0]})"] if missing else []
-        parts += [f"{len(unexpected)} not in the model (e.g. {unexpected[0]})"] if unexpected else []
-        parts += [f"{len(wrong)} of another shape (e.g. {wrong[0]})"] if wrong else []
-        raise UserError(f"model.init_from={given} does not fit the model: {'; '.join(parts)}")
-    model.load_state_dict(tensors, strict=False)
-
-
 @register_model(HFConfig)
 def hf(cfg: HFConfig) -> nn.Module:
     tf = transformers()
@@ -185,7 +141,5 @@ def hf(cfg: HFConfig) -> nn.Module:
             model = auto.from_config(config, dtype=torch.float32)
     except ValueError as exc:  # a config the task's Auto class has no model for
         raise UserError(f"model.task={cfg.task}: {str(exc).splitlines()[0]}") from None
-    if cfg.init_from:
-        load_weights(model, Path(cfg.init_from).expanduser(), cfg.init_from)
     model.config.use_cache = False  # training: no key/value cache
     return HFCausalLM(model) if cfg.task == "causal_lm" else HFModel(model, cfg.task)

@@ -103,7 +103,7 @@ def _batch(cfg: Config) -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.de
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data, seed=cfg.seed)
     device = pick_device(cfg.train.device, 0)
-    model = build_model(cfg.model, data).to(device).train()
+    model = build_model(cfg.model, data, init=False).to(device).train()
     n = min(cfg.train.batch_size // cfg.world_size, len(data.train))
     items = [data.train[i] for i in range(n)]
     x = torch.stack([torch.as_tensor(a) for a, _ in items]).to(device)

@@ -30,17 +30,19 @@ def _val_loss(runs: Path) -> float:
 
 
 def test_hf_export_loads_in_transformers_with_the_same_logits(llama: Path, tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from fwk.export.source import load
     from fwk.track.lookup import find_run
 
     out = run_fwk("export", "--format", "hf", "--output", str(tmp_path / "hf"), runs=llama)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "hf: config.json, generation_config.json, model.safetensors; reloaded with" in out.stdout
-    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors"
-    ]  # fmt: skip
+    assert "hf: config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json;" in (
+        out.stdout
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")  # the run's bytes: ids are the UTF-8 bytes
+    text = "def f(x):\n\treturn 'héllo €'  \n"
+    assert tokenizer(text)["input_ids"] == list(text.encode()) and tokenizer.decode(list(text.encode())) == text
     source = load(find_run(llama, None))
     ids = torch.stack([torch.as_tensor(source.data.val[i][0]) for i in range(3)])
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
@@ -99,6 +101,31 @@ def test_safetensors_of_an_fwk_model_and_what_cannot_be_asked(tmp_path: Path) ->
         out = run_fwk("export", *args, runs=runs)
         assert out.returncode == 2, out.stdout + out.stderr
         assert out.stderr.strip().splitlines()[-1].startswith(f"fwk: error: {message}"), out.stderr
+
+
+def test_an_fwk_model_starts_from_its_safetensors_and_needs_them_no_more_once_trained(tmp_path: Path) -> None:
+    first = ["train.max_steps=2", "train.eval_every=2", "jit=off", "precision=fp32"]  # digits_cnn
+    out = run_fwk("train", *first, runs=tmp_path / "first")
+    assert out.returncode == 0, out.stdout + out.stderr
+    weights = tmp_path / "cnn.safetensors"
+    out = run_fwk("export", "--format", "safetensors", "--output", str(weights), runs=tmp_path / "first")
+    assert out.returncode == 0, out.stdout + out.stderr
+    # one step at lr 1e-12: the weights stay the exported ones, so the evaluation is the first run's
+    tuned = ["train.max_steps=1", "train.eval_every=1", "jit=off", "precision=fp32", "optim.lr=1e-12"]
+    out = run_fwk("train", *tuned, f"model.init_from={weights}", runs=tmp_path / "tuned")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _val_loss(tmp_path / "tuned") == pytest.approx(_val_loss(tmp_path / "first"), abs=1e-6)
+    weights.unlink()  # the run's own checkpoint holds its weights now: export needs the file no more
+    out = run_fwk(
+        "export", "--format", "safetensors", "--output", str(tmp_path / "again.safetensors"), runs=tmp_path / "tuned"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = run_fwk("train", *tuned, f"model.init_from={weights}", runs=tmp_path / "gone")
+    assert out.returncode == 2 and not (tmp_path / "gone").exists(), out.stdout + out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line == f"fwk: error: model.init_from={weights} does not exist: give a .safetensors file or a folder " + (
+        "save_pretrained wrote"
+    )
 
 
 def test_a_reload_that_differs_fails_the_export_and_keeps_its_files(

@@ -122,6 +122,26 @@ def test_the_loss_is_the_models_own_and_its_decoder_layers_are_the_blocks() -> N
     assert len(muon) == 14 and all(n.startswith("hf.model.layers.") for n in muon)
 
 
+def test_the_chunked_cross_entropy_as_its_head_loss_gives_the_same_loss_and_gradients() -> None:
+    from fwk.kernels.cross_entropy import linear_cross_entropy
+
+    torch.manual_seed(0)
+    plain = _build(init="scratch", config=LLAMA)
+    chunked = _build(init="scratch", config=LLAMA)
+    chunked.load_state_dict(plain.state_dict())
+    chunked.head_loss = linear_cross_entropy  # what kernels=triton puts there (its PyTorch form off CUDA)
+    idx, targets = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
+    losses = [m(idx, targets) for m in (plain, chunked)]
+    torch.testing.assert_close(losses[1], losses[0])
+    for loss in losses:
+        loss.backward()
+    grads = [dict(m.named_parameters(remove_duplicate=False)) for m in (plain, chunked)]
+    grads = [{n: p.grad for n, p in g.items()} for g in grads]
+    assert grads[0].keys() == grads[1].keys() and grads[0]["hf.lm_head.weight"] is not None
+    for name, grad in grads[0].items():  # the tied embedding and head included
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6)
+
+
 def test_classification_heads_give_logits_of_their_labels() -> None:
     bert = {"model_type": "bert", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1, "num_labels": 3}
     bert |= {"num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32}

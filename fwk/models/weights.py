@@ -1,0 +1,66 @@
+"""``model.init_from``: start any registered model from saved weights (fine-tuning).
+
+The weights are a ``.safetensors`` file (``fwk export --format safetensors``) or a folder
+``save_pretrained`` wrote (``fwk export --format hf``, or any Hugging Face model folder),
+sharded or not. Their names and shapes are checked against the model's before anything is
+loaded; a mismatch is one line. ``fwk/engine/build.py`` loads them once the model is built.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fwk.errors import UserError
+
+
+def tensors_of(where: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a .safetensors file, or of the (maybe sharded) safetensors of a folder."""
+    from safetensors.torch import load_file
+
+    if where.is_file():
+        return load_file(where)
+    if (where / "model.safetensors").is_file():
+        return load_file(where / "model.safetensors")
+    index = where / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(where / shard).items()}
+    raise UserError(f"model.init_from={where} holds no model.safetensors (nor a sharded index of them)")
+
+
+def named_as(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` under the model's names: a model that wraps another under one attribute
+    (model=hf: ``hf.``, around the transformers model) takes the inner model's names too."""
+    heads = {k.split(".", 1)[0] for k in own}
+    if len(heads) == 1 and tensors and not any(k in own for k in tensors):
+        return {f"{next(iter(heads))}.{k}": v for k, v in tensors.items()}
+    return tensors
+
+
+def load_weights(model: nn.Module, where: Path, given: str) -> None:
+    """``where``'s tensors into ``model``, after checking that their names and shapes are the
+    model's. A tied weight stored once (save_pretrained, safetensors' ``save_model``) is found
+    through the tensor it shares."""
+    own = model.state_dict()
+    tensors = named_as(tensors_of(where), own)
+    same: dict[int, list[str]] = {}  # a tied parameter's names (the input embedding and the LM head)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        same.setdefault(id(param), []).append(name)
+    stored = {n for names in same.values() if any(m in tensors for m in names) for n in names}
+    missing = [k for k in own if k not in tensors and k not in stored]
+    unexpected = [k for k in tensors if k not in own]
+    wrong = [
+        f"{k} {tuple(tensors[k].shape)} vs {tuple(own[k].shape)}"
+        for k in tensors
+        if k in own and tensors[k].shape != own[k].shape
+    ]
+    if missing or unexpected or wrong:
+        parts = [f"{len(missing)} of the model's weights missing (e.g. {missing[0]})"] if missing else []
+        parts += [f"{len(unexpected)} not in the model (e.g. {unexpected[0]})"] if unexpected else []
+        parts += [f"{len(wrong)} of another shape (e.g. {wrong[0]})"] if wrong else []
+        raise UserError(f"model.init_from={given} does not fit the model: {'; '.join(parts)}")
+    model.load_state_dict(tensors, strict=False)
