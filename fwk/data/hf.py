@@ -21,7 +21,6 @@ tokenizer's fingerprint beside the data's Arrow cache: a second run reads it bac
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,34 +28,13 @@ import torch
 from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle
-from fwk.data.configs import HF_FORMATS, HFDataConfig
-from fwk.data.hf_tokens import VAL_SPLITS, Tokenizer, datasets_lib
+from fwk.data.configs import HFDataConfig
+from fwk.data.hf_tokens import Tokenizer, read
 from fwk.data.registry import register_data
 from fwk.data.text import ByteWindows
 from fwk.errors import UserError
 
 logger = logging.getLogger(__name__)
-
-
-def _load(cfg: HFDataConfig) -> tuple[Any, Any | None]:
-    """(the training texts, the data's own validation split or None)."""
-    ds = datasets_lib()
-    where = Path(cfg.path).expanduser()
-    try:
-        if where.is_dir():
-            loaded = ds.load_from_disk(str(where))
-        else:
-            files = [str(f) for f in cfg.files()]
-            kind = HF_FORMATS[Path(files[0]).suffix]
-            extra = {"sample_by": "document"} if kind == "text" else {}
-            loaded = ds.load_dataset(kind, data_files=files, **extra)
-    except (OSError, ValueError, FileNotFoundError) as exc:
-        raise UserError(f"data.path={cfg.path}: cannot read it with datasets: {str(exc).splitlines()[0]}") from None
-    if not isinstance(loaded, ds.DatasetDict):
-        return loaded, None
-    val = next((loaded[s] for s in VAL_SPLITS if s in loaded), None)
-    train = loaded["train"] if "train" in loaded else loaded[next(s for s in loaded if s not in VAL_SPLITS)]
-    return train, val
 
 
 def _columns(table: Any, cfg: HFDataConfig) -> None:
@@ -121,7 +99,7 @@ def hf(cfg: HFDataConfig, *, seed: int) -> DataBundle:
         from fwk.data.hf_stream import bundle
 
         return bundle(cfg, seed)
-    train, val = _load(cfg)
+    train, val = read(cfg)
     _columns(train, cfg)
     if val is None:
         every = cfg.val_every

@@ -50,15 +50,14 @@ import threading
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from fwk.data.base import DataBundle
-from fwk.data.configs import HF_FORMATS, HFDataConfig
-from fwk.data.hf_tokens import VAL_SPLITS, Tokenizer, datasets_lib
+from fwk.data.configs import HFDataConfig
+from fwk.data.hf_tokens import Tokenizer, read
 from fwk.data.text import ByteWindows
 from fwk.errors import UserError
 
@@ -76,27 +75,6 @@ Encode = Callable[[list[str]], list[list[int]]]
 def is_val(text: str, every: int) -> bool:
     """Whether a text of a set without a validation split is a val text: 1 in ``every``, by its content."""
     return zlib.crc32(text.encode("utf-8", "surrogatepass")) % every == 0
-
-
-def stream(cfg: HFDataConfig) -> tuple[Any, Any | None]:
-    """(the training texts, the data's own validation split or None), as datasets' streams."""
-    ds = datasets_lib()
-    where = Path(cfg.path).expanduser()
-    try:
-        if where.is_dir():
-            loaded = ds.load_from_disk(str(where))
-            if isinstance(loaded, ds.DatasetDict):
-                val = next((loaded[s] for s in VAL_SPLITS if s in loaded), None)
-                train = loaded["train"] if "train" in loaded else loaded[next(s for s in loaded if s not in VAL_SPLITS)]
-            else:
-                train, val = loaded, None
-            return train.to_iterable_dataset(), (val.to_iterable_dataset() if val is not None else None)
-        files = [str(f) for f in cfg.files()]
-        kind = HF_FORMATS[Path(files[0]).suffix]
-        extra = {"sample_by": "document"} if kind == "text" else {}
-        return ds.load_dataset(kind, data_files=files, split="train", streaming=True, **extra), None
-    except (OSError, ValueError, FileNotFoundError) as exc:
-        raise UserError(f"data.path={cfg.path}: cannot read it with datasets: {str(exc).splitlines()[0]}") from None
 
 
 def column(table: Any, cfg: HFDataConfig) -> Any:
@@ -316,7 +294,7 @@ def packed(texts: Iterable[str | None], encode: Encode, end: list[int], cap: int
 def bundle(cfg: HFDataConfig, seed: int) -> DataBundle:
     """The streamed set: its training loader per rank, its val windows and the windows of its
     first training texts in file order (the run's example input, ``fwk data preview``) in memory."""
-    train, own_val = stream(cfg)
+    train, own_val = read(cfg, streaming=True)
     train = column(train, cfg)
     tok = Tokenizer(cfg.tokenizer)
     name, every = cfg.text_column, cfg.val_every

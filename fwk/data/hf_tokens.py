@@ -1,11 +1,13 @@
-"""What ``data=hf`` reads and tokenizes with, in memory (fwk/data/hf.py) or streamed
-(fwk/data/hf_stream.py): Hugging Face datasets, and a tokenizer (UTF-8 bytes, or a
-transformers tokenizer from a local folder)."""
+"""How ``data=hf`` reads and tokenizes, in memory (fwk/data/hf.py) or streamed
+(fwk/data/hf_stream.py): the data's files through Hugging Face datasets, and a tokenizer
+(UTF-8 bytes, or a transformers tokenizer from a local folder)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from fwk.data.configs import HF_FORMATS, HFDataConfig
 from fwk.errors import UserError
 
 VAL_SPLITS = ("validation", "valid", "val", "test")
@@ -19,6 +21,32 @@ def datasets_lib() -> Any:
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     return datasets
+
+
+def read(cfg: HFDataConfig, streaming: bool = False) -> tuple[Any, Any | None]:
+    """(the training texts, the data's own validation split or None): datasets' tables, or
+    with ``streaming`` their streams (files read as they are iterated; a ``save_to_disk``
+    folder, memory-mapped, iterated through ``to_iterable_dataset``)."""
+    ds = datasets_lib()
+    where = Path(cfg.path).expanduser()
+    try:
+        if where.is_dir():
+            loaded = ds.load_from_disk(str(where))
+        else:
+            files = [str(f) for f in cfg.files()]
+            kind = HF_FORMATS[Path(files[0]).suffix]
+            extra = {"sample_by": "document"} if kind == "text" else {}
+            loaded = ds.load_dataset(kind, data_files=files, streaming=streaming, **extra)
+    except (OSError, ValueError, FileNotFoundError) as exc:
+        raise UserError(f"data.path={cfg.path}: cannot read it with datasets: {str(exc).splitlines()[0]}") from None
+    if isinstance(loaded, (ds.DatasetDict, ds.IterableDatasetDict)):
+        val = next((loaded[s] for s in VAL_SPLITS if s in loaded), None)
+        train = loaded["train"] if "train" in loaded else loaded[next(s for s in loaded if s not in VAL_SPLITS)]
+    else:
+        train, val = loaded, None
+    if streaming and where.is_dir():
+        train, val = train.to_iterable_dataset(), (val.to_iterable_dataset() if val is not None else None)
+    return train, val
 
 
 class Tokenizer:
