@@ -133,6 +133,7 @@ class TextStream:
         self.texts, self.encode, self.end = texts, encode, end
         self.seq_len, self.batch_size, self.lanes, self.seed = seq_len, batch_size, max(lanes, batch_size), seed
         self.world_size, self.source = world_size, source
+        self.pin = False  # batches in pinned memory (loader.pin_memory, with CUDA): copied to the GPU asynchronously
         self.position: Position = _start(0)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -152,7 +153,8 @@ class TextStream:
 
     def _read(self, ready: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
         try:
-            for item in self.batches(self.position):
+            for batch, position in self.batches(self.position):
+                item = (tuple(t.pin_memory() for t in batch) if self.pin else batch), position
                 while not stop.is_set():
                     try:
                         ready.put(("batch", item), timeout=0.1)
@@ -319,9 +321,16 @@ def bundle(cfg: HFDataConfig, seed: int) -> DataBundle:
     )
 
     def loader(batch: int, world: int, kwargs: dict[str, Any], collate: Any, rank: int) -> TextStream:
-        del kwargs, collate  # read in a thread of this process: no workers, whole batches
+        del collate  # whole batches, made in a thread of this process
+        if kwargs.get("num_workers") and rank == 0:
+            logger.info(
+                f"data=hf: streamed text is read in a thread of each training process; loader.num_workers="
+                f"{kwargs['num_workers']} applies to validation only"
+            )
         texts = epoch_texts(train, cfg, seed, rank, world, own_val is None)
-        return TextStream(texts, tok.encode, tok.end, cfg.seq_len, batch, cfg.open_texts, seed, world, source)
+        stream = TextStream(texts, tok.encode, tok.end, cfg.seq_len, batch, cfg.open_texts, seed, world, source)
+        stream.pin = bool(kwargs.get("pin_memory"))
+        return stream
 
     # in_memory: loader=auto gives no workers to what remains (val windows, in memory)
     return DataBundle(train=examples, val=val, task="lm", num_classes=tok.vocab, in_memory=True, train_loader=loader)

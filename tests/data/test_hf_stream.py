@@ -134,6 +134,14 @@ def test_what_cannot_work_is_one_line(tmp_path: Path, kw: dict, message: str) ->
         _stream(_jsonl(tmp_path / "t.jsonl"), **kw)
 
 
+def test_workers_asked_for_apply_to_validation_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data = _stream(_jsonl(tmp_path / "t.jsonl"))
+    with caplog.at_level("INFO", logger="fwk.data.hf_stream"):
+        loader = data.train_loader(4, 1, {"num_workers": 2, "pin_memory": False}, None, 0)  # type: ignore[attr-defined]
+    assert "loader.num_workers=2 applies to validation only" in caplog.text
+    assert next(iter(loader))[0].shape == (4, 16)
+
+
 def test_too_little_text_for_a_batch_is_one_line(tmp_path: Path) -> None:
     data = _stream(_jsonl(tmp_path / "t.jsonl", TEXTS[:30]))
     with pytest.raises(UserError, match=r"^data\.path=.*: an epoch of this rank's texts makes too few tokens for one"):
