@@ -67,7 +67,8 @@ AHEAD = 4  # batches the reading thread keeps ready
 ENCODE = 64  # texts tokenized in one call
 SAMPLE_WINDOWS = 64  # windows of the first texts kept in memory: the run's example input, ``fwk data preview``
 
-Position = dict[str, Any]  # {epoch, step, next: text to hand out, dry, lanes: [[[text, tokens used], ...]]}
+# {epoch, step, next: the text to hand out, dry, lanes: [lane, text, tokens used, lane, ...] (flat: one object)}
+Position = dict[str, Any]
 Batch = tuple[torch.Tensor, torch.Tensor]  # (B, T) int64 inputs, targets
 Encode = Callable[[list[str]], list[list[int]]]
 
@@ -184,7 +185,8 @@ class TextStream:
     def _epoch(self, at: Position) -> Iterator[tuple[Batch, Position]]:
         epoch, step, handed, dry = at["epoch"], at["step"], at["next"], at["dry"]
         size, rows = self.seq_len + 1, self.batch_size  # a window and its last target
-        held = {index: (lane, used) for lane, texts in enumerate(at["lanes"]) for index, used in texts}
+        flat = at["lanes"]
+        held = {flat[i + 1]: (flat[i], flat[i + 2]) for i in range(0, len(flat), 3)}
         lanes: list[deque[list[Any]]] = [deque() for _ in range(self.lanes)]  # [index, used, ids left]
         have = [0] * self.lanes
         source = self._tokenized(epoch, min(held, default=handed), handed, held)
@@ -224,7 +226,8 @@ class TextStream:
                 have[j] -= self.seq_len
             step += 1
             x, y = (torch.from_numpy(np.ascontiguousarray(w)) for w in (windows[:, :-1], windows[:, 1:]))
-            lanes_at = [[[index, used] for index, used, _ in lane] for lane in lanes]
+            # flat ints: a position a batch is not thousands of small lists for the garbage collector to walk
+            lanes_at = [n for j, lane in enumerate(lanes) for index, used, _ in lane for n in (j, index, used)]
             yield (x, y), {"epoch": epoch, "step": step, "next": handed, "dry": dry, "lanes": lanes_at}
 
     def _tokenized(self, epoch: int, start: int, handed: int, held: dict[int, Any]) -> Iterator[tuple[int, np.ndarray]]:
