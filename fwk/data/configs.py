@@ -175,12 +175,13 @@ class HFDataConfig:
     )
 
     def files(self) -> list[Path]:
-        """The data files ``path`` names (a save_to_disk folder: its files)."""
+        """The data files ``path`` names (a save_to_disk folder: its files, without the
+        ``cache-*.arrow`` that datasets' own map writes beside them)."""
         import glob
 
         where = Path(self.path).expanduser()
         if where.is_dir():
-            return sorted(p for p in where.rglob("*") if p.is_file())
+            return sorted(p for p in where.rglob("*") if p.is_file() and not p.name.startswith("cache-"))
         return sorted(Path(p) for p in glob.glob(str(where)))
 
     def check(self) -> None:

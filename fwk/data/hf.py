@@ -13,13 +13,14 @@ transformers tokenizer (by default the model's, under ``model=hf``).
 - Classification (``label_column``): each text truncated or padded to ``seq_len`` tokens,
   its label mapped to 0..C-1 in sorted order of the labels seen.
 
-The tokenization is ``datasets.map``'s, which caches its result by the data's and the
-tokenizer's fingerprint beside the data's Arrow cache: a second run reads it back.
+The tokenization is ``datasets.map``'s, cached in fwk's cache (``hf-tokens/``) by the
+texts' and the tokenizer's fingerprints: a second run reads it back.
 ``data.streaming=true`` reads the training texts as a stream instead (fwk/data/hf_stream.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -33,6 +34,7 @@ from fwk.data.hf_tokens import Tokenizer, read
 from fwk.data.registry import register_data
 from fwk.data.text import ByteWindows
 from fwk.errors import UserError
+from fwk.track.store import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +49,18 @@ def _columns(table: Any, cfg: HFDataConfig) -> None:
 
 
 def _ids(table: Any, tok: Tokenizer, column: str) -> Any:
-    """Each text's token ids (a cached ``datasets.map``)."""
+    """Each text's token ids: a ``datasets.map`` cached in fwk's cache (not beside the data,
+    which may be read-only), named by the texts' and the tokenizer's fingerprints, so that
+    the next run with the same data and tokenizer reads it back."""
+    key = hashlib.sha256(f"{table._fingerprint}\0{column}\0{tok.fingerprint}".encode()).hexdigest()[:16]
+    folder = cache_root() / "hf-tokens"
+    folder.mkdir(parents=True, exist_ok=True)
     return table.map(
         lambda batch: {"ids": tok.encode(batch[column])},
         batched=True,
         remove_columns=[c for c in table.column_names if c != column],
+        new_fingerprint=key,
+        cache_file_name=str(folder / f"{key}.arrow"),
     )
 
 

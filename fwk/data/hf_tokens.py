@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,14 @@ class Tokenizer:
 
     def __init__(self, where: str | None) -> None:
         self.name = where or "bytes"
+        self.fingerprint = "bytes"  # what its ids depend on: bytes, or its folder's tokenizer files
         if self.name == "bytes":
             self.hf, self.vocab, self.end, self.pad = None, 256, [ord("\n")], 0
             return
         from fwk.models.hf import folder, transformers
 
         where = folder(self.name, "tokenizer_config.json", "data.tokenizer")
+        self.fingerprint = _files_hash(Path(where))
         try:
             self.hf = transformers().AutoTokenizer.from_pretrained(where, local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -93,3 +96,14 @@ def byte_tokenizer() -> Any:
     fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     fast.decoder = decoders.ByteLevel()
     return transformers().PreTrainedTokenizerFast(tokenizer_object=fast)
+
+
+TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges*", "special_tokens_map.json", "added_tokens.json", "*.tiktoken")
+
+
+def _files_hash(folder: Path) -> str:
+    """A hash of a folder's tokenizer files (not its weights)."""
+    digest = hashlib.sha256()
+    for path in sorted({p for pattern in TOKENIZER_FILES for p in folder.glob(pattern) if p.is_file()}):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]

@@ -74,6 +74,24 @@ def test_every_format_gives_the_same_tokens(tmp_path: Path) -> None:
         assert torch.equal(got, want), path
 
 
+def test_a_saved_folder_stays_as_it_was_and_its_tokens_are_cached_once(tmp_path: Path) -> None:
+    import datasets
+
+    from fwk.track.store import cache_root
+
+    datasets.Dataset.from_dict({"text": TEXTS}).save_to_disk(tmp_path / "saved")
+    cfg = HFDataConfig(path=str(tmp_path / "saved"), tokenizer="bytes", seq_len=16, val_every=4)
+    before = sorted(p.name for p in (tmp_path / "saved").iterdir())
+    fingerprint = cfg.fingerprint()
+    first = DATA.get("hf").builder(cfg, seed=0)
+    cached = sorted((cache_root() / "hf-tokens").iterdir())
+    again = DATA.get("hf").builder(cfg, seed=0)
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == before  # a read-only folder would do
+    assert cfg.fingerprint() == fingerprint  # so the same command finds the same run
+    assert sorted((cache_root() / "hf-tokens").iterdir()) == cached and len(cached) == 2  # train, val: read back
+    assert torch.equal(first.train.data, again.train.data)
+
+
 def test_a_validation_split_of_the_data_is_the_val_set(tmp_path: Path) -> None:
     import datasets
 
