@@ -23,22 +23,32 @@ class Metrics:
             "fwk_serve_batch_requests", "requests merged per batch", labels, buckets=BATCH_BUCKETS, registry=r
         )
         self.queue_delay = Histogram(
-            "fwk_serve_queue_delay_seconds", "from arrival to its batch's start", labels, buckets=LATENCY_BUCKETS,
+            "fwk_serve_queue_delay_seconds",
+            "from arrival to its batch's start",
+            labels,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.inference = Histogram(
             "fwk_serve_inference_seconds", "run time of one batch", labels, buckets=LATENCY_BUCKETS, registry=r
         )
         self.latency = Histogram(
-            "fwk_serve_request_latency_seconds", "from the body read to the reply", labels, buckets=LATENCY_BUCKETS,
+            "fwk_serve_request_latency_seconds",
+            "from the body read to the reply",
+            labels,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.refused = Counter(
-            "fwk_serve_refused", "requests turned away by a bound (inflight, queue, deadline, body_timeout, warming)",
-            ("reason",), registry=r,
+            "fwk_serve_refused",
+            "requests turned away by a bound (inflight, queue, deadline, body_timeout, warming)",
+            ("reason",),
+            registry=r,
         )
         self.warmup = Counter(
-            "fwk_serve_warmup_inferences", "warm-up inferences run before taking traffic", (*labels, "batch_size"),
+            "fwk_serve_warmup_inferences",
+            "warm-up inferences run before taking traffic",
+            (*labels, "batch_size"),
             registry=r,
         )
 
