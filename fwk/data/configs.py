@@ -165,7 +165,7 @@ class HFDataConfig:
     streaming: bool = doc(
         False,
         "read the training texts as a stream (datasets' streaming=True), never all in memory: language modelling; "
-        "resumes exactly on the same number of processes",
+        "resumes exactly on the same number of processes, at the next epoch on another",
     )
     shuffle_buffer: int = doc(10000, "streaming: texts in the shuffle buffer (datasets' buffer_size); 0 = file order")
     open_texts: int = doc(

@@ -31,9 +31,10 @@ hand out, whether the texts have run out, each lane's texts and the tokens of it
 already used). A resumed run reads the epoch again from the lanes' oldest text, tokenizes
 only the lanes' texts and those after them, and goes on with the same batches as an
 uninterrupted run: the same exact-resume rule as ``data=streaming``, on the same number of
-processes (each rank's position is its own, kept in its own checkpoint file). The shuffle
-buffer is not state, so it is read again from the epoch's start: a resume costs reading
-the texts the epoch has used so far, not tokenizing them.
+processes (each rank's position is its own, kept in its own checkpoint file); on another,
+the run goes on at the start of the next epoch (rank 0's position is all it has). The
+shuffle buffer is not state, so it is read again from the epoch's start: a resume costs
+reading the texts the epoch has used so far, not tokenizing them.
 
 Validation: the data's own ``validation`` (or ``test``) split of a ``save_to_disk``
 folder; otherwise a text is a val text when a hash of it falls in 1/``val_every`` (the

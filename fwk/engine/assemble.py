@@ -45,7 +45,6 @@ from fwk.engine.resize import derived_seed, written_world_size
 from fwk.engine.state import Clock, Resumable, seed_everything
 from fwk.engine.step import TrainStep
 from fwk.engine.trials import Replayable
-from fwk.errors import UserError
 from fwk.methods.base import Methods
 from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
 from fwk.optim.schedule_free import AveragedPoint
@@ -173,12 +172,9 @@ def _build(
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
-    written = written_world_size(run_dir.checkpoints)  # another process count may resume (fwk/engine/resize.py)
-    if written not in (None, dist.world_size) and data.train_loader is not None:
-        raise UserError(
-            f"run {run_dir.id} was written by {written} processes and streamed data resumes on that many only "
-            f"(this launch has {dist.world_size}); set parallel.nproc_per_node / nnodes to make {written}"
-        )
+    # another process count may resume (fwk/engine/resize.py); streamed data, whose order
+    # follows the process count, then resumes at the start of its next epoch (its loader says so)
+    written = written_world_size(run_dir.checkpoints)
     per_rank, accum_factor = split(cfg.train.batch_size, dist.world_size, written)
     if accum_factor > 1:  # fewer processes than wrote it: each keeps its batch, accumulated
         cfg = dataclasses.replace(

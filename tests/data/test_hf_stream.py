@@ -166,3 +166,22 @@ def test_two_processes_resume_each_from_its_own_position(tmp_path: Path) -> None
     _, run, _ = resumes_bit_exactly(args, tmp_path, 12)
     ranks = [torch.load(p, weights_only=True)["loader"] for p in sorted((run / "checkpoints").glob("*4/rng-rank*.pt"))]
     assert len(ranks) == 2 and ranks[0]["lanes"] != ranks[1]["lanes"]
+
+
+def test_a_run_of_two_processes_resumes_on_one_at_the_next_epoch(tmp_path: Path) -> None:
+    """A lost node (elastic): the run goes on with fewer processes instead of stopping."""
+    from tests.conftest import interrupt_after, run_fwk
+
+    texts = _jsonl(tmp_path / "t.jsonl", [t * 4 for t in TEXTS[:60]])
+    args = ["train", *ARGS, f"data.path={texts}", "train.max_steps=12", "parallel=ddp", "parallel.nproc_per_node=2"]
+    stopped = interrupt_after(args, tmp_path / "runs", "*/checkpoints/step-*/manifest.json")
+    assert stopped.returncode in (0, 130), stopped.stdout + stopped.stderr
+    one = [a for a in args if not a.startswith("parallel.nproc_per_node")] + ["parallel.nproc_per_node=1"]
+    resumed = run_fwk(*one, runs=tmp_path / "runs", timeout=600)
+    assert resumed.returncode == 0 and "resumed run" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert "the checkpoint was taken with 2 processes, this run has 1; resuming at the start of epoch 1" in (
+        resumed.stdout
+    )
+    (run,) = (tmp_path / "runs").glob("*/")
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["final_step"], summary["world_size"], summary["status"]) == (12, 1, "complete")

@@ -146,6 +146,26 @@ def test_the_stream_loader_resumes_exactly_mid_epoch_and_into_the_next(workers: 
     assert not any(torch.equal(straight[4], a) for a in straight[:4])  # the next epoch reshuffles and recrops
 
 
+def test_another_process_count_resumes_at_the_start_of_the_next_epoch(
+    prepared: tuple, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fwk.data.streaming import StreamLoader, streaming
+
+    def loader(world: int) -> StreamLoader:  # (litdata splits by torch.distributed's world: none here)
+        bundle = streaming(StreamingConfig(uri=str(prepared[1]), image_size=16, val_resize=18), seed=3)
+        return StreamLoader(bundle.train, 8, world, {"num_workers": 0}, None)
+
+    straight = [images for images, _ in itertools.islice(loader(1), 12)]  # 4 batches an epoch
+    first = loader(2)  # as two processes would have saved it, one batch into the second epoch
+    state = [first.state_dict() for _ in itertools.islice(first, 5)][-1]
+    resumed = loader(1)
+    with caplog.at_level("INFO", logger="fwk.data.streaming"):
+        resumed.load_state_dict(state)
+    assert "taken with 2 processes x 0 workers, this run has 1 x 0; resuming at the start of epoch" in caplog.text
+    got = [images for images, _ in itertools.islice(resumed, 4)]
+    assert all(torch.equal(a, b) for a, b in zip(straight[8:12], got, strict=True))  # the third epoch, whole
+
+
 def test_an_epoch_without_a_full_batch_is_one_line(prepared: tuple[Path, Path]) -> None:
     from fwk.data.streaming import StreamLoader, streaming
     from fwk.errors import UserError
