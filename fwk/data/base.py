@@ -41,6 +41,8 @@ class DataBundle:
     loader_kwargs, collate)``: that data set's throwaway loader of the same kind, over its own
     copy of the set (``loader=auto`` times it for each worker count, leaving the run's data
     set and loader untouched); None: a DataLoader over a spread of ``train``'s items.
+    ``tokenizer``: what text's token ids are, for an export to carry: ``bytes`` (UTF-8
+    bytes) or a tokenizer folder (or cache name); None: no text, or not known.
     """
 
     train: Dataset
@@ -54,6 +56,7 @@ class DataBundle:
     finish: Callable[[Any, torch.device], Any] | None = None
     train_loader: Callable[..., Any] | None = None
     trial_loader: Callable[..., Any] | None = None
+    tokenizer: str | None = None
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:

@@ -24,13 +24,12 @@ import hashlib
 import logging
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from fwk.data.base import DataBundle
 from fwk.data.configs import HFDataConfig
-from fwk.data.hf_tokens import Tokenizer, read
+from fwk.data.hf_tokens import Tokenizer, joined, read
 from fwk.data.registry import register_data
 from fwk.data.text import ByteWindows
 from fwk.errors import UserError
@@ -66,14 +65,7 @@ def _ids(table: Any, tok: Tokenizer, column: str) -> Any:
 
 def _packed(table: Any, tok: Tokenizer, column: str, cap: int = 0) -> torch.Tensor:
     """All texts' ids, each followed by the end-of-text id, as one (N,) tensor (first ``cap`` if set)."""
-    parts, total = [], 0
-    for ids in _ids(table, tok, column)["ids"]:
-        parts.append(np.asarray(ids + tok.end, dtype=np.int32))
-        total += len(parts[-1])
-        if cap and total >= cap:
-            break
-    flat = np.concatenate(parts) if parts else np.zeros(0, np.int32)
-    return torch.from_numpy(flat[:cap] if cap else flat)
+    return joined(_ids(table, tok, column)["ids"], tok.end, cap)
 
 
 class LabelledTexts(Dataset):
@@ -127,6 +119,7 @@ def hf(cfg: HFDataConfig, *, seed: int) -> DataBundle:
             task="classification",
             num_classes=len(classes),
             in_memory=True,
+            tokenizer=tok.name,
         )
     windows = {}
     for split, table, cap in (("train", train, 0), ("val", val, cfg.val_max_tokens)):
@@ -140,4 +133,6 @@ def hf(cfg: HFDataConfig, *, seed: int) -> DataBundle:
         f"data=hf: {len(windows['train'].data):,} train and {len(windows['val'].data):,} val tokens "
         f"({tok.name}, vocabulary {tok.vocab})"
     )
-    return DataBundle(train=windows["train"], val=windows["val"], task="lm", num_classes=tok.vocab, in_memory=True)
+    return DataBundle(
+        train=windows["train"], val=windows["val"], task="lm", num_classes=tok.vocab, in_memory=True, tokenizer=tok.name
+    )

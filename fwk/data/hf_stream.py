@@ -58,7 +58,7 @@ import torch
 
 from fwk.data.base import DataBundle
 from fwk.data.configs import HFDataConfig
-from fwk.data.hf_tokens import Tokenizer, read
+from fwk.data.hf_tokens import Tokenizer, joined, read
 from fwk.data.text import ByteWindows
 from fwk.errors import UserError
 
@@ -286,15 +286,11 @@ def _window(lane: deque[list[Any]], size: int) -> np.ndarray:
 
 
 def packed(texts: Iterable[str | None], encode: Encode, end: list[int], cap: int) -> torch.Tensor:
-    """The first ``cap`` tokens (0: all) of ``texts``, each ended by ``end``, as one (N,) tensor."""
-    parts, total = [], 0
+    """The first ``cap`` tokens (0: all) of ``texts``, each ended by ``end``, as one (N,) tensor;
+    tokenized ``ENCODE`` texts a call, and only as far as ``cap`` needs."""
     rest = (t for t in texts if t is not None)
-    while (not cap or total < cap) and (chunk := list(itertools.islice(rest, ENCODE))):
-        for ids in encode(chunk):
-            parts.append(np.asarray(ids + end, dtype=np.int32))
-            total += len(parts[-1])
-    flat = np.concatenate(parts) if parts else np.zeros(0, np.int32)
-    return torch.from_numpy(flat[:cap] if cap else flat)
+    chunks = iter(lambda: list(itertools.islice(rest, ENCODE)), [])
+    return joined((ids for chunk in chunks for ids in encode(chunk)), end, cap)
 
 
 def bundle(cfg: HFDataConfig, seed: int) -> DataBundle:
@@ -337,4 +333,12 @@ def bundle(cfg: HFDataConfig, seed: int) -> DataBundle:
         return stream
 
     # in_memory: loader=auto gives no workers to what remains (val windows, in memory)
-    return DataBundle(train=examples, val=val, task="lm", num_classes=tok.vocab, in_memory=True, train_loader=loader)
+    return DataBundle(
+        train=examples,
+        val=val,
+        task="lm",
+        num_classes=tok.vocab,
+        in_memory=True,
+        train_loader=loader,
+        tokenizer=tok.name,
+    )

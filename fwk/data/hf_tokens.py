@@ -5,8 +5,12 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
 
 from fwk.data.configs import HF_FORMATS, HFDataConfig
 from fwk.errors import UserError
@@ -107,3 +111,16 @@ def _files_hash(folder: Path) -> str:
     for path in sorted({p for pattern in TOKENIZER_FILES for p in folder.glob(pattern) if p.is_file()}):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def joined(ids: Iterable[list[int]], end: list[int], cap: int = 0) -> torch.Tensor:
+    """Texts' ids, each followed by ``end``, as one (N,) int32 tensor: the first ``cap``
+    (0: all); ``ids`` is read no further than ``cap`` needs."""
+    parts, total = [], 0
+    for one in ids:
+        parts.append(np.asarray(one + end, dtype=np.int32))
+        total += len(parts[-1])
+        if cap and total >= cap:
+            break
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    return torch.from_numpy(flat[:cap] if cap else flat)

@@ -93,4 +93,4 @@ def stdlib_text(cfg: StdlibTextConfig, *, seed: int) -> DataBundle:
                 f"the {split} text has {len(ds.data)} bytes, too few for one window of seq_len={cfg.seq_len}; "
                 f"raise data.{cap} or lower data.seq_len"
             )
-    return DataBundle(train=train, val=val, task="lm", num_classes=256, in_memory=True)
+    return DataBundle(train=train, val=val, task="lm", num_classes=256, in_memory=True, tokenizer="bytes")

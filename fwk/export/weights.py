@@ -4,9 +4,9 @@
   tied tensors stored once), with the run id and step in its metadata.
 - ``hf``: a ``model=hf`` run as the folder ``save_pretrained`` writes: ``config.json``,
   ``generation_config.json`` for a generative model, ``model.safetensors`` (sharded above
-  ``SHARD``), and the tokenizer the run trained with (``data.tokenizer``'s folder, else
-  ``model.path``'s when it has one; byte-level text: ``fwk.data.hf_tokens.byte_tokenizer``, ids =
-  UTF-8 bytes). ``AutoModelFor*`` and ``AutoTokenizer`` of transformers load it back.
+  ``SHARD``), and the tokenizer the run trained with (the data's, ``DataBundle.tokenizer``:
+  a folder, or for bytes ``fwk.data.hf_tokens.byte_tokenizer``, ids = UTF-8 bytes; else
+  ``model.path``'s when it has one). ``AutoModelFor*`` and ``AutoTokenizer`` of transformers load it back.
 
 Both are verified before they count: the files are loaded back the way their users will load
 them (a fresh fwk model, or ``AutoModelFor*.from_pretrained``), run on held-out validation
@@ -36,7 +36,6 @@ REPORT = "weights_report.json"
 TOLERANCE = 1e-4  # max abs difference of the outputs, fp32 on both sides: the same weights, the same math
 SHARD = "2GB"  # hf: larger models are written as several model-0000N-of-0000M.safetensors
 HELD_OUT = 8  # validation samples the reloaded model is run on
-BYTE_LEVEL = ("stdlib_text",)  # data sets whose token ids are bytes (data=hf: data.tokenizer=bytes)
 
 
 def _export_id(run: RunDir, checkpoint: Path, fmt: str) -> str:
@@ -77,21 +76,20 @@ def _write_hf(source: Any, out: Path) -> tuple[Any, list[str]]:
             "use --format safetensors for its raw weights, or --format onnx"
         )
     model.hf.save_pretrained(out, max_shard_size=SHARD)
-    # the tokenizer the run trained with: data.tokenizer's folder (data=hf), else model.path's, if it has one
-    data = source.config.data
-    named = getattr(data, "tokenizer", None) if getattr(data, "name", "") == "hf" else None
-    path = named if named not in (None, "bytes") else source.config.model.path
+    # the tokenizer the run trained with: the data's (bytes, or a folder), else model.path's if it has one
+    named, path = source.data.tokenizer, source.data.tokenizer or source.config.model.path
     tokenizer = None
-    if path and named != "bytes":
-        tf = transformers()
-        try:
-            tokenizer = tf.AutoTokenizer.from_pretrained(folder(path, "tokenizer_config.json"), local_files_only=True)
-        except (UserError, OSError, ValueError, TypeError):  # no tokenizer there (a config and weights alone)
-            tokenizer = None
-    elif named == "bytes" or getattr(data, "name", "") in BYTE_LEVEL:
+    if named == "bytes":
         from fwk.data.hf_tokens import byte_tokenizer
 
         tokenizer = byte_tokenizer()
+    elif path:
+        try:
+            tokenizer = transformers().AutoTokenizer.from_pretrained(
+                folder(path, "tokenizer_config.json"), local_files_only=True
+            )
+        except (UserError, OSError, ValueError, TypeError):  # no tokenizer there (a config and weights alone)
+            tokenizer = None
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     auto = getattr(transformers(), AUTO[model.task])

@@ -22,6 +22,15 @@ def init_from_field() -> Any:
     )
 
 
+class StartsFrom:
+    """A model config whose only check is its ``init_from`` (one with more calls ``check_init_from``)."""
+
+    init_from: str | None
+
+    def check(self) -> None:
+        check_init_from(self.init_from)
+
+
 def check_init_from(where: str | None) -> None:
     if where and not Path(where).expanduser().exists():
         raise UserError(
@@ -31,7 +40,7 @@ def check_init_from(where: str | None) -> None:
 
 @MODELS.register_config
 @dataclass
-class SmallCNNConfig:
+class SmallCNNConfig(StartsFrom):
     name: str = doc("small_cnn", "registry name")
     in_channels: int = doc(1, "channels of the input image (1 for grayscale)")
     channels1: int = doc(32, "output channels of the first 3x3 conv")
@@ -40,9 +49,6 @@ class SmallCNNConfig:
     num_classes: int = doc(10, "number of output classes (logits per image)")
     dropout: float = doc(0.0, "dropout probability before the last linear layer (0 = off)")
     init_from: str | None = init_from_field()
-
-    def check(self) -> None:
-        check_init_from(self.init_from)
 
 
 @MODELS.register_config
@@ -77,7 +83,7 @@ class GPTConfig:
 
 @MODELS.register_config
 @dataclass
-class ResNet50Config:
+class ResNet50Config(StartsFrom):
     name: str = doc("resnet50", "registry name")
     num_classes: int = doc(1000, "outputs of the final linear layer (number of classes)")
     zero_init_residual: bool = doc(
@@ -85,13 +91,10 @@ class ResNet50Config:
     )
     init_from: str | None = init_from_field()
 
-    def check(self) -> None:
-        check_init_from(self.init_from)
-
 
 @MODELS.register_config
 @dataclass
-class ResNet18Config:
+class ResNet18Config(StartsFrom):
     name: str = doc("resnet18", "registry name")
     num_classes: int = doc(1000, "outputs of the final linear layer (number of classes)")
     in_channels: int = doc(3, "channels of the input image (1 for grayscale)")
@@ -104,9 +107,6 @@ class ResNet18Config:
         False, "start the last BatchNorm of each residual block at zero, so each block starts as identity"
     )
     init_from: str | None = init_from_field()
-
-    def check(self) -> None:
-        check_init_from(self.init_from)
 
 
 HF_TASKS = ("causal_lm", "sequence_classification", "image_classification")  # AutoModelFor* heads
