@@ -91,7 +91,7 @@ _SHARDED = "sharded"
 # parts of the state each rank keeps in its own file too: a streamed set's position is the
 # rank's own (fwk/data/hf_stream.py); state.pt holds rank 0's, for another world size
 RANK_OWN = ("loader",)
-Template = Callable[[], dict[str, Any]]
+Template = Callable[[bool], dict[str, Any]]  # (optimizer state flat by name?) -> this rank's state to load into
 
 
 def model_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -195,7 +195,10 @@ class Checkpointer:
             manifest = {
                 "step": step,
                 "world_size": self.dist.world_size,
+                "batch_degree": self.dist.batch_degree,  # the data dimension (fwk/distributed/dims.py)
+                "layout": self.dist.layout.label(),
                 "sharded": self.sharded,
+                "optimizer_flat": self.sharded,  # optimizer state keyed by parameter name, each on its own
                 "sha256": {f: sha256_file(tmp / f) for f in files},
             }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -267,10 +270,12 @@ class Checkpointer:
             return "manifest.json unreadable"
         written = manifest.get("world_size")
         sharded = bool(manifest.get("sharded", False))
-        if self.sharded and not sharded and written != 1:  # one process's whole tensors shard
+        # one process's whole tensors shard (FSDP, tensor parallel); a pipeline stage cannot
+        # tell which of them are its own from a state keyed by parameter index
+        if self.sharded and not sharded and (written != 1 or self.dist.layout.pp > 1):
             raise UserError(
-                f"checkpoint {path} is unsharded (parallel=none/ddp) but this run is sharded (parallel=fsdp/hsdp); "
-                "resume with the parallel setting that wrote it (parallel.name=...)"
+                f"checkpoint {path} is unsharded (parallel=ddp, or one process) but this run is "
+                f"{self.dist.layout.label()}; resume with the parallel setting that wrote it (parallel=ddp)"
             )
         names = ["state.pt", *(f"rng-rank{r}.pt" for r in range(int(written or 0)))]
         if sharded:
@@ -295,7 +300,8 @@ class Checkpointer:
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         rng_file = path / f"rng-rank{self.dist.rank}.pt"
         manifest = json.loads((path / "manifest.json").read_text())
-        same_size = manifest.get("world_size") == self.dist.world_size
+        written_batches = manifest.get("batch_degree", manifest.get("world_size"))
+        same_size = manifest.get("world_size") == self.dist.world_size and written_batches == self.dist.batch_degree
         rng = torch.load(rng_file, map_location="cpu", weights_only=True) if same_size else None
         for key in RANK_OWN if rng is not None else ():
             if key in rng:  # (a checkpoint from before it kept the key per rank has rank 0's only)
@@ -305,7 +311,7 @@ class Checkpointer:
 
             # this rank's shards, or the whole tensors of a run on one process: resharded as read
             assert template is not None, "a sharded checkpoint loads into the model's own state"
-            shards = template()
+            shards = template(bool(manifest.get("optimizer_flat", False)))
             dcp.load(shards, checkpoint_id=path / _SHARDED)
             state.update(shards)
         return state, rng
@@ -345,22 +351,27 @@ def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
     from fwk.strategies import fsdp  # torch.distributed.fsdp: imported by sharded runs only
 
     if fsdp.is_sharded(model):
-        return fsdp.model_state(model, optimizer)
+        return fsdp.model_state(model, optimizer, flat=True)
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
 
-def named_model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def named_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict[str, Any]:
     """Model and optimizer state keyed by parameter names: this rank's shards, or whole
     tensors when the model is not sharded. What a sharded checkpoint loads into, on any
-    number of processes: torch.distributed.checkpoint reshards as it reads."""
+    number of processes and any layout: torch.distributed.checkpoint reshards as it reads.
+    ``flat``: the optimizer state as one entry per parameter and value (what checkpoints
+    are written with, since pipeline stages hold different parameters); False for
+    checkpoints written before."""
     from fwk.strategies import fsdp
 
-    return fsdp.model_state(model, optimizer)
+    return fsdp.model_state(model, optimizer, flat)
 
 
 def _by_name(optimizer_state: dict[str, Any]) -> bool:
     """True for an optimizer state keyed by parameter names (torch.distributed.checkpoint's
-    layout), False for ``Optimizer.state_dict()``'s parameter indices."""
+    layouts, nested or flat), False for ``Optimizer.state_dict()``'s parameter indices."""
+    if "param_groups" not in optimizer_state:  # flat: "state.NAME.exp_avg", "param_groups.NAME.lr"
+        return True
     groups = optimizer_state.get("param_groups") or [{}]
     return any(isinstance(p, str) for p in groups[0].get("params", []))
 

@@ -11,15 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fwk.config.methods import METHODS, settings_section
+from fwk.distributed.dims import NAMES, Dims, resolve
 from fwk.registry import doc
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "staged")
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SWITCHES = ("auto", "true", "false")
-PARALLELS = ("auto", "none", "ddp", "fsdp", "hsdp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 # why fp16 cannot train a sharded model: refused up front for parallel=fsdp/hsdp (config/validate.py)
 # and when parallel=auto picks one (strategies/parallel.py)
-FP16_SHARDED = "its loss scaler sees only this rank's gradient shard under fsdp/hsdp"
+FP16_SHARDED = "its loss scaler sees only this rank's gradient shard when the model is sharded or split"
 MEMORIES = ("none", "checkpoint", "offload", "microbatch", "auto")
 JITS = ("auto", "off", "compile")
 KERNELS = ("auto", "triton", "torch")
@@ -163,8 +164,17 @@ class ParallelConfig:
     """How many processes train and how they talk (torchrun's settings)."""
 
     name: str = doc(
-        "auto", "auto (decided from process count and measured memory), none, ddp, fsdp, or hsdp (multi-node)"
+        "auto",
+        "the preset that set the degrees below: none, ddp, fsdp, hsdp, tp, pp, hybrid, or auto "
+        "(replicate or shard the data dimension, decided from measured memory)",
     )
+    pp: int = doc(1, "pipeline stages; -1 takes the processes the other degrees leave")
+    dp_replicate: int = doc(1, "model replicas (DDP; HSDP's groups with dp_shard > 1); -1 takes what is left")
+    dp_shard: int = doc(1, "FSDP shards of each replica; -1 takes what is left, 0 = one machine's processes")
+    tp: int = doc(1, "tensor-parallel ranks (inside one machine); -1 takes what is left")
+    pp_schedule: str = doc("1f1b", "pp: gpipe, 1f1b, interleaved_1f1b or zero_bubble (interleaved zero-bubble)")
+    pp_microbatches: int = doc(0, "pp: micro-batches each stage runs per batch; 0 = 2 x the stage count")
+    pp_stages_per_rank: int = doc(1, "pp: stages each rank holds (interleaved_1f1b, zero_bubble: at least 2)")
     nproc_per_node: int = doc(1, "worker processes on each machine (GPUs per node on CUDA)")
     nnodes: int = doc(1, "number of machines (the most, with min_nnodes); parallel.nnodes=MIN:MAX sets both")
     min_nnodes: int = doc(0, "elastic: fewest machines the run goes on with when others die (0 = nnodes: no range)")
@@ -187,7 +197,7 @@ class ParallelConfig:
     reshard_after_forward: bool = doc(
         True, "fsdp/hsdp: free gathered parameters after forward (less memory, one more all-gather)"
     )
-    shard_size: int = doc(0, "hsdp: processes per shard group (0 = nproc_per_node: shard in a node)")
+    shard_size: int = doc(0, "hsdp (dp_shard=0): processes per shard group (0 = one machine's)")
     auto_memory_share: float = doc(
         0.5, "auto: DDP when parameters + gradients + optimizer state fit in this share of free device memory"
     )
@@ -317,6 +327,26 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.parallel.nproc_per_node * self.parallel.nnodes
+
+    def dims(self, world: int | None = None) -> Dims:
+        """The layout the parallel section asks for on ``world`` processes (default: the
+        launched ``world_size``, which ``fwk/config/validate.py`` checked; an elastic run that
+        lost a machine has fewer, and degrees that no longer fit are one line)."""
+        dims, problem = layout(self.parallel, self.world_size if world is None else world)
+        if dims is None:
+            from fwk.errors import UserError
+
+            raise UserError(problem)
+        return dims
+
+
+def layout(p: ParallelConfig, world: int) -> tuple[Dims | None, str]:
+    """(the degrees of ``parallel``, "") or (None, what is wrong). ``parallel=auto`` gives the
+    data dimension whatever the set degrees leave (replicated: the strategy may shard it)."""
+    degrees = {n: getattr(p, n) for n in NAMES}
+    if p.name == "auto" and -1 not in degrees.values():
+        degrees["dp_replicate"] = -1
+    return resolve(degrees, world, p.nproc_per_node, p.shard_size)
 
 
 QUANTIZATIONS = ("none", "int8", "dynamic_int8", "fp16")

@@ -15,24 +15,22 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from fwk.config.elastic import elastic_rules
 from fwk.config.methods import rules as method_rules
+from fwk.config.parallel_rules import rules as parallel_rules
 from fwk.config.schema import (
     AMP_DTYPES,
-    BACKENDS,
-    COMM_HOOKS,
     COMPILE_MODES,
     DECAYS,
-    FP16_SHARDED,
     JITS,
     KERNELS,
     LOADERS,
     MEMORIES,
     METHODS,
     ON_NAN,
-    PARALLELS,
     PRECISIONS,
     SWITCHES,
     TRACKINGS,
     Config,
+    layout,
 )
 from fwk.config.target import EVAL_METRICS, parse_target
 from fwk.errors import UserError
@@ -129,12 +127,6 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     t, p = c.train, c.parallel
     yield t.max_steps > 0, "train.max_steps", t.max_steps, "an integer > 0"
     yield t.batch_size > 0, "train.batch_size", t.batch_size, "an integer > 0"
-    yield (
-        t.batch_size % world == 0,
-        "train.batch_size",
-        t.batch_size,
-        f"a multiple of the world size {world} (nproc_per_node x nnodes)",
-    )
     yield t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0"
     yield t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "an integer >= 0"
     yield t.log_every > 0, "train.log_every", t.log_every, "an integer > 0"
@@ -152,12 +144,14 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     optim_name = c.optim.get("name") if isinstance(c.optim, dict) else getattr(c.optim, "name", None)
     from fwk.optim import WHOLE_TENSORS  # the same refusal as parallel=auto's choice of FSDP (check_sharding)
 
+    dims, _ = layout(p, world)
+    sharded = dims is not None and (dims.shards or dims.tp > 1)
     for name, why in WHOLE_TENSORS.items():
         yield (
-            optim_name != name or p.name not in ("fsdp", "hsdp"),
+            optim_name != name or not sharded,
             "parallel.name",
             p.name,
-            f"ddp, none or auto with optim={name} ({why}; FSDP holds shards)",
+            f"ddp, pp, none or auto with optim={name} ({why}; FSDP and tensor parallel hold shards)",
         )
     rules = getattr(c.optim, "rules", None)  # an optimizer's settings check themselves (not a _target_ dict)
     if rules is not None:
@@ -213,39 +207,8 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         k.uri,
         "an MLflow tracking URI with tracking=mlflow, e.g. http://127.0.0.1:5000 (or set $MLFLOW_TRACKING_URI)",
     )
-    yield p.name in PARALLELS, "parallel.name", p.name, f"one of {', '.join(PARALLELS)}"
-    yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
-    yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
-    yield 0 <= p.node_rank < p.nnodes, "parallel.node_rank", p.node_rank, f"an integer in [0, {p.nnodes - 1}]"
+    yield from parallel_rules(c)
     yield from elastic_rules(c)
-    yield p.backend in BACKENDS, "parallel.backend", p.backend, f"one of {', '.join(BACKENDS)}"
-    yield p.max_restarts >= 0, "parallel.max_restarts", p.max_restarts, "an integer >= 0"
-    yield p.bucket_cap_mb > 0, "parallel.bucket_cap_mb", p.bucket_cap_mb, "a number > 0"
-    yield p.comm_hook in COMM_HOOKS, "parallel.comm_hook", p.comm_hook, f"one of {', '.join(COMM_HOOKS)}"
-    yield p.powersgd_rank >= 1, "parallel.powersgd_rank", p.powersgd_rank, "an integer >= 1"
-    yield p.powersgd_start >= 2, "parallel.powersgd_start", p.powersgd_start, "an integer >= 2"
-    yield (
-        not (p.name == "none" and world > 1),
-        "parallel.name",
-        p.name,
-        f"ddp, fsdp or auto when {world} processes train (parallel=none runs a single process)",
-    )
-    fp16 = c.precision.name == "fp16" or (c.precision.name == "staged" and c.precision.dtype == "fp16")
-    yield (
-        not (fp16 and p.name in ("fsdp", "hsdp")),
-        "parallel.name",
-        p.name,
-        f"ddp with fp16 ({FP16_SHARDED}), or precision=bf16 or fp32",
-    )
-    shard = p.shard_size or p.nproc_per_node
-    yield p.shard_size >= 0, "parallel.shard_size", p.shard_size, "an integer >= 0 (0 = nproc_per_node)"
-    yield (
-        p.name != "hsdp" or world % shard == 0,
-        "parallel.shard_size",
-        p.shard_size,
-        f"a divisor of the world size {world}: hsdp shards over shard_size processes and replicates across groups",
-    )
-    yield 0 < p.auto_memory_share <= 1, "parallel.auto_memory_share", p.auto_memory_share, "a number in (0, 1]"
     a = p.adapt
     yield (
         not (a.enabled and t.deterministic),
@@ -299,7 +262,8 @@ def _precision_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
 
 def _memory_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     m = c.memory
-    per_rank = c.train.batch_size // c.world_size
+    dims, _ = layout(c.parallel, c.world_size)
+    per_rank = c.train.batch_size // (dims.batch_degree if dims is not None else c.world_size)
     yield m.name in MEMORIES, "memory.name", m.name, f"one of {', '.join(MEMORIES)}"
     yield m.every >= 1, "memory.every", m.every, "an integer >= 1 (1 = every block)"
     yield m.micro_batches >= 1, "memory.micro_batches", m.micro_batches, "an integer >= 1"
@@ -308,7 +272,7 @@ def _memory_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         m.name != "microbatch" or per_rank % m.micro_batches == 0,
         "memory.micro_batches",
         m.micro_batches,
-        f"a divisor of the per-rank batch {per_rank} (train.batch_size / world size)",
+        f"a divisor of the per-rank batch {per_rank} (train.batch_size / data-parallel degree)",
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -68,3 +69,50 @@ def broadcast_object(value: object, dist: Dist) -> object:
     box = [value]
     tdist.broadcast_object_list(box, src=0, device=dist.device if dist.device.type == "cuda" else None)
     return box[0]
+
+
+def clip_grad_norm_(
+    params: list[torch.Tensor],
+    max_norm: float,
+    across: tuple[tdist.ProcessGroup, ...] = (),
+    uncounted: list[torch.Tensor] = (),  # type: ignore[assignment]
+) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for parameters that are split over ranks: DTensor
+    shards (tensor parallel, FSDP) add their squares over the mesh dimensions they are
+    sharded on, whole tensors (replicated) count once, and ``across`` sums over the groups
+    whose ranks hold different parameters (pipeline stages). ``uncounted``: parameters
+    scaled with the rest but left out of the norm (a second copy of a tied weight, counted
+    on the rank of its first). Returns the total norm.
+
+    One small all-reduce per group of placements, not one per parameter."""
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    grads = [p.grad for p in params if p.grad is not None]
+    skip = {id(p.grad) for p in uncounted}
+    device = grads[0].device if grads else torch.device("cpu")
+    whole = torch.zeros((), dtype=torch.float64, device=device)
+    partial: dict[tuple[int, tuple[int, ...]], tuple[Any, torch.Tensor]] = {}
+    for g in (g for g in grads if id(g) not in skip):
+        if isinstance(g, DTensor):
+            dims = tuple(i for i, pl in enumerate(g.placements) if isinstance(pl, (Shard, _StridedShard)))
+            local = g.to_local()
+            square = torch.linalg.vector_norm(local, dtype=torch.float64) ** 2
+            if not dims:
+                whole += square
+                continue
+            mesh, acc = partial.setdefault((id(g.device_mesh), dims), (g.device_mesh, torch.zeros_like(whole)))
+            acc += square
+        else:
+            whole += torch.linalg.vector_norm(g, dtype=torch.float64) ** 2
+    total = whole
+    for (_, dims), (mesh, acc) in partial.items():
+        for d in dims:
+            tdist.all_reduce(acc, group=mesh.get_group(d))
+        total = total + acc
+    for group in across:
+        tdist.all_reduce(total, group=group)
+    norm = total.sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+    return norm

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from fwk.distributed.dims import Dims
 from fwk.errors import UserError
 
 
@@ -37,6 +39,22 @@ class Dist:
     world_size: int
     device: torch.device
     collective_s: Seconds = field(default_factory=Seconds, compare=False, repr=False)
+    dims: Dims | None = None  # the layout (None: every process data-parallel)
+
+    @property
+    def layout(self) -> Dims:
+        """The job's degrees (``fwk/distributed/dims.py``); the device mesh is ``mesh.py``'s."""
+        return self.dims if self.dims is not None else Dims(dp_replicate=self.world_size)
+
+    @property
+    def batch_degree(self) -> int:
+        """How many different batches a step takes: what the loaders split the data by."""
+        return self.layout.batch_degree
+
+    @property
+    def batch_rank(self) -> int:
+        """Which of them this process takes (tensor-parallel peers and pipeline stages share one)."""
+        return self.layout.batch_rank(self.rank)
 
     @property
     def is_main(self) -> bool:
@@ -60,11 +78,13 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init(backend: str, device_choice: str, timeout_s: float = 600) -> Dist:
+def init(backend: str, device_choice: str, timeout_s: float = 600, layout: Callable[[int], Dims] | None = None) -> Dist:
     """Join the process group torchrun set up (RANK/WORLD_SIZE in the environment), if any.
 
     ``backend``: ``parallel.backend`` (auto: nccl on CUDA, gloo on CPU); ``timeout_s``: how
-    long a collective waits for a peer (``parallel.collective_timeout_s``)."""
+    long a collective waits for a peer (``parallel.collective_timeout_s``); ``layout``: the
+    degrees the config asks for on a number of processes (an elastic run may have fewer than
+    it was launched with)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_choice, local_rank)
@@ -74,7 +94,8 @@ def init(backend: str, device_choice: str, timeout_s: float = 600) -> Dist:
         dist.init_process_group(
             backend, store=_attempt_store(rank, world, timeout), rank=rank, world_size=world, timeout=timeout
         )
-    return Dist(rank, local_rank, world, device)
+    dims = layout(world) if layout is not None else None
+    return Dist(rank, local_rank, world, device, dims=dims)
 
 
 def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:

@@ -41,7 +41,7 @@ from fwk.distributed.shares import split
 from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import EvalWeights, evaluate
 from fwk.engine.loss import CrossEntropy
-from fwk.engine.resize import derived_seed, written_world_size
+from fwk.engine.resize import derived_seed, written_batch_degree
 from fwk.engine.state import Clock, Resumable, seed_everything
 from fwk.engine.step import TrainStep
 from fwk.engine.trials import Replayable
@@ -98,7 +98,7 @@ class Run:
     resumable: Resumable
     target: Target | None
     per_rank: int
-    written: int | None  # the process count that wrote its latest checkpoint, None for a new run
+    written: int | None  # the data-parallel degree that wrote its latest checkpoint, None for a new run
     undo_settings: Callable[[], None]  # puts back the process-wide settings the run changed
     started: float  # time.perf_counter() when build_run began: the summary's wall time
     step: int = 0
@@ -117,6 +117,8 @@ class Run:
             for source in sources:
                 model = stack.enter_context(source.evaluated(model))
             precision, cfg = self.strategies.precision, self.cfg
+            if self.strategies.pipeline is not None:  # through every stage, rank to rank
+                model = self.strategies.pipeline.evaluated()
             return evaluate(model, self.val, precision, self.data.task, self.dist, cfg.train.eval_batches)
 
 
@@ -167,15 +169,15 @@ def _build(
     undo: Callable[[], None],
     started: float,
 ) -> Run:
-    dist = init(cfg.parallel.backend, cfg.train.device, cfg.parallel.collective_timeout_s)
+    dist = init(cfg.parallel.backend, cfg.train.device, cfg.parallel.collective_timeout_s, cfg.dims)
     if dist.device.type == "cuda":  # this run's peak, not an earlier run's in the same process
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
     # another process count may resume (fwk/engine/resize.py); streamed data, whose order
     # follows the process count, then resumes at the start of its next epoch (its loader says so)
-    written = written_world_size(run_dir.checkpoints)
-    per_rank, accum_factor = split(cfg.train.batch_size, dist.world_size, written)
+    written = written_batch_degree(run_dir.checkpoints)
+    per_rank, accum_factor = split(cfg.train.batch_size, dist.batch_degree, written)
     if accum_factor > 1:  # fewer processes than wrote it: each keeps its batch, accumulated
         cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, accum_steps=cfg.train.accum_steps * accum_factor)
@@ -206,15 +208,25 @@ def _build(
     methods.attach(optimizer, model, reshaped)
     loss = CrossEntropy(methods.label_smoothing(), fused=strategies.kernels.fused_loss)
     step_fn = TrainStep(
-        trained, optimizer, strategies.per_step(), strategies.plan, loss, cfg.train.grad_clip, dist, diagnostics
+        trained,
+        optimizer,
+        strategies.per_step(),
+        strategies.plan,
+        loss,
+        cfg.train.grad_clip,
+        dist,
+        diagnostics,
+        strategies.split(),
     )
     plan = loader_plan(cfg, data, per_rank, dist, decisions)
     # the batches as the loop takes them: a trial's are handed out again when its steps are redone
     loader = Replayable(
-        loading.train_loader(data, per_rank, dist.rank, dist.world_size, cfg.seed, plan, cfg.train.accum_steps)
+        loading.train_loader(data, per_rank, dist.batch_rank, dist.batch_degree, cfg.seed, plan, cfg.train.accum_steps)
     )
     val = OnDevice(
-        loading.val_loader(data.val, per_rank, dist.rank, dist.world_size, plan, data.collate), dist.device, data.finish
+        loading.val_loader(data.val, per_rank, dist.batch_rank, dist.batch_degree, plan, data.collate),
+        dist.device,
+        data.finish,
     )
     sharded = is_sharded(model)
     calibration = loading.calibration_loader(data.train, per_rank, cfg.seed, plan, data.collate)

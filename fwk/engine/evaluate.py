@@ -38,7 +38,8 @@ def evaluate(
 ) -> dict[str, float]:
     """Mean loss per target (token or image), plus accuracy or perplexity.
 
-    ``model`` is the unwrapped module: ranks may hold shards that differ by one batch,
+    ``model`` is the unwrapped module (under pipeline parallel, the stages' forward: logits on
+    the last stage, None before it): ranks may hold shards that differ by one batch,
     and DDP's forward would wait for a collective the shorter rank never joins. A sharded
     (FSDP) model gathers its parameters in every forward, so there the shorter ranks run
     extra forwards on a batch they already saw and do not count them.
@@ -51,12 +52,15 @@ def evaluate(
     local = min(len(loader), max_batches) if max_batches else len(loader)
     lockstep = int(all_reduce_max([float(local)], dist)[0]) if is_sharded(model) else local
     x = None
+    reports = dist.layout.reports(dist.rank)  # one rank per batch counts it (tensor and pipeline parallel)
     for i, (x, y) in enumerate(loader):
         if i >= local:
             break
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         with precision.autocast():
             logits = model(x)
+        if logits is None or not reports:  # a pipeline stage before the last; a peer's copy
+            continue
         logits = logits.reshape(-1, logits.size(-1)).float()  # (N, classes): images or tokens
         target = y.reshape(-1)
         loss_sum += F.cross_entropy(logits, target, reduction="sum").double()

@@ -1,4 +1,4 @@
-"""Resuming a run on another number of processes than wrote its checkpoint.
+"""Resuming a run on another number of processes (or another layout) than wrote its checkpoint.
 
 ``train.batch_size`` is the global batch, so the same command on another world size is the
 same run (its id leaves the process count out) and computes the same steps: the training
@@ -15,13 +15,16 @@ import json
 from pathlib import Path
 
 
-def written_world_size(checkpoints: Path) -> int | None:
-    """The process count that wrote the newest complete checkpoint under ``checkpoints``."""
+def written_batch_degree(checkpoints: Path) -> int | None:
+    """The data-parallel degree (the number of batches a step took) of the run that wrote the
+    newest complete checkpoint under ``checkpoints``: its world size before layouts had
+    other dimensions (``fwk/distributed/dims.py``)."""
     manifests = sorted(checkpoints.glob("step-*/manifest.json")) if checkpoints.is_dir() else []
     for manifest in reversed(manifests):
         try:
-            return int(json.loads(manifest.read_text())["world_size"])
-        except (OSError, ValueError, KeyError, TypeError):
+            written = json.loads(manifest.read_text())
+            return int(written.get("batch_degree", written["world_size"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a damaged one: Checkpointer decides what to do with it
     return None
 

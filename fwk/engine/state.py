@@ -72,9 +72,10 @@ class Resumable:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **parts: Any) -> None:
         self.model, self.optimizer, self.parts = model, optimizer, parts
 
-    def template(self) -> dict[str, Any]:
-        """What a sharded checkpoint loads into, on this run's number of processes."""
-        return named_model_state(self.model, self.optimizer)
+    def template(self, flat: bool = True) -> dict[str, Any]:
+        """What a sharded checkpoint loads into, on this run's processes and layout (``flat``:
+        the optimizer state as the checkpoint keeps it, one entry per parameter and value)."""
+        return named_model_state(self.model, self.optimizer, flat)
 
     def state_dict(self, step: int) -> dict[str, Any]:
         parts = {name: part.state_dict() for name, part in self.parts.items()}

@@ -24,9 +24,10 @@ from torch import nn
 from torch.profiler import record_function
 
 from fwk.components.diagnostics import Diagnostics
+from fwk.distributed.collectives import clip_grad_norm_
 from fwk.distributed.group import Dist
 from fwk.strategies.per_step import PerStep, entered, overriding
-from fwk.strategies.step_plan import Batch, StepPlan
+from fwk.strategies.step_plan import Batch, Split, StepPlan
 
 Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # (model, inputs, targets) -> mean loss
 
@@ -48,11 +49,14 @@ class TrainStep:
         grad_clip: float,
         dist: Dist,
         diagnostics: Diagnostics | None = None,
+        split: Split | None = None,
     ) -> None:
         """``strategies``: in the order they decide (``decisions.DECISION_ORDER``); ``plan``:
-        how the step's batches are split; ``model``: the model to train."""
+        how the step's batches are split; ``model``: the model to train; ``split``: what a
+        layout that splits the model changes."""
         self.model, self.optimizer, self.strategies, self.plan, self.loss = model, optimizer, strategies, plan, loss
         self.grad_clip, self.dist, self.diagnostics = grad_clip, dist, diagnostics
+        self.split = split if split is not None else Split()
         # the hooks each strategy overrides, looked up once (the rest do nothing)
         self._around_step = overriding(strategies, "around_step")
         self._around_piece = overriding(strategies, "around_piece")
@@ -130,14 +134,20 @@ class TrainStep:
             with contextlib.nullcontext() if last or no_sync is None else no_sync(), entered(self._around_piece):
                 with label("fwk.data"):
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with label("fwk.forward"):
-                    loss = self._forward(self.model, x, y)
-                with label("fwk.backward"):
-                    scaled = loss if weight == 1.0 else loss * weight
-                    for scale in self._scale:
-                        scaled = scale(scaled)
-                    scaled.backward()
+                if self.split.piece is not None:  # the schedule runs forward and backward
+                    with label("fwk.pipeline"), entered(self._around_forward):
+                        loss = self.split.piece(x, y, weight, device)
+                else:
+                    with label("fwk.forward"):
+                        loss = self._forward(self.model, x, y)
+                    with label("fwk.backward"):
+                        scaled = loss if weight == 1.0 else loss * weight
+                        for scale in self._scale:
+                            scaled = scale(scaled)
+                        scaled.backward()
             loss_sum += loss.detach() * weight
+        for ready in self.split.grads_ready:
+            ready()
         # a non-finite loss or gradient (or a spike) never reaches the optimizer
         trial = self.trying  # a trial step is redone: no rollback point
         ok = self.diagnostics is None or self.diagnostics.check(step, loss_sum, lambda: self._rerun(pieces), trial)
@@ -153,7 +163,11 @@ class TrainStep:
         if self.grad_clip > 0:
             for unscale in self._unscale:
                 unscale(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if self.split.norm_params is not None:
+                split = self.split
+                clip_grad_norm_(split.norm_params(), self.grad_clip, split.norm_across, split.uncounted())
+            else:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if not any(step(self.optimizer) for step in self._optimizer_step):
             self.optimizer.step()
 

@@ -100,10 +100,10 @@ def _start(run: Run) -> None:
     if run.resumed_from is None:
         return
     logger.info(f"resumed run {run.dir.id} from {run.resumed_from.name} (step {run.step})")
-    if run.written != run.dist.world_size:
-        n, accum = run.dist.world_size, run.strategies.plan.accum_steps
+    if run.written != run.dist.batch_degree:
+        n, accum = run.dist.batch_degree, run.strategies.plan.accum_steps
         logger.info(
-            f"resuming step {run.step} of run {run.dir.id} on {n} process{'es' * (n > 1)} "
+            f"resuming step {run.step} of run {run.dir.id} on {n} data-parallel rank{'s' * (n > 1)} "
             f"(written by {run.written}): same global batch {run.per_rank * n * accum}"
             + (f", as {accum} micro-batches" if accum > 1 else "")
         )

@@ -128,19 +128,40 @@ class GPT(nn.Module):
             n -= self.pos_emb.weight.numel()
         return n
 
+    def tp_plan(self, degree: int) -> dict:
+        """Tensor-parallel styles by module name (``fwk/models/gpt_parallel.py``)."""
+        from fwk.models.gpt_parallel import tp_plan
+
+        return tp_plan(self, degree)
+
+    def after_tp(self, degree: int) -> None:
+        from fwk.models.gpt_parallel import after_tp
+
+        after_tp(self, degree)
+
+    def pipeline_split(self, n_stages: int) -> list[nn.Module]:
+        """The model as ``n_stages`` consecutive stages of blocks (``fwk/models/gpt_parallel.py``)."""
+        from fwk.models.gpt_parallel import pipeline_split
+
+        return pipeline_split(self, n_stages)
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, label_smoothing: float = 0.0):
         """idx: (B, T) int64 token ids -> logits (B, T, vocab_size); with targets (B, T), the
         mean cross-entropy instead (``head_loss``), so the logits need not be kept."""
-        T = idx.shape[1]
-        if T > self.block_size:
-            raise ValueError(
-                f"sequence length {T} is longer than block_size={self.block_size}; "
-                f"use seq_len <= {self.block_size} or raise model.block_size"
-            )
-        pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C) + (T, C) -> (B, T, C)
-        for block in self.blocks:
+        x = idx
+        if self.pos_emb is not None:  # (a later pipeline stage has none: it receives hidden states)
+            T = idx.shape[1]
+            if T > self.block_size:
+                raise ValueError(
+                    f"sequence length {T} is longer than block_size={self.block_size}; "
+                    f"use seq_len <= {self.block_size} or raise model.block_size"
+                )
+            pos = torch.arange(T, device=idx.device)  # (T,)
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C) + (T, C) -> (B, T, C)
+        for block in self.blocks.children():  # a ModuleList; a pipeline stage's ModuleDict by index
             x = block(x)
+        if self.ln_f is None:  # a pipeline stage before the last
+            return x
         x = self.ln_f(x)
         if targets is not None:
             return self.head_loss(x.flatten(0, 1), self.lm_head.weight, targets.flatten(), label_smoothing)

@@ -22,6 +22,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from fwk.strategies.modules import blocks
 
@@ -107,17 +109,50 @@ class Sharded(nn.Module):
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    """Whether this rank holds less than the whole model as plain tensors: FSDP shards, tensor
+    parallel's DTensors, or one pipeline stage (``fwk/strategies/pipeline.py``)."""
+    if isinstance(model, FSDPModule) or getattr(model, "pipeline_part", False):
+        return True
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """{"model", "optimizer"} state as DTensor shards, keyed by parameter names."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    return {"model": model_sd, "optimizer": optim_sd}
+def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict[str, Any]:
+    """{"model", "optimizer"} state as DTensor shards, keyed by parameter names; ``flat``: the
+    optimizer's as one entry per parameter and value, so that ranks holding different
+    parameters (pipeline stages) write and read only their own."""
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    return {"model": _strided_whole(model_sd), "optimizer": _strided_whole(optim_sd)}
 
 
 def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    flat = "param_groups" not in state["optimizer"]
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    if flat:  # the whole tensors _strided_whole wrote go back to this rank's slices
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+        _strided_again(state["model"], model_sd)
+        _strided_again(state["optimizer"], optim_sd)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
+    )
+
+
+def _strided(value: Any) -> bool:
+    return isinstance(value, DTensor) and any(isinstance(p, _StridedShard) for p in value.placements)
+
+
+def _strided_whole(state: dict[str, Any]) -> dict[str, Any]:
+    """The state with strided DTensors (a fused q/k/v projection split by chunks under tensor
+    parallel: ``fwk/models/gpt_parallel.py``) as whole tensors: torch.distributed.checkpoint
+    stores a shard as one contiguous block, which a strided slice is not. Small matrices;
+    every rank holds the same whole copy, written once."""
+    return {k: v.full_tensor() if _strided(v) else v for k, v in state.items()}
+
+
+def _strided_again(state: dict[str, Any], current: dict[str, Any]) -> None:
+    for key, now in current.items():
+        if _strided(now) and key in state and not isinstance(state[key], DTensor):
+            state[key] = distribute_tensor(state[key].to(now.device), now.device_mesh, now.placements)
 
 
 def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -1,22 +1,29 @@
-"""Data parallelism: config group ``parallel``.
+"""Data parallelism along the mesh's data dimension: config group ``parallel``.
 
-``wrap`` is called by ``parallelize.py``; the process group itself is ``fwk.distributed``.
-``none`` trains one process; ``ddp`` replicates the model (``ddp.py`` times and adapts its
-communication); ``fsdp`` and ``hsdp`` shard it (``fsdp.py``). ``auto`` decides from
-measured facts and says them in one line: one process -> none; parameters + gradients +
-optimizer state within ``auto_memory_share`` of the free memory of one device -> ddp;
-otherwise fsdp, or hsdp across nodes.
+``wrap`` is called by ``parallelize.py`` after tensor and pipeline parallelism; the process
+group and the mesh are ``fwk.distributed``'s. One process trains alone; ``dp_replicate``
+alone replicates the model with DDP (``ddp.py`` times and adapts its communication);
+``dp_shard`` shards it with FSDP2 (``fsdp.py``), HSDP with both. ``auto`` decides the data
+dimension from measured facts and says them in one line: parameters + gradients + optimizer
+state within ``auto_memory_share`` of the free memory of one device -> replicate; otherwise
+shard, inside each node when there are several.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
+import torch.distributed as tdist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from fwk.config.schema import ParallelConfig
+from fwk.distributed import mesh
+from fwk.distributed.dims import Dims
 from fwk.distributed.group import Dist
 from fwk.strategies.precision import Precision
 
@@ -41,21 +48,32 @@ def training_bytes(model: nn.Module, optimizer_floats: float) -> int:
     return int(sum(p.numel() * p.element_size() * (2 + optimizer_floats) for p in params))
 
 
-def decide(cfg: ParallelConfig, dist: Dist, model: nn.Module, optimizer_floats: float) -> tuple[str, str]:
-    """(strategy, the facts it was chosen from) for ``parallel.name``."""
-    if cfg.name != "auto":
-        return cfg.name, ""
-    if not dist.distributed:
-        return "none", "1 process"
-    need, free = training_bytes(model, optimizer_floats), _free_device_bytes(dist.device)
+def decide(cfg: ParallelConfig, dist: Dist, model: nn.Module, optimizer_floats: float) -> tuple[Dims, str]:
+    """(the layout, the facts it was chosen from): the config's degrees, or for
+    ``parallel=auto`` its data dimension replicated or sharded by measured memory."""
+    dims = dist.layout
+    if cfg.name != "auto" or dims.batch_degree == 1:
+        return dims, ""
+    need, free = training_bytes(model, optimizer_floats) // (dims.tp * dims.pp), _free_device_bytes(dist.device)
     gib = 1 << 30
     facts = (
         f"{dist.world_size} processes on {cfg.nnodes} node(s); parameters + gradients + optimizer state "
         f"{need / gib:.2g} GiB vs {free / gib:.3g} GiB free on {dist.device.type}"
     )
     if need <= cfg.auto_memory_share * free:
-        return "ddp", f"{facts} (fits in {cfg.auto_memory_share:.0%})"
-    return ("hsdp" if cfg.nnodes > 1 else "fsdp"), f"{facts} (more than {cfg.auto_memory_share:.0%}: shard)"
+        return dims, f"{facts} (fits in {cfg.auto_memory_share:.0%})"
+    data, shard = dims.batch_degree, dims.batch_degree
+    if cfg.nnodes > 1 and data % cfg.nnodes == 0:  # shard inside a node, replicate across nodes (hsdp)
+        shard = data // cfg.nnodes
+    sharded = replace(dims, dp_replicate=data // shard, dp_shard=shard)
+    return sharded, f"{facts} (more than {cfg.auto_memory_share:.0%}: shard)"
+
+
+def preset(dims: Dims) -> str:
+    """The name of the data-parallel technique of a layout (for the log line)."""
+    if dims.shards:
+        return "hsdp" if dims.dp_replicate > 1 else "fsdp"
+    return "ddp" if dims.dp_replicate > 1 else "none"
 
 
 def wrap(
@@ -64,23 +82,28 @@ def wrap(
     cfg: ParallelConfig,
     dist: Dist,
     precision: Precision,
-    optimizer_floats: float,
-) -> nn.Module:
-    """The model to train: data parallelism around ``compiled`` (the JIT's wrapper of ``plain``).
+    dims: Dims,
+    root: DeviceMesh | None,
+) -> tuple[nn.Module, list[Callable[[], None]]]:
+    """(the model to train, what each step calls once its gradients are complete): data
+    parallelism around ``compiled`` (the JIT's wrapper of ``plain``) along ``dims``' data
+    dimension.
 
-    DDP wraps ``compiled``; FSDP shards ``plain`` in place, and the JIT's wrapper then calls
-    the sharded model. ``precision`` gives both their AMP dtype, and FSDP its fp32 islands.
-    """
-    strategy, facts = decide(cfg, dist, plain, optimizer_floats)
-    if dist.is_main and cfg.name == "auto":
-        logger.info(f"parallel=auto chose {strategy}: {facts}")
-    if strategy == "none" or not dist.distributed:
-        return compiled
-    if strategy == "ddp":
+    DDP wraps ``compiled``; FSDP shards ``plain`` in place (over the data slice of ``root``,
+    whose other slices tensor parallel used), and the JIT's wrapper then calls the sharded
+    model. A model split by tensor or pipeline parallel and replicated (no ``dp_shard``)
+    averages its gradients over the replicas after backward. ``precision`` gives DDP and
+    FSDP their AMP dtype, and FSDP its fp32 islands."""
+    if dims.batch_degree == 1:
+        return compiled, []
+    if not dims.shards and not dims.splits_model:
         from fwk.strategies.ddp import Replicated
 
-        amp = precision.sharded_param_dtype()
-        return Replicated(compiled, cfg, dist, amp)
+        return Replicated(compiled, cfg, dist, precision.sharded_param_dtype()), []
+    assert root is not None, "a mesh for every sharded or split layout"
+    if not dims.shards:
+        group = root.get_group("dp_replicate")
+        return compiled, [lambda: average_grads(plain, group, dims.dp_replicate)]
     from fwk.strategies import fsdp
 
     if precision.format == "fp16":
@@ -88,21 +111,35 @@ def wrap(
         from fwk.errors import UserError
 
         raise UserError(
-            f"parallel={strategy} with fp16 (precision={precision.cfg.name}) is not supported: {FP16_SHARDED}; "
+            f"parallel {dims.label()} with fp16 (precision={precision.cfg.name}) is not supported: {FP16_SHARDED}; "
             "use precision=bf16 or fp32, or parallel=ddp"
         )
-    shard_size = (cfg.shard_size or cfg.nproc_per_node) if strategy == "hsdp" else None
-    mesh = fsdp.mesh(dist.device, dist.world_size, shard_size)
+    data = mesh.data_mesh(root, dims)
     islands = precision.fp32_islands()
-    units = fsdp.shard(plain, mesh, precision.sharded_param_dtype(), islands, cfg.reshard_after_forward)
+    units = fsdp.shard(plain, data, precision.sharded_param_dtype(), islands, cfg.reshard_after_forward)
     if dist.is_main:
         dtype = precision.sharded_param_dtype()
-        shape = " x ".join(f"{n}={s}" for n, s in zip(mesh.mesh_dim_names or (), mesh.shape, strict=True))
         layout = ""
         if precision.channels_last:  # fsdp.shard: FSDP2 shards contiguous parameters only
             layout = "; conv weights contiguous (FSDP shards no other), inputs channels-last"
         logger.info(
-            f"parallel={strategy}: mesh {shape}; {len(units)} units ({units[0]}, ...); parameters in "
+            f"parallel={preset(dims)}: mesh {dims.label()}; {len(units)} units ({units[0]}, ...); parameters in "
             f"{dtype or torch.float32} for compute, fp32 master copy and gradient reduction{layout}"
         )
-    return fsdp.Sharded(compiled, plain)
+    return fsdp.Sharded(compiled, plain), []
+
+
+def average_grads(model: nn.Module, group: tdist.ProcessGroup, replicas: int) -> None:
+    """Every gradient averaged over the replicas: one all-reduce of all of them, flattened
+    (the local shards of tensor-parallel parameters)."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in model.parameters()]
+    grads = [g for g in grads if g is not None]
+    if not grads:
+        return
+    flat = _flatten_dense_tensors(grads)
+    tdist.all_reduce(flat, group=group)
+    flat /= replicas
+    for g, averaged in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        g.copy_(averaged)

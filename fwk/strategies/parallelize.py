@@ -7,13 +7,20 @@ nowhere else:
 1. ``kernels``: Triton LayerNorm/RMSNorm swapped in (same parameters), the chunked head
    loss. First, because the modules it swaps are what the next two match by pattern.
 2. ``precision``: fp32 islands (``keep_fp32``), channels-last, the range probe.
-3. ``memory``: activation checkpointing (or offload) around the chosen blocks. Before
+3. ``pipeline``: the model cut into stages, this rank keeping its own (``pipeline.py``).
+4. ``tensor``: each kept layer's matrices split over the ``tp`` ranks (``tensor.py``). Before
+   checkpointing and compile, which wrap the modules it shards (torchtitan's order).
+5. ``memory``: activation checkpointing (or offload) around the chosen blocks. Before
    compile, so that the compiled graph contains the checkpoints.
-4. ``jit``: ``torch.compile`` (or eager until ``auto`` decides). Around the plain model,
+6. ``jit``: ``torch.compile`` (or eager until ``auto`` decides). Around the plain model,
    so that evaluation and checkpoints keep using the plain one.
-5. ``parallel``: DDP wraps the compiled model; FSDP shards the plain one in place (the
-   compiled wrapper then calls the sharded model). Last, because DDP and FSDP hook the
-   parameters the others left in place, and the DDP communication monitor watches it.
+7. ``parallel``: data parallelism along the mesh's data dimension. DDP wraps the compiled
+   model; FSDP shards the plain one in place (the compiled wrapper then calls the sharded
+   model). Last, because DDP and FSDP hook the parameters the others left in place, and
+   the DDP communication monitor watches it.
+
+Tensor and pipeline parallel need one device mesh (``fwk/distributed/mesh.py``), built once
+here from the layout ``parallel.decide`` settles, and every technique takes its slice.
 
 ``Strategies`` builds each from its own config section, applies them (``apply``), and
 hands the loop what it iterates over: their checkpoint state, metrics and summary.
@@ -28,11 +35,14 @@ tries candidates on are redone once it has decided (``fwk/engine/trials.py``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from fwk.config.schema import Config
+from fwk.distributed import mesh
 from fwk.distributed.group import Dist
 from fwk.strategies import parallel
 from fwk.strategies.ddp import CommMonitor
@@ -42,11 +52,22 @@ from fwk.strategies.kernels import Kernels
 from fwk.strategies.memory import Memory
 from fwk.strategies.per_step import PerStep
 from fwk.strategies.precision import Precision
-from fwk.strategies.step_plan import StepPlan
+from fwk.strategies.step_plan import Split, StepPlan
+
+if TYPE_CHECKING:
+    from fwk.strategies.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
 
-APPLY_ORDER = ("kernels", "precision", "memory", "jit", "parallel")  # as ``apply`` runs them (tests check it)
+APPLY_ORDER = (
+    "kernels",
+    "precision",
+    "pipeline",
+    "tensor",
+    "memory",
+    "jit",
+    "parallel",
+)  # as ``apply`` runs them (tests check it)
 
 
 class Strategies:
@@ -62,6 +83,8 @@ class Strategies:
     ) -> None:
         """``accum_factor``: how many times more each process accumulates than
         ``train.accum_steps`` says (already in it): a run resumed by fewer processes."""
+        if dist.layout.splits_model:  # what runs whole tensors, or retraces per rank, stays out
+            cfg = _eager_and_plain(cfg, dist)
         self.cfg, self.dist = cfg, dist
         self.decisions = decisions if decisions is not None else Decisions(cfg, dist)
         d, steps, deterministic = self.decisions, cfg.train.max_steps, cfg.train.deterministic
@@ -71,6 +94,9 @@ class Strategies:
         self.jit = Jit(cfg.jit, dist, steps, deterministic, d)
         self.plan = StepPlan(cfg.train.accum_steps, self.memory, accum_factor)
         self.comm: CommMonitor | None = None  # watches the wrapped model: made by apply()
+        self.dims = dist.layout  # the layout: parallel=auto settles its data dimension in apply()
+        self.pipeline: Pipeline | None = None
+        self.grads_ready: list[Callable[[], None]] = []  # after a step's backward: the split layouts' syncs
 
     def apply(self, model: nn.Module, optimizer_floats: float) -> tuple[nn.Module, nn.Module]:
         """(plain model with kernels, islands and checkpoints installed; the model to train).
@@ -79,14 +105,44 @@ class Strategies:
         estimate). The plain model is what evaluation, checkpoints and the optimizer use."""
         assert self.comm is None, "strategies are applied once"
         cfg, dist = self.cfg, self.dist
+        self.dims, facts = parallel.decide(cfg.parallel, dist, model, optimizer_floats)
+        if dist.is_main and cfg.parallel.name == "auto" and dist.distributed:
+            logger.info(f"parallel=auto chose {parallel.preset(self.dims)} ({self.dims.label()}): {facts}")
+        root = mesh.build(self.dims, dist.device) if self.dims.shards or self.dims.splits_model else None
         model = self.kernels.apply(model)  # 1
         model = self.precision.prepare(model)  # 2
-        model = self.memory.apply(model)  # 3
-        compiled = self.jit.wrap(model)  # 4
-        trained = parallel.wrap(compiled, model, cfg.parallel, dist, self.precision, optimizer_floats)  # 5
+        if self.dims.pp > 1:  # 3
+            from fwk.strategies import pipeline
+
+            assert root is not None
+            self.pipeline = pipeline.Pipeline(
+                pipeline.split(model, cfg.parallel, self.dims, dist.rank), cfg.parallel, self.dims, root
+            )
+            model = self.pipeline.part
+            self.grads_ready.append(self.pipeline.grads_ready)
+        if self.dims.tp > 1:  # 4
+            from fwk.strategies import tensor
+
+            assert root is not None
+            tensor.apply(model, root["tp"])
+        model = self.memory.apply(model)  # 5
+        compiled = self.jit.wrap(model)  # 6
+        trained, syncs = parallel.wrap(compiled, model, cfg.parallel, dist, self.precision, self.dims, root)  # 7
+        self.grads_ready += syncs
+        self.root_mesh = root
         self.comm = CommMonitor(cfg.parallel, dist, self.plan, trained)
         self.model, self.trained = model, trained
         return model, trained
+
+    def split(self) -> Split:
+        """What the step does otherwise under this layout (nothing unless the model is split)."""
+        if not self.dims.splits_model:
+            return Split()
+        pipeline = self.pipeline
+        if pipeline is None:
+            return Split(grads_ready=self.grads_ready, norm_params=lambda: list(self.model.parameters()))
+        params = lambda: list(self.model.parameters())  # noqa: E731
+        return Split(pipeline.piece, self.grads_ready, params, (pipeline.group,), pipeline.uncounted)
 
     def reshaped(self) -> None:
         """After a method replaced the plain model's parameters (prune_gradually): DDP's
@@ -118,3 +174,13 @@ class Strategies:
         """The strategies' summary entries, and the measured decisions (``fwk replay`` re-applies them)."""
         out = {k: v for part in self.parts().values() for k, v in part.summary().items()}
         return {**out, "decisions": self.decisions.records()}
+
+
+def _eager_and_plain(cfg: Config, dist: Dist) -> Config:
+    """Under tensor or pipeline parallel: jit=auto stays eager and kernels=auto plain PyTorch
+    (validate refuses jit=compile and kernels=triton there), said in one line."""
+    jit = replace(cfg.jit, name="off") if cfg.jit.name == "auto" else cfg.jit
+    kernels = replace(cfg.kernels, name="torch") if cfg.kernels.name == "auto" else cfg.kernels
+    if dist.is_main and (jit is not cfg.jit or kernels is not cfg.kernels):
+        logger.info(f"parallel {dist.layout.label()}: eager, plain PyTorch kernels (jit=auto and kernels=auto)")
+    return replace(cfg, jit=jit, kernels=kernels)

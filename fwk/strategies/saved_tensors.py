@@ -25,7 +25,9 @@ class SavedTensorMeter:
     def leave_out(self, model: torch.nn.Module) -> None:
         """Count nothing that ``model``'s parameters and buffers hold (called again when a
         method replaced them)."""
-        self.ignore = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        tensors = [*model.parameters(), *model.buffers()]
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # a DTensor's own shard
+        self.ignore = {t.untyped_storage().data_ptr() for t in local}
 
     def hold(self, t: Any) -> None:
         if isinstance(t, tuple):  # save_on_cpu packs (device, tensor)

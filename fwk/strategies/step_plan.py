@@ -15,11 +15,29 @@ sets the two numbers:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 
 from fwk.strategies.memory import Memory
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Split:
+    """What a step does otherwise when the model is split over ranks (tensor, pipeline
+    parallel; ``fwk/strategies/parallelize.py`` makes it): nothing, by default."""
+
+    # (inputs, targets, the piece's share of the step's targets, device) -> the piece's mean
+    # loss, its backward done: a pipeline schedule's forward and backward
+    piece: Callable[[torch.Tensor, torch.Tensor, float, torch.device], torch.Tensor] | None = None
+    grads_ready: list[Callable[[], None]] = field(default_factory=list)  # after the last backward
+    norm_params: Callable[[], list[torch.Tensor]] | None = None  # clipped across ranks (DTensors, stages)
+    norm_across: tuple[Any, ...] = ()  # process groups whose ranks hold different parameters
+    uncounted: Callable[[], list[torch.Tensor]] = list  # scaled, but counted in the norm elsewhere
 
 
 class StepPlan:

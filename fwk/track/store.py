@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from fwk.distributed.dims import LAYOUT
 from fwk.errors import UserError
 from fwk.track.run_id import identity
 
@@ -166,7 +167,7 @@ def _same_run(stored_yaml: str, config_yaml: str) -> bool:
 
 
 # What the workers read from config.yaml that the run id leaves out and a relaunch may change
-_AS_LAUNCHED_PARALLEL = ("nproc_per_node", "nnodes")
+_AS_LAUNCHED_PARALLEL = ("nproc_per_node", "nnodes", *LAYOUT)
 
 
 def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:

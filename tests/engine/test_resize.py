@@ -55,7 +55,7 @@ def test_a_run_stopped_on_one_process_count_resumes_on_another_and_ends_as_a_str
     (expected_id, expected), (got_id, got) = _final(tmp_path / "straight"), _final(runs)
     assert got_id == expected_id  # the same run, whatever the process count
     line = next(x for x in resumed.stdout.splitlines() if x.startswith("resuming step"))
-    processes = f"{after} process{'es' if after > 1 else ''}"
+    processes = f"{after} data-parallel rank{'s' if after > 1 else ''}"
     micro = ", as 2 micro-batches" if after < before else ""
     assert line.endswith(f"of run {got_id} on {processes} (written by {before}): same global batch 64{micro}"), line
     # the same samples at every step; the gradients summed in another order

@@ -101,7 +101,7 @@ def test_a_dead_machine_leaves_the_run_to_the_others_which_resume_and_finish(tmp
     resumed = json.loads((path / "env.json").read_text())["launches"][-1]["from_step"]
     line = next(x for x in out.splitlines() if x.startswith("resuming step"))
     assert line == (
-        f"resuming step {resumed} of run {path.name} on 1 process (written by 2): "
+        f"resuming step {resumed} of run {path.name} on 1 data-parallel rank (written by 2): "
         "same global batch 64, as 2 micro-batches"
     )
     # every step once: those after the checkpoint, done again by the survivor, are not counted twice
