@@ -370,10 +370,15 @@ def named_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: 
 def _by_name(optimizer_state: dict[str, Any]) -> bool:
     """True for an optimizer state keyed by parameter names (torch.distributed.checkpoint's
     layouts, nested or flat), False for ``Optimizer.state_dict()``'s parameter indices."""
-    if "param_groups" not in optimizer_state:  # flat: "state.NAME.exp_avg", "param_groups.NAME.lr"
+    if is_flat(optimizer_state):
         return True
     groups = optimizer_state.get("param_groups") or [{}]
     return any(isinstance(p, str) for p in groups[0].get("params", []))
+
+
+def is_flat(optimizer_state: dict[str, Any]) -> bool:
+    """An optimizer state flattened by name ("state.NAME.exp_avg", "param_groups.NAME.lr")."""
+    return any(isinstance(k, str) and k.startswith(("state.", "param_groups.")) for k in optimizer_state)
 
 
 def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ from fwk.registry import Registry
 METHODS = Registry("method", package="fwk.methods")
 Rule = tuple[bool, str, Any, str]  # (holds, key, value, what is allowed)
 Config = Any  # fwk.config.schema.Config, the whole typed config (that module imports this one)
-SHARDED = ("fsdp", "hsdp")  # parallel names that shard the model
 
 
 def settings_section() -> type:

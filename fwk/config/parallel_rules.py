@@ -22,6 +22,12 @@ def rules(c: Config) -> Iterator[Rule]:
     yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
     yield 0 <= p.node_rank < p.nnodes, "parallel.node_rank", p.node_rank, f"an integer in [0, {p.nnodes - 1}]"
     yield p.shard_size >= 0, "parallel.shard_size", p.shard_size, "an integer >= 0 (0 = nproc_per_node)"
+    yield (
+        not (p.name == "none" and world > 1),
+        "parallel.name",
+        p.name,
+        f"ddp, fsdp, tp, pp, hybrid or auto when {world} processes train (parallel=none runs a single process)",
+    )
     dims, problem = layout(p, world)
     if dims is None:  # a sentence of its own: which degrees, what they multiply to, what would fit
         raise UserError(problem)
@@ -79,6 +85,13 @@ def _layout_rules(c: Config, dims: Dims) -> Iterator[Rule]:
         p.pp_stages_per_rank,
         f"an integer >= 2 with pp_schedule={p.pp_schedule}" if multi else f"1 with pp_schedule={p.pp_schedule}",
     )
+    yield (
+        not (dims.pp > 1 and dims.dp_shard > 1),
+        "parallel.dp_shard",
+        p.dp_shard,
+        f"1 with parallel.pp={dims.pp} (FSDP of pipeline stages is not built yet): replicate with "
+        "parallel.dp_replicate, or shard without pp",
+    )
     if dims.pp > 1:
         stages = dims.pp * p.pp_stages_per_rank
         micro = p.pp_microbatches or 2 * stages
@@ -95,9 +108,4 @@ def _layout_rules(c: Config, dims: Dims) -> Iterator[Rule]:
             micro,
             f"at least the {dims.pp} stages with pp_schedule=1f1b",
         )
-    yield (
-        not (p.name == "none" and c.world_size > 1),
-        "parallel.name",
-        p.name,
-        f"ddp, fsdp or auto when {c.world_size} processes train (parallel=none runs a single process)",
-    )
+

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fwk.config.methods import METHODS, settings_section
-from fwk.distributed.dims import NAMES, Dims, resolve
+from fwk.distributed.dims import NAMES, Dims, layout
 from fwk.registry import doc
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "staged")
@@ -340,13 +340,13 @@ class Config:
         return dims
 
 
-def layout(p: ParallelConfig, world: int) -> tuple[Dims | None, str]:
-    """(the degrees of ``parallel``, "") or (None, what is wrong). ``parallel=auto`` gives the
-    data dimension whatever the set degrees leave (replicated: the strategy may shard it)."""
-    degrees = {n: getattr(p, n) for n in NAMES}
-    if p.name == "auto" and -1 not in degrees.values():
-        degrees["dp_replicate"] = -1
-    return resolve(degrees, world, p.nproc_per_node, p.shard_size)
+def one_process(p: ParallelConfig) -> ParallelConfig:
+    """The parallel section of the same run in one process (``fwk profile``, ``fwk export``'s retraining)."""
+    import dataclasses
+
+    degrees = dict.fromkeys(NAMES, 1)
+    return dataclasses.replace(p, name="none", nproc_per_node=1, nnodes=1, node_rank=0, **degrees)
+
 
 
 QUANTIZATIONS = ("none", "int8", "dynamic_int8", "fp16")

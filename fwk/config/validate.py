@@ -151,7 +151,7 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
             optim_name != name or not sharded,
             "parallel.name",
             p.name,
-            f"ddp, pp, none or auto with optim={name} ({why}; FSDP and tensor parallel hold shards)",
+            f"ddp, none or auto with optim={name} ({why}; FSDP and tensor parallel hold shards, pp keeps them whole)",
         )
     rules = getattr(c.optim, "rules", None)  # an optimizer's settings check themselves (not a _target_ dict)
     if rules is not None:

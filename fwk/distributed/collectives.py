@@ -48,17 +48,18 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def replicas_in_sync(model: nn.Module, dist: Dist) -> bool:
+def replicas_in_sync(model: nn.Module, dist: Dist, group: tdist.ProcessGroup | None = None) -> bool:
     """Whether every rank holds bit-identical parameters (a check for desync bugs; sharded
-    parameters are gathered whole first)."""
+    parameters are gathered whole first). ``group``: the ranks that hold the same part of a
+    model split by tensor or pipeline parallel (its data-parallel peers), else every rank."""
     if not dist.distributed:
         return True
     digest = hashlib.sha256()
     for p in model.parameters():
         whole = full_tensor(p.detach())
         digest.update(whole.cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    digests: list[str] = [""] * dist.world_size
-    tdist.all_gather_object(digests, digest.hexdigest())
+    digests: list[str] = [""] * tdist.get_world_size(group)
+    tdist.all_gather_object(digests, digest.hexdigest(), group=group)
     return len(set(digests)) == 1
 
 
@@ -116,3 +117,24 @@ def clip_grad_norm_(
     for g in grads:
         (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
     return norm
+
+
+def grads_laid_out_as_params(model: nn.Module) -> None:
+    """Hooks that give each DTensor parameter's gradient its parameter's placements. DTensor's
+    embedding backward gives a vocabulary-split table's gradient replicated (each rank the
+    whole table's); taking this rank's rows is local, and the optimizer, the gradient norm and
+    the pipeline's sum of a tied weight's copies then see each shard with its own rows."""
+    for param in model.parameters():
+        if isinstance(param, DTensor) and param.requires_grad:
+            param.register_hook(_laid_out_as(param))
+
+
+def _laid_out_as(param: DTensor) -> Any:
+    mesh, placements = param.device_mesh, param.placements
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if isinstance(grad, DTensor) and grad.placements != placements:
+            return grad.redistribute(mesh, placements)
+        return grad
+
+    return hook

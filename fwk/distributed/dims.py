@@ -16,6 +16,7 @@ Used before any work by the config check (``fwk/config/validate.py``), and by ev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 NAMES = ("pp", "dp_replicate", "dp_shard", "tp")  # mesh order: outermost first
 PRESETS = ("auto", "none", "ddp", "fsdp", "hsdp", "tp", "pp", "hybrid")  # conf/parallel/*.yaml
@@ -112,3 +113,20 @@ def _mismatch(given: dict[str, int], world: int, product: int) -> str:
         f"(parallel.nproc_per_node x parallel.nnodes); make the product {world}, "
         "or set one degree to -1 to take what is left"
     )
+
+
+def layout(p: Any, world: int) -> tuple[Dims | None, str]:
+    """(the degrees of a ``parallel`` config section, "") or (None, what is wrong).
+    ``parallel=auto`` gives the data dimension whatever the set degrees leave (replicated:
+    the strategy may shard it)."""
+    degrees = {n: getattr(p, n) for n in NAMES}
+    if p.name == "auto" and -1 not in degrees.values():
+        degrees["dp_replicate"] = -1
+    return resolve(degrees, world, p.nproc_per_node, p.shard_size)
+
+
+def shards_model(c: Any) -> bool:
+    """Whether no rank of config ``c`` holds the whole model as plain tensors: FSDP, tensor
+    or pipeline parallel (what the methods that hold whole weights refuse)."""
+    dims, _ = layout(c.parallel, c.world_size)
+    return dims is not None and (dims.shards or dims.splits_model)

@@ -31,3 +31,10 @@ def data_mesh(root: DeviceMesh, dims: Dims) -> DeviceMesh:
 def group(root: DeviceMesh, name: str) -> tdist.ProcessGroup:
     """The process group of this rank's peers along one dimension."""
     return root.get_group(name)
+
+
+def data_group(root: DeviceMesh, dims: Dims) -> tdist.ProcessGroup:
+    """The ranks that hold the same part of the model and take different batches."""
+    if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        return root["dp_replicate", "dp_shard"]._flatten("dp").get_group()
+    return root.get_group("dp_replicate" if dims.dp_replicate > 1 else "dp_shard")

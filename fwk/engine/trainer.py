@@ -19,7 +19,8 @@ import torch
 
 from fwk.components.metrics import Window
 from fwk.data.prefetch import DevicePrefetcher
-from fwk.distributed.collectives import replicas_in_sync
+from fwk.distributed.collectives import all_reduce_max, replicas_in_sync
+from fwk.distributed.group import Dist
 from fwk.engine.assemble import Run
 from fwk.engine.state import StopSignal
 from fwk.engine.step import label
@@ -163,7 +164,8 @@ def finish(run: Run) -> dict[str, Any]:
         "samples_per_s": p.samples / max(p.train_time, 1e-9),
         "data_wait": min(1.0, p.data_wait / max(p.train_time, 1e-9)),  # share of train time spent waiting for data
         "world_size": dist.world_size,
-        **peak_memory(dist.device),
+        **peak_memory(dist),
+        "state_gib_per_rank": state_gib(run),
         **run.strategies.summary(),
         **run.diagnostics.summary(),
         **(
@@ -172,17 +174,37 @@ def finish(run: Run) -> dict[str, Any]:
             else {}
         ),
         **({"best": {"metric": run.best.metric, "value": run.best.saved}} if run.best.active else {}),
-        "replicas_in_sync": replicas_in_sync(run.model, dist),
+        "replicas_in_sync": replicas_in_sync(run.model, dist, run.strategies.replica_group()),
     }
     if dist.is_main:
         run.dir.write_summary(summary)
     return summary
 
 
-def peak_memory(device: torch.device) -> dict[str, float]:
-    """The peak allocated device memory in GiB since the run began (CUDA; the CPU keeps no
-    such count). memory=auto resets the counter around each trial step while it decides, so a
-    run that decided late reports the peak since its last trial."""
-    if device.type != "cuda":
-        return {}
-    return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)}
+def peak_memory(dist: Dist) -> dict[str, float]:
+    """The peak allocated device memory in GiB since the run began, the largest of any rank
+    (CUDA; memory=auto resets the counter around each trial step while it decides, so a run
+    that decided late reports the peak since its last trial). On the CPU, which keeps no such
+    count, the largest resident set of any rank's process (libraries included)."""
+    if dist.device.type != "cuda":
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        return {"peak_rss_gib": round(all_reduce_max([float(rss)], dist)[0] / 2**30, 3)}
+    peak = torch.cuda.max_memory_allocated(dist.device)
+    return {"peak_memory_gib": round(all_reduce_max([float(peak)], dist)[0] / 2**30, 3)}
+
+
+def state_gib(run: Run) -> float:
+    """Parameters and optimizer state held by one rank at the end (the gradients, as large as
+    the parameters, are freed after each step), in GiB, the largest of any rank: what
+    sharding and splitting the model divide (``bench/cpu/parallel.txt``)."""
+
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    held = sum(local(p) + (local(p.grad) if p.grad is not None else 0) for p in run.model.parameters())
+    for state in run.optimizer.state.values():
+        held += sum(local(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return round(all_reduce_max([float(held)], run.dist)[0] / 2**30, 4)

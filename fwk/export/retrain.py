@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fwk.config.schema import one_process
 from fwk.errors import UserError
 from fwk.optim import peak_lr, with_lr
 
@@ -49,7 +50,7 @@ def retrain_config(cfg: Config, steps: int, lr_factor: float = 1.0) -> Config:
         checkpoint=replace(cfg.checkpoint, every=0, keep=1, rewind_at=0.0),
         methods=[m for m in cfg.methods if m != "prune_gradually"],  # the export's rounds prune; no stages on top
         # in this process: fwk export is one process (a multi-GPU retrain is not supported yet)
-        parallel=replace(cfg.parallel, name="none", nproc_per_node=1, nnodes=1, node_rank=0),
+        parallel=one_process(cfg.parallel),
     )
 
 

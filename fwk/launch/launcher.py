@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fwk.config.layouts import describe as describe_layout
 from fwk.config.resolve import Resolved
 from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
@@ -35,12 +36,14 @@ class LaunchPlan:
     argv: list[str] | None  # torchrun's command line, or None for one in-process worker
     data: dict[str, str]  # the data's fingerprint (sources.Fingerprint), or why there is none
     lease_key: str | None = None  # several machines: the launch that holds the run's lease (fwk/track/lease.py)
+    layout: str = ""  # the mesh and its per-rank memory estimate (fwk/config/layouts.py)
 
     def describe(self) -> str:
         how = shlex.join(self.argv) if self.argv else "in this process (1 worker)"
         return (
             f"run {self.run_id} -> {self.run_dir}\ncode {self.code}, world size {self.world_size}\n"
-            f"data {self.data['digest'] or '-'}: {self.data['what']}"
+            + (f"{self.layout}\n" if self.layout else "")
+            + f"data {self.data['digest'] or '-'}: {self.data['what']}"
             + (f"; {self.data['how']}" if self.data.get("how") else "")
             + f"\nlaunch: {how}"
         )
@@ -64,7 +67,8 @@ def plan(resolved: Resolved, salt: str = "") -> LaunchPlan:
     run_dir = Path(cfg.paths.runs).expanduser().resolve() / rid
     argv = torchrun_argv(cfg.parallel, run_dir, rid) if cfg.world_size > 1 else None
     key = launch_key(cfg.parallel.rdzv_endpoint, os.environ) if cfg.parallel.nnodes > 1 else None
-    return LaunchPlan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv, data, key)
+    mesh = describe_layout(cfg) if cfg.world_size > 1 else ""
+    return LaunchPlan(rid, run_dir, code, cfg.world_size, cfg.parallel.nproc_per_node, argv, data, key, mesh)
 
 
 def launch(

@@ -14,7 +14,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fwk.config.methods import SHARDED, Config, Rule
+from fwk.config.methods import Config, Rule
+from fwk.distributed.dims import shards_model
 from fwk.methods.base import Method, method
 from fwk.registry import doc
 
@@ -32,10 +33,10 @@ class EmaConfig:
         yield self.half_life > 0, "method.ema.half_life", self.half_life, "a number of steps > 0"
         if "ema" in c.methods:
             yield (
-                c.parallel.name not in SHARDED,
+                not shards_model(c),
                 "methods",
                 list(c.methods),
-                "no ema with parallel=fsdp/hsdp (the average would hold the whole model on every rank); "
+                "no ema with parallel=fsdp/hsdp/tp/pp (the average would hold the whole model on every rank); "
                 "use parallel=ddp",
             )
 

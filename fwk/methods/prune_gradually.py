@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fwk.config.methods import SHARDED, Config, Rule
+from fwk.config.methods import Config, Rule
+from fwk.distributed.dims import shards_model
 from fwk.errors import UserError
 from fwk.methods.base import Method, method
 from fwk.registry import doc
@@ -58,10 +59,10 @@ class PruneGraduallyConfig:
         if "prune_gradually" not in c.methods:
             return
         yield (
-            c.parallel.name not in SHARDED,
+            not shards_model(c),
             "parallel.name",
             c.parallel.name,
-            "ddp, none or auto with methods=[prune_gradually] (it slices whole weights; FSDP holds shards)",
+            "ddp, none or auto with methods=[prune_gradually] (it slices whole weights; FSDP, tp and pp hold parts)",
         )
         yield (
             "ema" not in c.methods,

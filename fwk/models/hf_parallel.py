@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from fwk.distributed.collectives import grads_laid_out_as_params
 from fwk.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 
     assert tp_mesh.ndim == 1, f"tensor_parallel takes a 1-D mesh, not {tp_mesh.ndim}-D"
     hf = _transformers_model(model)
+    assert not any(isinstance(p, DTensor) for p in hf.parameters()), "tensor_parallel: the model is sharded already"
     degree = tp_mesh.size()
     text = hf.config.get_text_config()
     if not (getattr(text, "base_model_tp_plan", None) or getattr(hf.config, "base_model_tp_plan", None)):
@@ -98,6 +100,7 @@ def tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         module._parameters[leaf] = theirs  # tied again: one parameter, one gradient
 
     _local_head_counts(hf, plan, degree)
+    grads_laid_out_as_params(hf)
     whole = [n for n in planned if not isinstance(hf.get_parameter(n), DTensor)]
     assert not whole, f"tensor-parallel plan left {whole[0]} whole"
     assert [n for n, _ in hf.named_parameters()] == names, "tensor parallel changed the parameter names"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fwk.config.schema import Config
+from fwk.config.schema import Config, one_process
 from fwk.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def profile_config(cfg: Config, warmup: int, steps: int) -> tuple[Config, list[s
             f"profiled in one process (the run has {cfg.world_size}): communication between processes "
             "is not measured here"
         )
-        parallel = replace(parallel, name="none", nproc_per_node=1, nnodes=1, node_rank=0)
+        parallel = one_process(parallel)
     precision = cfg.precision
     if precision.name == "auto" and precision.probe_steps > warmup:
         # the range probe (hooks on every module) runs in the first probe_steps: keep it out of the record

@@ -126,7 +126,7 @@ def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool =
 
 
 def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    flat = "param_groups" not in state["optimizer"]
+    flat = any(isinstance(k, str) and k.startswith(("state.", "param_groups.")) for k in state["optimizer"])
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
     if flat:  # the whole tensors _strided_whole wrote go back to this rank's slices
         model_sd, optim_sd = get_state_dict(model, optimizer, options=options)

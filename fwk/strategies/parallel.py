@@ -60,8 +60,8 @@ def decide(cfg: ParallelConfig, dist: Dist, model: nn.Module, optimizer_floats: 
         f"{dist.world_size} processes on {cfg.nnodes} node(s); parameters + gradients + optimizer state "
         f"{need / gib:.2g} GiB vs {free / gib:.3g} GiB free on {dist.device.type}"
     )
-    if need <= cfg.auto_memory_share * free:
-        return dims, f"{facts} (fits in {cfg.auto_memory_share:.0%})"
+    if need <= cfg.auto_memory_share * free or dims.pp > 1:  # (no FSDP of pipeline stages)
+        return dims, f"{facts} (fits in {cfg.auto_memory_share:.0%})" if dims.pp == 1 else f"{facts} (pp: replicate)"
     data, shard = dims.batch_degree, dims.batch_degree
     if cfg.nnodes > 1 and data % cfg.nnodes == 0:  # shard inside a node, replicate across nodes (hsdp)
         shard = data // cfg.nnodes

@@ -97,6 +97,7 @@ class Strategies:
         self.dims = dist.layout  # the layout: parallel=auto settles its data dimension in apply()
         self.pipeline: Pipeline | None = None
         self.grads_ready: list[Callable[[], None]] = []  # after a step's backward: the split layouts' syncs
+        self.root_mesh: Any = None  # the device mesh, for the layouts that need one
 
     def apply(self, model: nn.Module, optimizer_floats: float) -> tuple[nn.Module, nn.Module]:
         """(plain model with kernels, islands and checkpoints installed; the model to train).
@@ -143,6 +144,14 @@ class Strategies:
             return Split(grads_ready=self.grads_ready, norm_params=lambda: list(self.model.parameters()))
         params = lambda: list(self.model.parameters())  # noqa: E731
         return Split(pipeline.piece, self.grads_ready, params, (pipeline.group,), pipeline.uncounted)
+
+    def replica_group(self) -> Any:
+        """The process group whose ranks should hold the same parameters: every rank, unless
+        tensor or pipeline parallel split the model (then its data-parallel peers)."""
+        if not self.dims.splits_model:
+            return None
+        assert self.root_mesh is not None
+        return mesh.data_group(self.root_mesh, self.dims)
 
     def reshaped(self) -> None:
         """After a method replaced the plain model's parameters (prune_gradually): DDP's

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
+from fwk.distributed.collectives import grads_laid_out_as_params
 from fwk.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 def apply(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard ``model`` in place over ``tp_mesh`` by its family's plan, or refuse it in one line."""
     degree = tp_mesh.size()
-    hf_config = getattr(model, "config", None)
+    hf_config = getattr(getattr(model, "hf", model), "config", None)  # fwk's wrapper of a transformers model
     if hasattr(model, "tp_plan"):
         plan = model.tp_plan(degree)
         parallelize_module(model, tp_mesh, plan)
@@ -36,6 +37,7 @@ def apply(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         if after is not None:  # what the plan cannot say: tied weights, local head counts
             after(degree)
         _check_sharded(model, list(plan))
+        grads_laid_out_as_params(model)
     elif hf_config is not None and hasattr(hf_config, "base_model_tp_plan"):
         from fwk.models.hf_parallel import tensor_parallel
 

@@ -4,7 +4,7 @@
         [--out bench/results] [--txt bench/cpu/NAME.txt]
 
 Each group (overhead, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
-channels_last, memory, jit, kernels, parallel, export, resnet50) runs in its own child process with a
+channels_last, memory, jit, kernels, parallel, layouts, export, resnet50) runs in its own child process with a
 wall-clock budget, so that one benchmark's failure, hang or leftover state (compiled graphs,
 threads, page cache) never reaches the next: a group that fails or runs out of time becomes
 one failed row with its one-line reason, and the others still run. ``GROUP:CASE+CASE`` runs
@@ -173,6 +173,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "jit": ("jit", "rows", 30),
     "kernels": ("kernel_speed", "rows", 20),  # not kernels.py: transformers imports a package of that name
     "parallel": ("parallel", "rows", 150),
+    "layouts": ("layouts", "rows", 1500),
     "export": ("export", "rows", 30),
     "resnet50": ("resnet50", "rows", 1500),
     "serve": ("serve_overload", "rows", 600),

@@ -1,6 +1,6 @@
 """The parts of ``make gpu-check``, in the order they run, with their budgets.
 
-On one GPU the budgets add up to 9.7 minutes (8 before resnet50-tta, the ResNet-50 headline of
+On one GPU the budgets add up to 10 minutes (8 before resnet50-tta, the ResNet-50 headline of
 issue 32, which needs its own photos and three whole runs): correctness first, since a
 wrong kernel makes every speed figure after it meaningless, then the speed and memory
 ratios, then the whole ``fwk train`` against a plain loop. Each part names its ``--dry``
@@ -41,6 +41,8 @@ PARTS = [
          [PY, f"{GPU}/correct.py", "oom_redo"], [PY, f"{GPU}/correct.py", "oom_redo", "--dry"], 60),
     Part("nvjpeg", "correctness", "data.decode=gpu equals the CPU decode within JPEG tolerance", 15,
          [PY, f"{GPU}/correct.py", "nvjpeg"], [PY, f"{GPU}/correct.py", "nvjpeg", "--dry"], 60),
+    Part("layouts", "correctness", "tp=2, pp=2 and tp=2 x dp_shard=2 over NCCL equal one process (2 and 4 GPUs)",
+         20, [PY, f"{GPU}/layouts.py"], [PY, f"{GPU}/layouts.py", "--dry"], 300),
     # --- speed and memory, as ratios measured in one run ---
     Part("precision", "speed", "fp32/TF32, bf16, fp16 and auto on ResNet-50 (224 px, batch 128) and the GPT", 35,
          [PY, f"{BENCH}/precision.py", *FULL, "--rounds", "5", "--workloads", "resnet50,gpt"],

@@ -112,7 +112,7 @@ def test_sweep_cfg_and_dry_run_import_no_torch(runs: Path) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("sweep ") and lines[0].endswith(": 4 runs over optim.lr, precision")
-    assert "run 4/4: optim.lr=0.01 precision=bf16 -> run " in lines[-5]
+    assert "run 4/4: optim.lr=0.01 precision=bf16 -> run " in lines[-6]  # run, code, mesh, data, launch
     assert out.stdout.count("torch.distributed.run --nproc-per-node=2 --standalone") == 4
     assert loaded == []
     assert not runs.exists()  # a dry run creates nothing, not even the sweep's record

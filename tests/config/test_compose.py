@@ -107,7 +107,7 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: expected a number > 0"),
         (
             ["train.batch_size=63", "parallel.nproc_per_node=2"],
-            "train.batch_size=63 is not allowed: expected a multiple of the world size 2",
+            "train.batch_size=63 is not allowed: expected a multiple of the data-parallel degree 2",
         ),
         (["model.channels1=abc"], "model.channels1='abc' is not allowed: expected an integer (fix it with model."),
         (["optim.lr=abc"], "optim.lr='abc' is not allowed: expected a number (fix it with optim.lr=...)"),

@@ -173,7 +173,7 @@ def test_two_processes_train_it(tmp_path: Path, parallel: str) -> None:
     assert summary["final_step"] == 6 and summary["world_size"] == 2 and summary["eval"]["val_loss"] < 5.55
     assert summary["replicas_in_sync"] is True
     if parallel == "fsdp":  # a unit per decoder layer, then the root
-        assert "parallel=fsdp: mesh shard=2; 3 units (hf.model.layers.0, ...)" in out.stdout, out.stdout
+        assert "parallel=fsdp: mesh dp_shard=2; 3 units (hf.model.layers.0, ...)" in out.stdout, out.stdout
 
 
 def test_checkpointing_muon_and_the_profiler_take_its_structure(tmp_path: Path) -> None:

@@ -57,8 +57,6 @@ def _compare(tied: bool) -> None:
     plain = _llama(tie_word_embeddings=tied)
     expected = _loss(plain, idx, targets)
     expected.backward()
-    with torch.no_grad():
-        expected_logits = plain(input_ids=idx).logits
 
     model = _llama(tie_word_embeddings=tied)
     names = [n for n, _ in model.named_parameters()]
@@ -81,16 +79,25 @@ def _compare(tied: bool) -> None:
         assert grad is not None, f"{name}: no gradient"
         if isinstance(param, DTensor):
             sharded += 1
-            assert isinstance(grad, DTensor), name
-            print(name, grad.placements, param.placements, grad.to_local().shape, flush=True)
+            assert isinstance(grad, DTensor) and grad.placements == param.placements, (name, grad.placements)
             grad = grad.full_tensor()
             assert torch.equal(param.full_tensor(), want[name].detach()), f"{name}: not the plain model's values"
         torch.testing.assert_close(grad, want[name].grad, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
     assert sharded == 7 * LLAMA["num_hidden_layers"] + (1 if tied else 2)  # the layers' 7 matrices, embeddings, head
 
+    # an optimizer step on the shards, each with its own rows of the gradient; fwk's groups (fwk/optim: matrices,
+    # vectors) keep the DTensors apart from the whole norms, as foreach kernels take one kind per list
+    for m in (plain, model):
+        groups = [[p for p in m.parameters() if p.dim() >= 2], [p for p in m.parameters() if p.dim() < 2]]
+        torch.optim.SGD([{"params": g} for g in groups], lr=0.1, momentum=0.9, foreach=True).step()
+    for name, param in model.named_parameters():
+        whole = param.full_tensor() if isinstance(param, DTensor) else param
+        torch.testing.assert_close(whole, want[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
     with torch.no_grad():  # transformers' inference path: local shards, explicit all-reduces
+        expected_logits = plain(input_ids=idx).logits
         torch.testing.assert_close(model(input_ids=idx).logits, expected_logits, atol=1e-5, rtol=0)
-    assert abs(wrapper(idx, targets).item() - expected.item()) < 1e-5  # fwk's wrapper: loss from the logits
+        expected = F.cross_entropy(expected_logits.flatten(0, 1), targets.flatten())
+        assert abs(wrapper(idx, targets).item() - expected.item()) < 1e-5  # fwk's wrapper: loss from the logits
 
 
 def _worker(rank: int, store: str) -> None:
@@ -110,7 +117,12 @@ def test_llama_split_over_two_ranks_has_the_plain_loss_and_gradients(tmp_path: P
     require(GLOO, "torch.distributed with gloo is needed")
     import torch.multiprocessing as mp
 
-    ranks = mp.start_processes(_worker, args=(str(tmp_path / "store"),), nprocs=TP, join=False, start_method="spawn")
+    # the ranks fork from one server that imported torch, transformers' Llama and this module once, instead of
+    # each importing them (~5 s of CPU apiece); the server starts single-threaded, unlike pytest's xdist worker
+    mp.get_context("forkserver").set_forkserver_preload([__name__, "transformers.models.llama.modeling_llama"])
+    ranks = mp.start_processes(
+        _worker, args=(str(tmp_path / "store"),), nprocs=TP, join=False, start_method="forkserver"
+    )
     deadline = time.monotonic() + 120
     while not ranks.join(timeout=1):
         if time.monotonic() > deadline:
@@ -142,4 +154,3 @@ def test_a_model_without_a_plan_is_refused_in_one_line() -> None:
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32))
     with pytest.raises(UserError, match="^model=hf: gpt2 has no base_model_tp_plan; use parallel.tp=1$"):
         tensor_parallel(model, _Mesh(2))  # type: ignore[arg-type]
-

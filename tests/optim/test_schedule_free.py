@@ -123,7 +123,7 @@ def test_two_process_ddp_keeps_replicas_in_sync(runs: Path) -> None:
     ("args", "line"),
     [
         (
-            ["parallel=fsdp"],
+            ["parallel=fsdp", "parallel.nproc_per_node=2"],  # (on one process nothing is sharded)
             "parallel.name='fsdp' is not allowed: expected ddp, none or auto with optim=adamw_schedulefree",
         ),
         (["methods=[ema]"], "methods=['ema'] is not allowed: expected no ema with optim=adamw_schedulefree"),

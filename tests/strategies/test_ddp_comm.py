@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fwk.config.schema import ParallelConfig
+from fwk.distributed.dims import Dims
 from fwk.distributed.group import Dist
 from fwk.optim import AdamWConfig, LionConfig, SGDConfig, state_floats_per_param
 from fwk.strategies import parallel
@@ -38,23 +39,29 @@ def test_training_bytes_counts_params_grads_and_state() -> None:
 
 
 @pytest.mark.parametrize(
-    ("world", "nnodes", "free", "expected"),
-    [(1, 1, 10**12, "none"), (2, 1, 10**12, "ddp"), (2, 1, 10_000, "fsdp"), (4, 2, 10_000, "hsdp")],
+    ("world", "nnodes", "free", "expected", "dims"),
+    [
+        (1, 1, 10**12, "none", Dims()),
+        (2, 1, 10**12, "ddp", Dims(dp_replicate=2)),
+        (2, 1, 10_000, "fsdp", Dims(dp_shard=2)),
+        (4, 2, 10_000, "hsdp", Dims(dp_replicate=2, dp_shard=2)),
+    ],
 )
 def test_auto_decides_from_memory(
-    monkeypatch: pytest.MonkeyPatch, world: int, nnodes: int, free: int, expected: str
+    monkeypatch: pytest.MonkeyPatch, world: int, nnodes: int, free: int, expected: str, dims: Dims
 ) -> None:
     monkeypatch.setattr(parallel, "_free_device_bytes", lambda device: free)
     cfg = ParallelConfig(nproc_per_node=world // nnodes, nnodes=nnodes)
-    strategy, facts = decide(cfg, Dist(0, 0, world, CPU), nn.Linear(100, 10), 2.0)
-    assert strategy == expected
+    chosen, facts = decide(cfg, Dist(0, 0, world, CPU), nn.Linear(100, 10), 2.0)
+    assert (chosen, parallel.preset(chosen)) == (dims, expected)
     if world > 1:
         assert "0.00015 GiB" not in facts and "GiB free on cpu" in facts
 
 
 def test_explicit_strategy_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "_free_device_bytes", lambda device: 1)
-    assert decide(ParallelConfig(name="ddp"), Dist(0, 0, 2, CPU), nn.Linear(4, 4), 2.0)[0] == "ddp"
+    ddp = Dist(0, 0, 2, CPU, dims=Dims(dp_replicate=2))
+    assert decide(ParallelConfig(name="ddp", dp_replicate=-1), ddp, nn.Linear(4, 4), 2.0)[0] == Dims(dp_replicate=2)
 
 
 SLOW = [

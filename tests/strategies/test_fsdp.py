@@ -35,9 +35,9 @@ HSDP = ["parallel=hsdp", "parallel.shard_size=2", "parallel.reshard_after_forwar
 @pytest.mark.parametrize(
     ("strategy", "mesh", "ranks", "cpu_bf16"),
     [
-        pytest.param(FSDP_ACCUM, "shard=2", 2, False, id="cpu-fp32-fsdp-checkpoint-compile-accum"),
-        pytest.param(FSDP_ACCUM, "shard=2", 2, True, id="cpu-bf16-fsdp-checkpoint-compile-accum"),
-        pytest.param(HSDP, "replicate=2 x shard=2", 4, True, id="cpu-bf16-hsdp-2x2"),
+        pytest.param(FSDP_ACCUM, "dp_shard=2", 2, False, id="cpu-fp32-fsdp-checkpoint-compile-accum"),
+        pytest.param(FSDP_ACCUM, "dp_shard=2", 2, True, id="cpu-bf16-fsdp-checkpoint-compile-accum"),
+        pytest.param(HSDP, "dp_replicate=2 x dp_shard=2", 4, True, id="cpu-bf16-hsdp-2x2"),
     ],
     indirect=["cpu_bf16"],
 )

@@ -40,7 +40,9 @@ def test_rendezvous_location_does_not_change_the_id() -> None:
     # nor do the node and process counts: the global batch is the same on any, and a run resumes on another
     resized = {**CFG, "parallel": {"nnodes": 4, "nproc_per_node": 8, "rdzv_endpoint": "node0:15001"}}
     assert run_id(resized, "git:abc") == run_id(cfg, "git:abc")
-    assert run_id({**CFG, "parallel": {"nnodes": 2, "name": "fsdp"}}, "git:abc") != run_id(cfg, "git:abc")
+    # nor does the layout: the same model and global batch, resharded by its checkpoints
+    layout = {"nnodes": 2, "name": "pp", "pp": 2, "tp": 2, "pp_schedule": "gpipe", "pp_microbatches": 8}
+    assert run_id({**CFG, "parallel": layout}, "git:abc") == run_id(cfg, "git:abc")
 
 
 def test_tracking_does_not_change_the_id() -> None:
