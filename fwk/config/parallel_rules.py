@@ -32,6 +32,7 @@ def rules(c: Config) -> Iterator[Rule]:
     if dims is None:  # a sentence of its own: which degrees, what they multiply to, what would fit
         raise UserError(problem)
     yield from _layout_rules(c, dims)
+    yield from _model_rules(c, dims)
     yield p.backend in BACKENDS, "parallel.backend", p.backend, f"one of {', '.join(BACKENDS)}"
     yield p.max_restarts >= 0, "parallel.max_restarts", p.max_restarts, "an integer >= 0"
     yield p.bucket_cap_mb > 0, "parallel.bucket_cap_mb", p.bucket_cap_mb, "a number > 0"
@@ -109,3 +110,24 @@ def _layout_rules(c: Config, dims: Dims) -> Iterator[Rule]:
             f"at least the {dims.pp} stages with pp_schedule=1f1b",
         )
 
+
+def _model_rules(c: Config, dims: Dims) -> Iterator[Rule]:
+    """What the degrees must divide in the model, asked of its config (``check_layout``); a
+    registered model whose config has none has no tensor-parallel plan and no pipeline split
+    (the CNNs and ResNets: convolutions gain nothing from either). A model of the user's own
+    (``_target_``) is asked once built (``fwk/strategies/tensor.py``, ``pipeline.py``)."""
+    model = c.model
+    if isinstance(model, dict) or not dims.splits_model:
+        return
+    check = getattr(model, "check_layout", None)
+    if check is not None:
+        yield from check(dims, c.parallel.pp_stages_per_rank)
+        return
+    for key, degree in (("tp", dims.tp), ("pp", dims.pp)):
+        yield (
+            degree == 1,
+            f"parallel.{key}",
+            degree,
+            f"1 with model={model.name} (it has no tensor-parallel plan or pipeline split: its convolutions "
+            "gain nothing from either); use parallel=ddp or fsdp",
+        )

@@ -348,7 +348,6 @@ def one_process(p: ParallelConfig) -> ParallelConfig:
     return dataclasses.replace(p, name="none", nproc_per_node=1, nnodes=1, node_rank=0, **degrees)
 
 
-
 QUANTIZATIONS = ("none", "int8", "dynamic_int8", "fp16")
 
 

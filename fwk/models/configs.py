@@ -4,6 +4,7 @@ config never imports torch. Each builder (fwk/models/<family>.py) takes its conf
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,25 @@ class GPTConfig:
             raise UserError(f"model.dropout={self.dropout} is not allowed: expected a probability in [0, 1)")
         check_init_from(self.init_from)
 
+    def check_layout(self, dims: Any, stages_per_rank: int) -> Iterator[tuple[bool, str, Any, str]]:
+        """What tensor and pipeline parallel need of this GPT (``fwk/models/gpt_parallel.py``)."""
+        divisors = [d for d in range(1, self.n_head + 1) if self.n_head % d == 0]
+        yield (
+            self.n_head % dims.tp == 0,
+            "parallel.tp",
+            dims.tp,
+            f"a divisor of model.n_head={self.n_head} ({', '.join(map(str, divisors))}): "
+            "each rank computes whole heads",
+        )
+        stages = dims.pp * stages_per_rank
+        yield (
+            stages <= self.n_layer,
+            "parallel.pp",
+            dims.pp,
+            f"at most model.n_layer={self.n_layer} stages in all (pp x pp_stages_per_rank = {stages}): "
+            "each stage needs a block",
+        )
+
 
 @MODELS.register_config
 @dataclass
@@ -154,6 +174,23 @@ class HFConfig:
             raise UserError(
                 f"model.path={self.path} {what}: give a folder holding a Hugging Face config.json "
                 "(what save_pretrained writes)"
+            )
+
+    def check_layout(self, dims: Any, stages_per_rank: int) -> Iterator[tuple[bool, str, Any, str]]:
+        """Tensor parallel by the model's own plan (``fwk/models/hf_parallel.py``); no pipeline split yet."""
+        yield (
+            dims.pp == 1,
+            "parallel.pp",
+            dims.pp,
+            "1 with model=hf (fwk does not cut Hugging Face models into pipeline stages yet); use tp, fsdp or ddp",
+        )
+        for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            value = self.config.get(key)
+            yield (
+                not isinstance(value, int) or value % dims.tp == 0,
+                "parallel.tp",
+                dims.tp,
+                f"a divisor of model.config.{key}={value} (each rank holds {key} / tp)",
             )
 
     def output_key(self, task: str) -> str:

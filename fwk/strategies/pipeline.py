@@ -1,7 +1,7 @@
 """Pipeline parallelism: the model cut into stages over the ``pp`` slice of the mesh.
 
-The model family cuts itself (``pipeline_split(n)``: fwk's GPT and Hugging Face decoders by
-block, a user's model by the method it defines); every stage keeps the plain model's
+The model family cuts itself (``pipeline_split(n)``: fwk's GPT by block, a user's model by
+the method it defines; Hugging Face models are not cut yet); every stage keeps the plain model's
 parameter names, so a checkpoint reshards to any other layout. Rank ``r`` of the pipeline
 holds stages ``r, r + pp, ...`` (``parallel.pp_stages_per_rank`` of them), the layout of
 torch's looped schedules.
@@ -50,7 +50,7 @@ def split(model: nn.Module, cfg: ParallelConfig, dims: Dims, rank: int) -> Split
     if cut is None:
         raise UserError(
             f"parallel.pp={dims.pp}: the model {type(model).__name__} cannot be cut into pipeline stages (fwk's GPT "
-            "and Hugging Face decoders can; a model of your own needs a pipeline_split(n) method returning n "
+            "can; a model of your own needs a pipeline_split(n) method returning n "
             "modules that keep its parameter names); use parallel.pp=1 with ddp, fsdp or tp"
         )
     stages = cut(n_stages)
