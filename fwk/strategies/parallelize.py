@@ -139,10 +139,10 @@ class Strategies:
         """What the step does otherwise under this layout (nothing unless the model is split)."""
         if not self.dims.splits_model:
             return Split()
+        params = lambda: list(self.model.parameters())  # noqa: E731  (the DTensors' or this stage's)
         pipeline = self.pipeline
         if pipeline is None:
-            return Split(grads_ready=self.grads_ready, norm_params=lambda: list(self.model.parameters()))
-        params = lambda: list(self.model.parameters())  # noqa: E731
+            return Split(grads_ready=self.grads_ready, norm_params=params)
         return Split(pipeline.piece, self.grads_ready, params, (pipeline.group,), pipeline.uncounted)
 
     def replica_group(self) -> Any:

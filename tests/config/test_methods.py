@@ -16,7 +16,7 @@ from fwk.errors import UserError
     ("overrides", "expected"),
     [
         (["method.ema.half_life=0"], "method.ema.half_life=0.0 is not allowed: expected a number of steps > 0"),
-        (["methods=[ema]", "parallel=fsdp"], "expected no ema with parallel=fsdp/hsdp"),
+        (["methods=[ema]", "parallel=fsdp", "parallel.nproc_per_node=2"], "expected no ema with parallel=fsdp/hsdp"),
         (["method.label_smoothing.smoothing=1"], "method.label_smoothing.smoothing=1.0 is not allowed"),
         (["method.seq_warmup.start_len=0"], "method.seq_warmup.start_len=0 is not allowed: expected an integer >= 1"),
         (["method.seq_warmup.duration=1.5"], "method.seq_warmup.duration=1.5 is not allowed"),

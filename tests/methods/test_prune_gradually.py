@@ -110,7 +110,10 @@ def test_two_process_ddp_keeps_replicas_in_sync_and_the_run_exports_its_smaller_
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["parallel=fsdp"], "parallel.name='fsdp' is not allowed: expected ddp, none or auto with methods=[prune"),
+        (
+            ["parallel=fsdp", "parallel.nproc_per_node=2"],  # (one process shards nothing)
+            "parallel.name='fsdp' is not allowed: expected ddp, none or auto with methods=[prune",
+        ),
         (["methods=[prune_gradually,ema]"], "methods=['prune_gradually', 'ema'] is not allowed: expected no ema"),
         (["memory=checkpoint"], "memory.name='checkpoint' is not allowed: expected none with methods=[prune"),
     ],

@@ -9,6 +9,7 @@ carry forward, so after 6 steps the losses agree to 1e-4 (seen: under 2e-5)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,23 +60,34 @@ def test_a_hybrid_layout_trains_as_one_process(tmp_path: Path, straight: tuple[s
     assert json.loads((run / "summary.json").read_text())["replicas_in_sync"] is True
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tp=2 x pp=2 run stopped at its first checkpoint (step 3): the runs root, copied by
+    each test that resumes it."""
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+    runs = tmp_path_factory.mktemp("stopped")
+    before = [*LAYOUTS["tp x pp"], "parallel.nproc_per_node=4"]
+    out = interrupt_after([*ARGS, *before], runs, "*/checkpoints/step-00000003/manifest.json", timeout=600)
+    assert out.returncode in (0, 130), out.stdout + out.stderr
+    (run,) = runs.glob("*/")
+    manifest = json.loads((run / "checkpoints" / "step-00000003" / "manifest.json").read_text())
+    assert manifest["layout"] == "pp=2 x tp=2" and manifest["optimizer_flat"] is True
+    return runs
+
+
+@pytest.mark.xdist_group("tp-pp-resume")  # one worker: the stopped run is made once
 @pytest.mark.parametrize(
     "after", [["parallel=fsdp", "parallel.nproc_per_node=4"], ["parallel=none"]], ids=["fsdp4", "one"]
 )
 def test_a_tp_pp_checkpoint_resumes_under_another_layout(
-    tmp_path: Path, straight: tuple[str, list[float]], after: list[str]
+    tmp_path: Path, straight: tuple[str, list[float]], stopped: Path, after: list[str]
 ) -> None:
-    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
-    before = [*LAYOUTS["tp x pp"], "parallel.nproc_per_node=4"]
-    stopped = interrupt_after([*ARGS, *before], tmp_path, "*/checkpoints/step-00000003/manifest.json", timeout=600)
-    assert stopped.returncode in (0, 130), stopped.stdout + stopped.stderr
-    (run,) = tmp_path.glob("*/")
-    manifest = json.loads((run / "checkpoints" / "step-00000003" / "manifest.json").read_text())
-    assert manifest["layout"] == "pp=2 x tp=2" and manifest["optimizer_flat"] is True
-    resumed = run_fwk(*ARGS, *after, runs=tmp_path, timeout=600)
+    runs = tmp_path / "runs"
+    shutil.copytree(stopped, runs)
+    resumed = run_fwk(*ARGS, *after, runs=runs, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed run" in resumed.stdout
-    run_id, losses = _losses(tmp_path)
+    run_id, losses = _losses(runs)
     assert run_id == straight[0]
     # the step after the checkpoint, and every one after it, as in the straight run
     assert max(abs(a - b) for a, b in zip(losses[3:], straight[1][3:], strict=True)) < TOL, (losses, straight[1])
