@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  := torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test lint clean slurm bench gpu-check gpu-wheels
+.PHONY: setup train test lint docs clean slurm bench gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -41,8 +41,13 @@ gpu-check:
 gpu-wheels: setup
 	bash scripts/gpu/wheels.sh
 
+# The documentation site on http://127.0.0.1:8000, rebuilt as pages change (make test builds it
+# with --strict: tests/docs/test_site.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 lint: setup
-	$(BIN)/ruff check fwk tests scripts
+	$(BIN)/ruff check fwk tests scripts docs
 
 # slurm-wlm and munge for the SLURM tests (apt-get, as root; nothing to do when installed).
 # The tests start and stop their own single-node cluster (scripts/slurm/cluster.sh).
@@ -50,4 +55,4 @@ slurm:
 	bash scripts/slurm/cluster.sh install
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -55,7 +55,9 @@ def data_fingerprint(data: Any) -> dict[str, str]:
         return data.fingerprint().to_dict()
     if getattr(data, "name", None) == "synthetic":
         return {"digest": "", "what": "generated from the data config"}
-    return {"digest": "", "what": f"not fingerprinted: fwk cannot see what data '{data.name}' reads"}
+    # data=custom is the user's own function, kept as its dict of keys: name it by its target
+    name = data.get("_target_") if isinstance(data, dict) else getattr(data, "name", type(data).__name__)
+    return {"digest": "", "what": f"not fingerprinted: fwk cannot see what data '{name}' reads"}
 
 
 def plan(resolved: Resolved, salt: str = "") -> LaunchPlan:
