@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
 from my_model import TinyMLP
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 
 class ParallelMLP(TinyMLP):
