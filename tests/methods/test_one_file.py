@@ -1,6 +1,6 @@
-"""A method is one file: the README's example, saved in a ``fwk/methods/`` folder on
-``PYTHONPATH``, is found, configured, checked and run by the real ``fwk train``, its
-workers included, with no change to fwk."""
+"""A method is one file: the extending page's example (docs/examples/input_noise.py),
+saved in a ``fwk/methods/`` folder on ``PYTHONPATH``, is found, configured, checked and run
+by the real ``fwk train``, its workers included, with no change to fwk."""
 
 from __future__ import annotations
 
@@ -12,13 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MARK = "<!-- one-file-method: tests/methods/test_one_file.py runs this block -->"
-
-
-def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    block = text.split(MARK, 1)[1].split("```python\n", 1)[1]
-    return block.split("```", 1)[0]
+EXAMPLE = ROOT / "docs" / "examples" / "input_noise.py"
 
 
 def _fwk(*args: str, plugins: Path | None, runs: Path) -> subprocess.CompletedProcess:
@@ -35,11 +29,11 @@ def _fwk(*args: str, plugins: Path | None, runs: Path) -> subprocess.CompletedPr
 def plugins(tmp_path: Path) -> Path:
     folder = tmp_path / "my_methods"
     (folder / "fwk" / "methods").mkdir(parents=True)
-    (folder / "fwk" / "methods" / "input_noise.py").write_text(readme_example())
+    (folder / "fwk" / "methods" / "input_noise.py").write_text(EXAMPLE.read_text())
     return folder
 
 
-def test_the_readme_method_trains_from_its_one_file(plugins: Path, tmp_path: Path) -> None:
+def test_the_example_method_trains_from_its_one_file(plugins: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     args = ["train", "methods=[input_noise]", "method.input_noise.std=0.05", "train.max_steps=6", "train.eval_every=6"]
     out = _fwk(*args, "jit=off", plugins=plugins, runs=runs)
