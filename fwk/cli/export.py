@@ -66,9 +66,9 @@ def export(
     runs/<id>/exports/<export-id>/ with export_report.json.
     """
     from fwk.errors import UserError
+    from fwk.export.formats import get, names
     from fwk.export.pipeline import check_output
     from fwk.export.settings import PrunePlan, check_qat_steps, check_quantize, load_settings
-    from fwk.export.weights import FORMATS
     from fwk.track.lookup import find_run, runs_root
 
     # the user's mistakes first, before anything slow is imported
@@ -79,9 +79,9 @@ def export(
     ids = [w for w in words if "=" not in w]
     if len(ids) > 1:
         raise UserError(f"fwk export takes one run id, got {len(ids)}: {', '.join(ids)}")
-    if fmt not in FORMATS:
-        raise UserError(f"--format {fmt} is not one of {', '.join(FORMATS)}")
-    if fmt != "onnx":
+    if fmt not in names():
+        raise UserError(f"--format {fmt} is not one of {', '.join(names())}")
+    if not get(fmt).settings:
         onnx_only = [o for o, on in (("--prune", prune != "none"), ("--quantize", quantize is not None)) if on]
         onnx_only += ["--qat-steps"] if qat_steps != "0" else []
         if onnx_only:
@@ -122,6 +122,7 @@ def export(
 def _weights(ids: list[str], words: list[str], fmt: str, output: Path | None, overwrite: bool) -> None:
     """--format hf|safetensors: the run's weights as they are, reloaded and compared."""
     from fwk.errors import UserError
+    from fwk.export.formats import get
     from fwk.export.pipeline import check_output
     from fwk.export.weights import run_weights_export
     from fwk.track.lookup import find_run, runs_root
@@ -130,7 +131,7 @@ def _weights(ids: list[str], words: list[str], fmt: str, output: Path | None, ov
     others = [w for w in words if "=" in w and not w.startswith("paths.runs=")]
     if others:
         raise UserError(f"{others[0]}: export.* settings apply to --format onnx; --format {fmt} takes none")
-    check_output(output, overwrite, folder=fmt == "hf")
+    check_output(output, overwrite, folder=get(fmt).folder)
     run = find_run(Path(roots[-1]) if roots else runs_root(), ids[0] if ids else None)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     run_weights_export(run, fmt, output, overwrite)
