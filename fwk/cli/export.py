@@ -152,7 +152,7 @@ def _onnx(
 
 
 def _weights(ids: list[str], words: list[str], fmt: str, output: Path | None, overwrite: bool) -> None:
-    """--format hf|safetensors: the run's weights as they are, reloaded and compared."""
+    """Write a format that takes no settings: the run's weights as they are, reloaded and compared."""
     from fwk.errors import UserError
     from fwk.export.formats import get
     from fwk.export.pipeline import check_output
