@@ -4,7 +4,7 @@
   tied tensors stored once), with the run id and step in its metadata.
 - ``hf``: a ``model=hf`` run as the folder ``save_pretrained`` writes: ``config.json``,
   ``generation_config.json`` for a generative model, ``model.safetensors`` (sharded above
-  ``SHARD``), and the tokenizer the run trained with (the data's, ``DataBundle.tokenizer``:
+  ``fwk.export.formats.hf.SHARD``), and the tokenizer the run trained with (the data's, ``DataBundle.tokenizer``:
   a folder, or for bytes ``fwk.data.hf_tokens.byte_tokenizer``, ids = UTF-8 bytes; else
   ``model.path``'s when it has one). ``AutoModelFor*`` and ``AutoTokenizer`` of transformers load it back.
 
