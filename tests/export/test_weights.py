@@ -139,15 +139,17 @@ def test_a_reload_that_differs_fails_the_export_and_keeps_its_files(
 
     runs = tmp_path / "runs"
     shutil.copytree(llama, runs, ignore=shutil.ignore_patterns("exports"))  # not the exports other tests made
-    write = weights._write_safetensors
+    from fwk.export.formats.safetensors import Safetensors
 
-    def off(source, out):  # what a lossy writer would give back
-        reloaded, files = write(source, out)
+    write = Safetensors.write
+
+    def off(self, source, out):  # what a lossy writer would give back
+        reloaded, files = write(self, source, out)
         with torch.no_grad():
             next(reloaded.parameters()).add_(1e-2)
         return reloaded, files
 
-    monkeypatch.setattr(weights, "_write_safetensors", off)
+    monkeypatch.setattr(Safetensors, "write", off)
     with pytest.raises(
         VerificationFailed, match=r"^the reloaded safetensors export differs .* by [0-9.e-]+ \(> 0.0001\)"
     ):
