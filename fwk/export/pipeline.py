@@ -15,13 +15,11 @@ final model only after it passed, written to a temp file and renamed into place.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -30,12 +28,11 @@ from typing import Any
 from fwk.config.schema import ExportConfig
 from fwk.errors import UserError
 from fwk.export import report as rep
+from fwk.export.job import Built, Job
 from fwk.export.settings import PrunePlan
-from fwk.track.store import RunDir, versions
+from fwk.track.store import RunDir
 
 logger = logging.getLogger(__name__)
-
-PRUNED_WEIGHTS = "pruned.pt"  # the pruned torch model's weights: replay pruning_history.json, then load
 
 
 class VerificationFailed(UserError):
@@ -81,227 +78,154 @@ def export_id(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def _weights_onnx(path: Path) -> int:
-    import numpy as np
-    import onnx
+def _build(job: Job) -> dict[str, Any]:
+    """Run every stage, writing into ``job.out``, and return the report, also written there."""
+    plan, quantize = job.plan, job.quantize
+    how = f"--prune {plan.method} --ratio {plan.ratio:g} --rounds {plan.rounds} " if plan.method != "none" else ""
+    what = f"run {job.source.run.id} ({job.source.config.recipe}, {job.source.checkpoint.name})"
+    logger.info(f"exporting {what} with {how}--quantize {quantize}")
+    from fwk.export import verify
 
-    model = onnx.load(str(path), load_external_data=False)
-    return int(sum(np.prod(t.dims, dtype=np.int64) for t in model.graph.initializer))
+    built = _convert(job)
+    _quantize(job, built)
+    threads = job.cfg.threads or verify.default_threads()
+    runners = _runners(job, built, threads)
+    _verify(job, built, runners)
+    if quantize == "int8" and job.qat_steps != 0:
+        _qat(job, built, runners, threads)
+    timed = {k: v for k, v in runners.items() if k != rep.FOLDED}
+    logger.info(f"timing {', '.join(timed)} at batch 1 and {job.cfg.latency_batch} ({threads} threads)")
+    with job.stage("latency"):
+        inputs = verify.latency_inputs(job.source.data.val, job.cfg.latency_batch)
+        load_before = os.getloadavg()[0]
+        latencies = verify.latency(timed, inputs, threads, job.cfg.warmup, job.cfg.iterations)
+    load = {"before_timing": round(load_before, 2), "after_timing": round(os.getloadavg()[0], 2)}
+    report = rep.assemble(job, built, rep.stage_rows(job, built, latencies), threads, load)
+    (job.out / rep.REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
-def _build(
-    source: Any,
-    eid: str,
-    plan: PrunePlan,
-    quantize: str,
-    cfg: ExportConfig,
-    max_drop: float,
-    out: Path,
-    log: Path,
-    qat_steps: int | str = 0,
-) -> dict[str, Any]:
-    """Every stage, writing into ``out``; returns the report (also written there)."""
-    import numpy as np
+def _convert(job: Job) -> Built:
+    """Prune (when asked), fold the batch norms, export to ONNX and optimize the graph."""
     import torch
 
     from fwk.export import fold, optimize, prune, to_onnx, verify
     from fwk.export import quantize as quant
-    from fwk.export.source import training_sample
 
-    task = source.data.task
-    seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def stage(name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        seconds[name] = round(time.perf_counter() - t0, 3)
-
-    how = f"--prune {plan.method} --ratio {plan.ratio:g} --rounds {plan.rounds} " if plan.method != "none" else ""
-    what = f"run {source.run.id} ({source.config.recipe}, {source.checkpoint.name})"
-    logger.info(f"exporting {what} with {how}--quantize {quantize}")
-    model, pruned = source.model, None
-    if plan.method != "none":
-        with stage("prune"):
-            pruned = prune.prune(source, plan, cfg, out)
+    model, pruned = job.source.model, None
+    if job.plan.method != "none":
+        with job.stage("prune"):
+            pruned = prune.prune(job.source, job.plan, job.cfg, job.out)
         model = pruned.model
-        torch.save(model.state_dict(), out / PRUNED_WEIGHTS)
-    raw_path, fp32_path = out / "exported.onnx", out / "fp32.onnx"
-    with stage("fold"):
+        torch.save(model.state_dict(), job.out / rep.PRUNED_WEIGHTS)
+    raw_path, fp32_path = job.out / "exported.onnx", job.out / "fp32.onnx"
+    with job.stage("fold"):
         folded = fold.fold(model)
-    with stage("onnx"):
-        exported = to_onnx.export_onnx(folded.model, to_onnx.example_input(source.data.val), task, raw_path, log)
-    with stage("optimize"):
+    with job.stage("onnx"):
+        example = to_onnx.example_input(job.source.data.val)
+        exported = to_onnx.export_onnx(folded.model, example, job.task, raw_path, job.log)
+    with job.stage("optimize"):
         optimized = optimize.optimize(raw_path, fp32_path)
     raw_path.unlink()  # the optimized file is the fp32 artifact
-
-    final_path = fp32_path
-    notes: list[str] = []
     cpu = verify.cpu_int8_features()
-    reduce, why = quant.reduce_range(cfg.reduce_range, cpu)
-    if quantize in ("int8", "dynamic_int8"):
+    reduce, why = quant.reduce_range(job.cfg.reduce_range, cpu)
+    built = Built(model, pruned, folded, exported, optimized, fp32_path, fp32_path, cpu, reduce)
+    if job.quantize in ("int8", "dynamic_int8"):
         logger.info(why)
-        notes.append(why)
+        built.notes.append(why)
+    return built
 
-    def calibration() -> Iterator[np.ndarray]:
-        """The int8 calibration batches: the same ones for PTQ and for QAT's starting ranges."""
-        calib = training_sample(source, cfg.calib_batches * cfg.batch_size)
-        return (x for x, _ in verify.batches(calib, cfg.batch_size))
 
-    if quantize != "none":
-        dst = out / f"{quantize}.onnx"
-        with stage("quantize"):
-            if quantize == "int8":
-                logger.info(f"calibrating int8 ranges on {cfg.calib_batches} training batches of {cfg.batch_size}")
-                q = quant.static_int8(fp32_path, dst, calibration(), cfg.per_channel, reduce)
-            elif quantize == "dynamic_int8":
-                q = quant.dynamic_int8(fp32_path, dst, cfg.per_channel, reduce)
-            else:
-                q = quant.fp16(fp32_path, dst)
-        final_path = q.path
-        notes += q.notes
+def _calibration(job: Job) -> Iterator[Any]:
+    """Yield the int8 calibration batches: the same ones for PTQ and for QAT's starting ranges."""
+    from fwk.export import verify
+    from fwk.export.source import training_sample
 
-    threads = cfg.threads or verify.default_threads()
-    onnx_name = f"onnx {quantize}"
-    runners = {rep.TORCH: verify.torch_runner(source.model)}
-    if pruned is not None:
-        runners[rep.PRUNED] = verify.torch_runner(model)
-    runners |= {
-        rep.FOLDED: verify.torch_runner(folded.model),
-        rep.ONNX_FP32: verify.ort_runner(fp32_path, threads),
-    }
-    if final_path != fp32_path:
-        runners[onnx_name] = verify.ort_runner(final_path, threads)
-    logger.info(f"verifying {len(runners)} models on the validation set")
-    with stage("verify"):
-        val = verify.batches(source.data.val, cfg.batch_size, cfg.val_batches)
-        # output differences against the model that was exported: the pruned one, when pruned
-        reference = rep.TORCH if pruned is None else rep.PRUNED
-        qualities = verify.quality(runners, reference, val, task)
+    calib = training_sample(job.source, job.cfg.calib_batches * job.cfg.batch_size)
+    return (x for x, _ in verify.batches(calib, job.cfg.batch_size))
 
-    # quantization-aware training (--qat-steps): a second int8 model, beside PTQ's
-    qat_report, qat_path = None, None
-    if quantize == "int8" and qat_steps != 0:
-        from fwk.export import qat
 
-        # what quantization lost: against the model it quantized (the pruned one, when pruned)
-        ptq_drop = rep.drop(task, _measured(qualities[reference]), _measured(qualities[onnx_name]))
-        steps, why = qat.decide_steps(qat_steps, ptq_drop, max_drop, source.config.train.max_steps, cfg.qat_frac)
-        logger.info(why)
-        qat_report = {"asked": qat_steps, "steps": steps, "why": why}
-        if steps:
-            with stage("qat"):
-                trained = qat.train_and_quantize(source, folded.model, cfg, steps, reduce, calibration, out, log)
-                qat_path = trained.path
-            runners[rep.ONNX_QAT] = verify.ort_runner(qat_path, threads)
-            with stage("verify qat"):
-                val = verify.batches(source.data.val, cfg.batch_size, cfg.val_batches)
-                fake = "torch fake-quant"  # the QAT model in torch: what the int8 model should compute
-                pair = {name: runners[name] for name in {rep.TORCH, reference, rep.ONNX_QAT}}
-                measured = verify.quality(pair | {fake: verify.torch_runner(trained.qat_model)}, reference, val, task)
-                qualities[rep.ONNX_QAT] = measured[rep.ONNX_QAT]
-            qat_report.update(
-                ranges="learned: QAT's moving-average activation ranges as ORT TensorQuantOverrides",
-                inputs_ranged=len(trained.learned.inputs),
-                torch_fake_quant_metric=measured[fake].metric,
-                retrain_eval=trained.summary.get("eval", {}),
-            )
-    timed = {k: v for k, v in runners.items() if k != rep.FOLDED}
-    logger.info(f"timing {', '.join(timed)} at batch 1 and {cfg.latency_batch} ({threads} threads)")
-    with stage("latency"):
-        inputs = verify.latency_inputs(source.data.val, cfg.latency_batch)
-        load_before = os.getloadavg()[0]
-        lat = verify.latency(timed, inputs, threads, cfg.warmup, cfg.iterations)
+def _quantize(job: Job, built: Built) -> None:
+    """Write ``--quantize``'s model beside the fp32 one; it becomes the final model."""
+    from fwk.export import quantize as quant
 
-    def torch_stage(name: str, model: torch.nn.Module) -> dict[str, Any]:
-        state = model.state_dict().values()
-        return {
-            "stage": name,
-            "artifact": None,
-            "size_bytes": int(sum(t.numel() * t.element_size() for t in state)),
-            "weights": int(sum(p.numel() for p in model.parameters())),
-        }
-
-    def onnx_stage(name: str, path: Path) -> dict[str, Any]:
-        return {"stage": name, "artifact": path.name, "size_bytes": path.stat().st_size, "weights": _weights_onnx(path)}
-
-    stages = [torch_stage(rep.TORCH, source.model)]
-    if pruned is not None:
-        stages.append(torch_stage(rep.PRUNED, model) | {"artifact": PRUNED_WEIGHTS})
-    stages.append(torch_stage(rep.FOLDED, folded.model))
-    stages.append(onnx_stage(rep.ONNX_FP32, fp32_path))
-    if final_path != fp32_path:
-        stages.append(onnx_stage(onnx_name, final_path))
-    if qat_path is not None:
-        stages.append(onnx_stage(rep.ONNX_QAT, qat_path))
-    for s in stages:
-        qual = qualities[s["stage"]]
-        if task != "lm":
-            s["val_acc"] = qual.metric
-        s.update(
-            val_loss=qual.loss,
-            agreement=qual.agreement,
-            max_abs_diff=qual.max_abs_diff,
-            rel_diff=qual.rel_diff,
-            samples=qual.samples,
-        )
-        s["drop"] = rep.drop(task, stages[0], s) if s is not stages[0] else 0.0
-        if s["stage"] in lat:
-            s["latency_ms"] = {
-                str(b): {"p50": v.p50_ms, "p90": v.p90_ms, "min": v.min_ms, "max": v.max_ms}
-                for b, v in lat[s["stage"]].items()
-            }
-    if qat_report is not None and qat_path is not None:
-        # the better of PTQ and QAT int8 is the final model, last in the table; the other is superseded
-        ptq, qat_stage = stages[-2], stages[-1]
-        if qat_stage["drop"] <= ptq["drop"]:
-            final_path = qat_path
+    if job.quantize == "none":
+        return
+    cfg, dst = job.cfg, job.out / f"{job.quantize}.onnx"
+    with job.stage("quantize"):
+        if job.quantize == "int8":
+            logger.info(f"calibrating int8 ranges on {cfg.calib_batches} training batches of {cfg.batch_size}")
+            q = quant.static_int8(built.fp32_path, dst, _calibration(job), cfg.per_channel, built.reduce)
+        elif job.quantize == "dynamic_int8":
+            q = quant.dynamic_int8(built.fp32_path, dst, cfg.per_channel, built.reduce)
         else:
-            stages[-2:] = [qat_stage, ptq]
-        stages[-2]["superseded"] = True
-        qat_report.update(rep.qat_summary(task, ptq, qat_stage), final=final_path.name)
+            q = quant.fp16(built.fp32_path, dst)
+    built.final_path = q.path
+    built.notes += q.notes
 
-    report: dict[str, Any] = {
-        "export_id": eid,
-        "parent_run": source.run.id,
-        "run_dir": str(source.run.path),
-        "checkpoint": source.checkpoint.name,
-        "step": source.step,
-        "recipe": source.config.recipe,
-        "model": getattr(source.config.model, "name", None) or source.config.model.get("_target_"),
-        "task": task,
-        "quantize": quantize,
-        "prune": rep.pruning(plan, pruned),
-        "reference": reference,
-        "max_accuracy_drop": max_drop,
-        "metric": "val_loss" if task == "lm" else "val_acc",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": asdict(cfg),
-        "threads": threads,
-        "cpu": cpu,
-        "reduce_range": reduce if quantize in ("int8", "dynamic_int8") else None,
-        "folded_batchnorms": folded.folded,
-        "onnx": {
-            "exporter": "torch.export (non-strict) + torch.onnx.export(dynamo=True)",
-            "opset": exported.opset,
-            "dynamic_axes": exported.dynamic_axes,
-            "external_data": exported.external_data,
-            "nodes_exported": exported.nodes,
-            "nodes_optimized": optimized.nodes_after,
-        },
-        "quantize_notes": notes,
-        "seconds": seconds,
-        # other processes' load while timing: above the core count, latencies are noisy
-        "load_average": {"before_timing": round(load_before, 2), "after_timing": round(os.getloadavg()[0], 2)},
-        "stages": stages,
-        "qat": qat_report,
-        "final": final_path.name,
-        "versions": versions(("torch", "torch-pruning", "onnx", "onnxscript", "onnxruntime")),
+
+def _runners(job: Job, built: Built, threads: int) -> dict[str, Callable[..., Any]]:
+    """Return a runner for each stage's model, in the order of the report's table."""
+    from fwk.export import verify
+
+    runners = {rep.TORCH: verify.torch_runner(job.source.model)}
+    if built.pruned is not None:
+        runners[rep.PRUNED] = verify.torch_runner(built.model)
+    runners |= {
+        rep.FOLDED: verify.torch_runner(built.folded.model),
+        rep.ONNX_FP32: verify.ort_runner(built.fp32_path, threads),
     }
-    report["verdict"] = rep.verdict(report)
-    report["recommendation"] = rep.recommendation(report)
-    (out / rep.REPORT).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    if built.final_path != built.fp32_path:
+        runners[f"onnx {job.quantize}"] = verify.ort_runner(built.final_path, threads)
+    return runners
+
+
+def _verify(job: Job, built: Built, runners: dict[str, Callable[..., Any]]) -> None:
+    """Measure every stage on the validation set.
+
+    Output differences are measured against the model that was exported, which is the pruned
+    one when pruned: pruning is meant to change the outputs, the later stages are not.
+    """
+    from fwk.export import verify
+
+    logger.info(f"verifying {len(runners)} models on the validation set")
+    with job.stage("verify"):
+        val = verify.batches(job.source.data.val, job.cfg.batch_size, job.cfg.val_batches)
+        built.reference = rep.TORCH if built.pruned is None else rep.PRUNED
+        built.qualities = verify.quality(runners, built.reference, val, job.task)
+
+
+def _qat(job: Job, built: Built, runners: dict[str, Callable[..., Any]], threads: int) -> None:
+    """Train a second int8 model with quantization-aware training (--qat-steps), beside PTQ's."""
+    from fwk.export import qat, verify
+
+    source, cfg, reference = job.source, job.cfg, built.reference
+    # what quantization lost: against the model it quantized (the pruned one, when pruned)
+    ptq_drop = rep.drop(job.task, _measured(built.qualities[reference]), _measured(built.qualities["onnx int8"]))
+    steps, why = qat.decide_steps(job.qat_steps, ptq_drop, job.max_drop, source.config.train.max_steps, cfg.qat_frac)
+    logger.info(why)
+    built.qat_report = {"asked": job.qat_steps, "steps": steps, "why": why}
+    if not steps:
+        return
+    with job.stage("qat"):
+        calibration = lambda: _calibration(job)  # noqa: E731
+        trained = qat.train_and_quantize(
+            source, built.folded.model, cfg, steps, built.reduce, calibration, job.out, job.log
+        )
+        built.qat_path = trained.path
+    runners[rep.ONNX_QAT] = verify.ort_runner(built.qat_path, threads)
+    with job.stage("verify qat"):
+        val = verify.batches(source.data.val, cfg.batch_size, cfg.val_batches)
+        fake = "torch fake-quant"  # the QAT model in torch: what the int8 model should compute
+        pair = {name: runners[name] for name in {rep.TORCH, reference, rep.ONNX_QAT}}
+        measured = verify.quality(pair | {fake: verify.torch_runner(trained.qat_model)}, reference, val, job.task)
+        built.qualities[rep.ONNX_QAT] = measured[rep.ONNX_QAT]
+    built.qat_report.update(
+        ranges="learned: QAT's moving-average activation ranges as ORT TensorQuantOverrides",
+        inputs_ranged=len(trained.learned.inputs),
+        torch_fake_quant_metric=measured[fake].metric,
+        retrain_eval=trained.summary.get("eval", {}),
+    )
 
 
 def _measured(q: Any) -> dict[str, float]:
@@ -366,7 +290,7 @@ def run_export(
         # beside the export, not in the temp dir: after a failure the error line points at it
         log = final_dir.parent / f"{eid}.export.log"
         try:
-            report = _build(source, eid, plan, quantize, cfg, max_drop, tmp, log, qat_steps)
+            report = _build(Job(source, eid, plan, quantize, cfg, max_drop, tmp, log, qat_steps))
             if log.exists():
                 os.replace(log, tmp / "export.log")
             try:

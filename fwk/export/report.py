@@ -11,16 +11,139 @@ bug, not a rounding effect).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fwk.track.store import versions
+
 if TYPE_CHECKING:
+    from fwk.export.job import Built, Job
     from fwk.export.settings import PrunePlan
 
 REPORT = "export_report.json"
 HISTORY = "pruning_history.json"  # fwk/export/prune.py: the removals, to replay on a fresh model
 TORCH, PRUNED, FOLDED, ONNX_FP32 = "torch fp32", "torch pruned", "folded", "onnx fp32"
 ONNX_QAT = "onnx int8 qat"  # --qat-steps: int8 after quantization-aware training, beside PTQ's "onnx int8"
+
+
+PRUNED_WEIGHTS = "pruned.pt"  # the pruned torch model's weights: replay pruning_history.json, then load
+
+
+def _torch_row(name: str, model: Any) -> dict[str, Any]:
+    state = model.state_dict().values()
+    return {
+        "stage": name,
+        "artifact": None,
+        "size_bytes": int(sum(t.numel() * t.element_size() for t in state)),
+        "weights": int(sum(p.numel() for p in model.parameters())),
+    }
+
+
+def _weights_onnx(path: Path) -> int:
+    import numpy as np
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return int(sum(np.prod(t.dims, dtype=np.int64) for t in model.graph.initializer))
+
+
+def _onnx_row(name: str, path: Path) -> dict[str, Any]:
+    return {"stage": name, "artifact": path.name, "size_bytes": path.stat().st_size, "weights": _weights_onnx(path)}
+
+
+def stage_rows(job: Job, built: Built, latencies: dict[str, Any]) -> list[dict[str, Any]]:
+    """Build the report's table: one row per stage with its size, quality, drop and latency.
+
+    With QAT the better of the PTQ and QAT int8 models becomes ``built.final_path`` and goes
+    last; the other is marked superseded.
+    """
+    task = job.task
+    rows = [_torch_row(TORCH, job.source.model)]
+    if built.pruned is not None:
+        rows.append(_torch_row(PRUNED, built.model) | {"artifact": PRUNED_WEIGHTS})
+    rows += [_torch_row(FOLDED, built.folded.model), _onnx_row(ONNX_FP32, built.fp32_path)]
+    if built.final_path != built.fp32_path:
+        rows.append(_onnx_row(f"onnx {job.quantize}", built.final_path))
+    if built.qat_path is not None:
+        rows.append(_onnx_row(ONNX_QAT, built.qat_path))
+    for s in rows:
+        qual = built.qualities[s["stage"]]
+        if task != "lm":
+            s["val_acc"] = qual.metric
+        s.update(
+            val_loss=qual.loss,
+            agreement=qual.agreement,
+            max_abs_diff=qual.max_abs_diff,
+            rel_diff=qual.rel_diff,
+            samples=qual.samples,
+        )
+        s["drop"] = drop(task, rows[0], s) if s is not rows[0] else 0.0
+        if s["stage"] in latencies:
+            s["latency_ms"] = {
+                str(b): {"p50": v.p50_ms, "p90": v.p90_ms, "min": v.min_ms, "max": v.max_ms}
+                for b, v in latencies[s["stage"]].items()
+            }
+    if built.qat_report is not None and built.qat_path is not None:
+        ptq, qat_stage = rows[-2], rows[-1]
+        if qat_stage["drop"] <= ptq["drop"]:
+            built.final_path = built.qat_path
+        else:
+            rows[-2:] = [qat_stage, ptq]
+        rows[-2]["superseded"] = True
+        built.qat_report.update(qat_summary(task, ptq, qat_stage), final=built.final_path.name)
+    return rows
+
+
+def assemble(
+    job: Job, built: Built, stages: list[dict[str, Any]], threads: int, load: dict[str, float]
+) -> dict[str, Any]:
+    """Return export_report.json's contents, with its verdict and recommendation.
+
+    ``load`` is the load average before and after timing: above the core count, the
+    latencies are noisy.
+    """
+    source, quantize, exported = job.source, job.quantize, built.exported
+    report: dict[str, Any] = {
+        "export_id": job.eid,
+        "parent_run": source.run.id,
+        "run_dir": str(source.run.path),
+        "checkpoint": source.checkpoint.name,
+        "step": source.step,
+        "recipe": source.config.recipe,
+        "model": getattr(source.config.model, "name", None) or source.config.model.get("_target_"),
+        "task": job.task,
+        "quantize": quantize,
+        "prune": pruning(job.plan, built.pruned),
+        "reference": built.reference,
+        "max_accuracy_drop": job.max_drop,
+        "metric": "val_loss" if job.task == "lm" else "val_acc",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": asdict(job.cfg),
+        "threads": threads,
+        "cpu": built.cpu,
+        "reduce_range": built.reduce if quantize in ("int8", "dynamic_int8") else None,
+        "folded_batchnorms": built.folded.folded,
+        "onnx": {
+            "exporter": "torch.export (non-strict) + torch.onnx.export(dynamo=True)",
+            "opset": exported.opset,
+            "dynamic_axes": exported.dynamic_axes,
+            "external_data": exported.external_data,
+            "nodes_exported": exported.nodes,
+            "nodes_optimized": built.optimized.nodes_after,
+        },
+        "quantize_notes": built.notes,
+        "seconds": job.seconds,
+        "load_average": load,
+        "stages": stages,
+        "qat": built.qat_report,
+        "final": built.final_path.name,
+        "versions": versions(("torch", "torch-pruning", "onnx", "onnxscript", "onnxruntime")),
+    }
+    report["verdict"] = verdict(report)
+    report["recommendation"] = recommendation(report)
+    return report
 
 
 def drop(task: str, reference: dict[str, Any], stage: dict[str, Any]) -> float:
