@@ -122,9 +122,26 @@ def _target_problem(text: str) -> str | None:
 
 
 def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
-    """(holds, key, value, what is allowed) for every cross-field and range check."""
-    world = c.world_size
-    t, p = c.train, c.parallel
+    """Yield (holds, key, value, what is allowed) for every cross-field and range check.
+
+    The checks run in this order, and the first that fails is the error the user sees.
+    """
+    yield from _train_rules(c)
+    yield from _optim_rules(c)
+    yield from _best_and_schedule_rules(c)
+    yield from _loader_rules(c)
+    yield from _checkpoint_rules(c)
+    yield from _precision_rules(c)
+    yield from _memory_rules(c)
+    yield from _jit_rules(c)
+    yield from _diagnostics_rules(c)
+    yield from parallel_rules(c)
+    yield from elastic_rules(c)
+    yield from _adapt_rules(c)
+
+
+def _train_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    t = c.train
     yield t.max_steps > 0, "train.max_steps", t.max_steps, "an integer > 0"
     yield t.batch_size > 0, "train.batch_size", t.batch_size, "an integer > 0"
     yield t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0"
@@ -141,10 +158,14 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         t.early_stop_patience,
         "0 unless checkpoint.best names the metric to watch (checkpoint.best=val_acc)",
     )
+
+
+def _optim_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    p = c.parallel
     optim_name = c.optim.get("name") if isinstance(c.optim, dict) else getattr(c.optim, "name", None)
     from fwk.optim import WHOLE_TENSORS  # the same refusal as parallel=auto's choice of FSDP (check_sharding)
 
-    dims, _ = layout(p, world)
+    dims, _ = layout(p, c.world_size)
     sharded = dims is not None and (dims.shards or dims.tp > 1)
     for name, why in WHOLE_TENSORS.items():
         yield (
@@ -160,6 +181,9 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         yield name in METHODS, "methods", list(c.methods), f"a list of {', '.join(METHODS.names())}"
     yield len(set(c.methods)) == len(c.methods), "methods", list(c.methods), "each method once"
     yield from method_rules(c)
+
+
+def _best_and_schedule_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     ck = c.checkpoint
     yield not ck.best or ck.best in EVAL_METRICS, "checkpoint.best", ck.best, f"one of {', '.join(EVAL_METRICS)}"
     yield ck.min_improvement >= 0, "checkpoint.min_improvement", ck.min_improvement, "a number >= 0"
@@ -173,7 +197,10 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield s.decay in DECAYS, "schedule.decay", s.decay, f"one of {', '.join(DECAYS)}"
     yield 0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]"
     yield 0 < s.cooldown_frac <= 1, "schedule.cooldown_frac", s.cooldown_frac, "a share of train.max_steps in (0, 1]"
-    yield from _loader_rules(c)
+
+
+def _checkpoint_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    t = c.train
     yield c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every, "an integer >= 0 (0 = only at the end)"
     yield c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an integer >= 1"
     on_corrupt = c.checkpoint.on_corrupt
@@ -181,8 +208,9 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     rewind = c.checkpoint.rewind_at
     yield 0 <= rewind < 1, "checkpoint.rewind_at", rewind, "a share of train.max_steps in [0, 1) (0 = no rewind point)"
     yield t.accum_steps >= 1, "train.accum_steps", t.accum_steps, "an integer >= 1 (1 = no accumulation)"
-    yield from _precision_rules(c)
-    yield from _memory_rules(c)
+
+
+def _jit_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     j = c.jit
     yield j.name in JITS, "jit.name", j.name, f"one of {', '.join(JITS)}"
     yield j.mode in COMPILE_MODES, "jit.mode", j.mode, f"one of {', '.join(COMPILE_MODES)}"
@@ -192,6 +220,9 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield 0 <= j.max_trial_share <= 1, "jit.max_trial_share", j.max_trial_share, "a share in [0, 1]"
     yield j.trial_steps >= 1, "jit.trial_steps", j.trial_steps, "an integer >= 1"
     yield c.kernels.name in KERNELS, "kernels.name", c.kernels.name, f"one of {', '.join(KERNELS)}"
+
+
+def _diagnostics_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     g = c.diagnostics
     yield g.on_nan in ON_NAN, "diagnostics.on_nan", g.on_nan, f"one of {', '.join(ON_NAN)}"
     yield g.snapshot_every >= 1, "diagnostics.snapshot_every", g.snapshot_every, "an integer >= 1"
@@ -207,8 +238,10 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         k.uri,
         "an MLflow tracking URI with tracking=mlflow, e.g. http://127.0.0.1:5000 (or set $MLFLOW_TRACKING_URI)",
     )
-    yield from parallel_rules(c)
-    yield from elastic_rules(c)
+
+
+def _adapt_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    t, p = c.train, c.parallel
     a = p.adapt
     yield (
         not (a.enabled and t.deterministic),
