@@ -1,6 +1,6 @@
 """The house stays layered: read from the code's own imports (every one, those inside
 functions too), no file imports one of a higher floor, and no files import each other in
-a cycle. The floors, from the ground up (../shared/DESIGN.md):
+a cycle. The floors, from the ground up (docs/architecture.md):
 
     fwk/__init__ (the version), errors, registry, log
     distributed
@@ -43,7 +43,7 @@ def _room(module: str) -> str:
 def floor(module: str) -> int:
     room = _room(module)
     found = [i for i, rooms in enumerate(FLOORS) if room in rooms]
-    assert found, f"{module}: the room '{room}' is on no floor; add it to FLOORS (and to DESIGN.md's layout)"
+    assert found, f"{module}: the room '{room}' is on no floor; add it to FLOORS (and to docs/architecture.md's floors)"
     return found[0]
 
 

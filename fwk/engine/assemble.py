@@ -177,11 +177,7 @@ def _build(
     # another process count may resume (fwk/engine/resize.py); streamed data, whose order
     # follows the process count, then resumes at the start of its next epoch (its loader says so)
     written = written_batch_degree(run_dir.checkpoints)
-    per_rank, accum_factor = split(cfg.train.batch_size, dist.batch_degree, written)
-    if accum_factor > 1:  # fewer processes than wrote it: each keeps its batch, accumulated
-        cfg = dataclasses.replace(
-            cfg, train=dataclasses.replace(cfg.train, accum_steps=cfg.train.accum_steps * accum_factor)
-        )
+    cfg, per_rank, accum_factor = _batch_split(cfg, dist, written)
     reporter = Reporter(run_dir.metrics, dist, cfg.train.max_steps, tracking)
     decisions = Decisions(cfg, dist, orders=run_dir.read_orders())
     decisions.on_change = lambda records: record_decisions(run_dir, records)
@@ -191,15 +187,7 @@ def _build(
     methods.prepare(model, data.task, example_input(data))
     model, trained = strategies.apply(model, state_floats_per_param(cfg.optim))
     check_sharding(cfg.optim, is_sharded(model))
-    optimizer = build_optimizer(
-        cfg.optim, model, fused=strategies.kernels.triton, compute_dtype=strategies.precision.compute_dtype
-    )
-    for line in notes(cfg.optim, cfg.schedule, optimizer, model) if dist.is_main else ():
-        logger.info(line)
-    scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
-    diagnostics = Diagnostics(
-        cfg.diagnostics, dist, model, optimizer, scheduler, strategies.precision, cfg.train.log_every
-    )
+    optimizer, scheduler, diagnostics = _optimizer(cfg, dist, model, strategies)
 
     def reshaped(steps_taken: int | None) -> None:  # a method replaced parameters: what holds them follows
         strategies.reshaped()
@@ -208,30 +196,12 @@ def _build(
     methods.attach(optimizer, model, reshaped)
     loss = CrossEntropy(methods.label_smoothing(), fused=strategies.kernels.fused_loss)
     step_fn = TrainStep(
-        trained,
-        optimizer,
-        strategies.per_step(),
-        strategies.plan,
-        loss,
-        cfg.train.grad_clip,
-        dist,
-        diagnostics,
+        trained, optimizer, strategies.per_step(), strategies.plan, loss, cfg.train.grad_clip, dist, diagnostics,
         strategies.split(),
-    )
-    plan = loader_plan(cfg, data, per_rank, dist, decisions)
-    # the batches as the loop takes them: a trial's are handed out again when its steps are redone
-    loader = Replayable(
-        loading.train_loader(data, per_rank, dist.batch_rank, dist.batch_degree, cfg.seed, plan, cfg.train.accum_steps)
-    )
-    val = OnDevice(
-        loading.val_loader(data.val, per_rank, dist.batch_rank, dist.batch_degree, plan, data.collate),
-        dist.device,
-        data.finish,
-    )
+    )  # fmt: skip
+    loader, val, calibrated = _loaders(cfg, data, per_rank, dist, decisions)
     sharded = is_sharded(model)
-    calibration = loading.calibration_loader(data.train, per_rank, cfg.seed, plan, data.collate)
     bn_batches = getattr(cfg.optim, "bn_batches", 0)  # optim=adamw_schedulefree's x, else inactive
-    calibrated = lambda: DevicePrefetcher(calibration(), dist.device, data.finish)  # noqa: E731
     averaged = AveragedPoint(optimizer, model, calibrated, bn_batches, strategies.precision.autocast)
     best = BestKeeper(cfg.checkpoint, run_dir.path, dist, sharded)
     clock = Clock()  # training time over every launch: the time to target
@@ -269,6 +239,51 @@ def _build(
     _restore(run)
     record_launch(run_dir, dist, data, cfg.seed, run.step, decisions.records())
     return run
+
+
+def _optimizer(cfg: Config, dist: Any, model: nn.Module, strategies: Strategies) -> tuple[Any, Any, Diagnostics]:
+    """Build the optimizer, its schedule and the diagnostics that watch both, and say their notes."""
+    optimizer = build_optimizer(
+        cfg.optim, model, fused=strategies.kernels.triton, compute_dtype=strategies.precision.compute_dtype
+    )
+    for line in notes(cfg.optim, cfg.schedule, optimizer, model) if dist.is_main else ():
+        logger.info(line)
+    scheduler = build_schedule(cfg.schedule, optimizer, cfg.train.max_steps)
+    diagnostics = Diagnostics(
+        cfg.diagnostics, dist, model, optimizer, scheduler, strategies.precision, cfg.train.log_every
+    )
+    return optimizer, scheduler, diagnostics
+
+
+def _batch_split(cfg: Config, dist: Any, written: int | None) -> tuple[Config, int, int]:
+    """Return the config, the per-process batch and the accumulation factor for this world size.
+
+    On fewer processes than wrote the checkpoint, each keeps its batch and accumulates more.
+    """
+    per_rank, accum_factor = split(cfg.train.batch_size, dist.batch_degree, written)
+    if accum_factor > 1:
+        cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, accum_steps=cfg.train.accum_steps * accum_factor)
+        )
+    return cfg, per_rank, accum_factor
+
+
+def _loaders(cfg: Config, data: Any, per_rank: int, dist: Any, decisions: Any) -> tuple[Any, Any, Any]:
+    """Return the training batches, the validation batches and the calibration batches' source.
+
+    The training batches are replayable: a trial's are handed out again when its steps are redone.
+    """
+    plan = loader_plan(cfg, data, per_rank, dist, decisions)
+    loader = Replayable(
+        loading.train_loader(data, per_rank, dist.batch_rank, dist.batch_degree, cfg.seed, plan, cfg.train.accum_steps)
+    )
+    val = OnDevice(
+        loading.val_loader(data.val, per_rank, dist.batch_rank, dist.batch_degree, plan, data.collate),
+        dist.device,
+        data.finish,
+    )
+    calibration = loading.calibration_loader(data.train, per_rank, cfg.seed, plan, data.collate)
+    return loader, val, lambda: DevicePrefetcher(calibration(), dist.device, data.finish)
 
 
 def _restore(run: Run) -> None:

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fwk.export.formats import REPORT
 from fwk.track.store import RunDir
 
 logger = logging.getLogger(__name__)
 
-REPORT = "weights_report.json"
 TOLERANCE = 1e-4  # max abs difference of the outputs, fp32 on both sides: the same weights, the same math
 HELD_OUT = 8  # validation samples the reloaded model is run on
 

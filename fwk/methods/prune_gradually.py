@@ -1,4 +1,4 @@
-"""``prune_gradually``: structured pruning during training (design notes 002 §4.1).
+"""``prune_gradually``: channels removed in stages while the model trains on.
 
 ``ratio`` of the channels (and of the GPT's attention heads) are removed in ``steps`` even
 stages between ``start`` and ``end`` (shares of ``train.max_steps``), each stage removing

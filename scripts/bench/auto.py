@@ -5,7 +5,7 @@ precision, memory, jit and kernels all ``auto``, built as the trainer builds the
 recipe's run length (auto's decisions depend on it), stepped until every auto has decided
 (precision's range probe, memory's trials, the JIT's compile-and-compare), then timed
 against the plain loop's fp32 eager step on the same batch, interleaved. Ratio: fwk auto
-samples/s over plain samples/s. Target (issue 11) on a GPU: >= 1.7x; on a CPU the figure
+samples/s over plain samples/s. Target on a GPU: >= 1.7x; on a CPU the figure
 is reported (fp32 is auto's choice there without AMX/AVX512-BF16, so ~1x is expected).
 """
 

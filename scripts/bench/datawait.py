@@ -4,7 +4,7 @@ defaults (loader=manual: no workers, the data loaded in the training process).
 ``fwk train`` (ResNet-18 on a folder of real photos that the benchmark writes at 85x64 px,
 10 classes: scripts/bench/decode.py's ``write_photos``) runs with each loader setting in interleaved reps, each
 into a fresh runs root; the share is summary.json's ``data_wait`` (the training time spent
-waiting for the next batch). Target (issue 11): < 5% with auto.
+waiting for the next batch). Target: < 5% with auto.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """decode.py's rows in the harness: images/s of the whole image pipeline at 224 px on
 ImageNet-like photos (2,000 of 500x375 px, ~95 KB), fwk's image folder and fwk's streamed
 shards (local, and from an S3-compatible server on loopback) against torchvision's
-ImageFolder; and ``fwk data prepare``'s own images/s. Targets (issue 23): the image folder
+ImageFolder; and ``fwk data prepare``'s own images/s. Targets: the image folder
 >= 2x torchvision, local shards >= 3x.
 
 decode.run gives each pipeline's median, min and max images/s over interleaved passes and

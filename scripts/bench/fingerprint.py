@@ -6,7 +6,7 @@ Writes a folder of ``--files`` small files (train/ and val/, ``--classes`` class
 9:1), then times, as whole commands, ``fwk train data=imagefolder data.root=... --dry-run``
 (the launcher's path of an "already complete" run: compose, validate, fingerprint, plan,
 without torch) with an empty cache (a full walk: every file stat'ed) and with the cache
-filled (only the folders stat'ed), interleaved over ``--reps`` rounds. Target (issue 23): the
+filled (only the folders stat'ed), interleaved over ``--reps`` rounds. Target: the
 cached command under 1 s at 200k files. The harness's ``fingerprint`` rows call ``run``.
 """
 

@@ -7,7 +7,7 @@
 - command: the whole ``fwk train`` (digits_cnn, N steps, into a fresh runs root) against
   scripts/bench/plain_train.py (the same training, ~40 lines) as processes, end to end.
 
-Targets (issue 11): step <= 1.02x, whole command <= 1.10x (fwk time / plain time).
+Targets: step <= 1.02x, whole command <= 1.10x (fwk time / plain time).
 Run by scripts/bench/harness.py (``make bench``).
 """
 

@@ -1,7 +1,7 @@
 """The parts of ``make gpu-check``, in the order they run, with their budgets.
 
-On one GPU the budgets add up to 10 minutes (8 before resnet50-tta, the ResNet-50 headline of
-issue 32, which needs its own photos and three whole runs): correctness first, since a
+On one GPU the budgets add up to 10 minutes (8 before resnet50-tta, the ResNet-50 headline
+run, which needs its own photos and three whole runs): correctness first, since a
 wrong kernel makes every speed figure after it meaningless, then the speed and memory
 ratios, then the whole ``fwk train`` against a plain loop. Each part names its ``--dry``
 form: the same code on the CPU at tiny sizes (precision and jit on the digits CNN, memory on

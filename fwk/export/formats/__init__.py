@@ -17,6 +17,7 @@ from typing import Any
 from fwk.registry import Registry
 
 FORMATS = Registry("export format", package="fwk.export.formats")
+REPORT = "weights_report.json"  # beside a weights export's files, never copied to --output
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,6 @@ class Format:
     def copy(self, final_dir: Path, output: Path) -> None:
         """Copy the verified export to ``--output``."""
         import shutil
-
-        from fwk.export.weights import REPORT
 
         if self.folder:
             shutil.copytree(final_dir, output, ignore=shutil.ignore_patterns(REPORT))
