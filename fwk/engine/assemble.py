@@ -194,7 +194,7 @@ def _build(
         diagnostics.reshaped(steps_taken)
 
     methods.attach(optimizer, model, reshaped)
-    loss = CrossEntropy(methods.label_smoothing(), fused=strategies.kernels.fused_loss)
+    loss = methods.loss(CrossEntropy(fused=strategies.kernels.fused_loss))
     step_fn = TrainStep(
         trained, optimizer, strategies.per_step(), strategies.plan, loss, cfg.train.grad_clip, dist, diagnostics,
         strategies.split(),

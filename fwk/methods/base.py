@@ -69,8 +69,13 @@ class Method(ABC):
         """The weights ``fwk export`` takes from a checkpoint's state in place of the model's, or None."""
         return None
 
-    def label_smoothing(self) -> float | None:
-        return None
+    def loss(self, loss: Any) -> Any:
+        """Return the loss the step computes; a method that changes the objective returns its own.
+
+        ``loss`` is a frozen dataclass (``fwk.engine.loss.CrossEntropy``), so a method changes it
+        with ``dataclasses.replace`` and the methods before it keep theirs.
+        """
+        return loss
 
     @abstractmethod
     def describe(self) -> str:
@@ -149,10 +154,11 @@ class Methods:
                 return weights
         return None
 
-    def label_smoothing(self) -> float:
-        """The cross-entropy's label smoothing: methods=[label_smoothing]'s, else none."""
-        found = [s for m in self.active if (s := m.label_smoothing()) is not None]
-        return found[-1] if found else 0.0
+    def loss(self, loss: Any) -> Any:
+        """Return the loss after every active method's ``loss`` hook, in the order listed."""
+        for m in self.active:
+            loss = m.loss(loss)
+        return loss
 
     def state_dict(self) -> dict[str, Any]:
         return {m.name: m.state_dict() for m in self.active}

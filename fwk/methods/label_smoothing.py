@@ -1,10 +1,12 @@
-"""``label_smoothing``: cross-entropy against smoothed targets (classification). The loss
-reads it (``Methods.label_smoothing``: ``fwk/engine/loss.py``'s ``CrossEntropy``)."""
+"""``label_smoothing``: cross-entropy against smoothed targets (classification). It sets
+the smoothing on the step's loss through the ``loss`` hook, as any method may."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from fwk.config.methods import Config, Rule
 from fwk.methods.base import Method, method
@@ -26,8 +28,8 @@ class LabelSmoothing(Method):
     name = "label_smoothing"
     tasks = ("classification",)
 
-    def label_smoothing(self) -> float | None:
-        return self.cfg.smoothing
+    def loss(self, loss: Any) -> Any:
+        return dataclasses.replace(loss, label_smoothing=self.cfg.smoothing)
 
     def describe(self) -> str:
         return f"label_smoothing: cross-entropy against targets smoothed by {self.cfg.smoothing:g}"

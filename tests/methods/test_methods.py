@@ -112,3 +112,17 @@ def test_methods_under_two_process_ddp_keep_replicas_in_sync(runs: Path) -> None
     (run,) = runs.glob("*/")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["replicas_in_sync"] is True and summary["eval"]["val_acc"] > 0.5
+
+
+def test_label_smoothing_sets_the_steps_loss_through_the_loss_hook() -> None:
+    from fwk.engine.loss import CrossEntropy
+
+    plain = CrossEntropy(fused=True)
+    assert Methods(["ema"], MethodConfig(), 10).loss(plain) is plain  # a method without the hook changes nothing
+    smoothed = Methods(["ema", "label_smoothing"], MethodConfig(), 10).loss(plain)
+    assert (smoothed.label_smoothing, smoothed.fused) == (0.1, True)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
+    unfused = Methods(["label_smoothing"], MethodConfig(), 10).loss(CrossEntropy())
+    expected = torch.nn.functional.cross_entropy(x, y, label_smoothing=0.1)
+    assert torch.allclose(unfused(nn.Identity(), x, y), expected)
+    assert not torch.allclose(CrossEntropy()(nn.Identity(), x, y), expected)
