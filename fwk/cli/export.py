@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import typer
@@ -65,13 +64,11 @@ def export(
     (accuracy, agreement, output difference, size, MACs, latency) and writes
     runs/<id>/exports/<export-id>/ with export_report.json.
     """
-    from fwk.export.formats import get
+    from fwk.export.formats import Request, get
 
     words, ids = _words(args, fmt)
-    if not get(fmt).settings:
-        _no_settings(fmt, prune, quantize, qat_steps)
-        return _weights(ids, words, fmt, output, overwrite)
-    _onnx(ids, words, prune, ratio, rounds, quantize or "int8", output, max_accuracy_drop, overwrite, qat_steps)
+    request = Request(ids, words, output, overwrite, prune, ratio, rounds, quantize, max_accuracy_drop, qat_steps)
+    get(fmt).export(request)
 
 
 def _words(args: list[str] | None, fmt: str) -> tuple[list[str], list[str]]:
@@ -90,80 +87,3 @@ def _words(args: list[str] | None, fmt: str) -> tuple[list[str], list[str]]:
     if fmt not in names():
         raise UserError(f"--format {fmt} is not one of {', '.join(names())}")
     return words, ids
-
-
-def _no_settings(fmt: str, prune: str, quantize: str | None, qat_steps: str) -> None:
-    """Refuse the pruning and quantization flags for a format that writes the weights as they are."""
-    from fwk.errors import UserError
-
-    onnx_only = [o for o, on in (("--prune", prune != "none"), ("--quantize", quantize is not None)) if on]
-    onnx_only += ["--qat-steps"] if qat_steps != "0" else []
-    if onnx_only:
-        raise UserError(
-            f"{onnx_only[0]} applies to --format onnx; --format {fmt} writes the trained weights as they are"
-        )
-
-
-def _onnx(
-    ids: list[str],
-    words: list[str],
-    prune: str,
-    ratio: float,
-    rounds: int | None,
-    quantize: str,
-    output: Path | None,
-    max_accuracy_drop: float,
-    overwrite: bool,
-    qat_steps: str,
-) -> None:
-    """Check the ONNX settings, then run the ONNX pipeline."""
-    from fwk.errors import UserError
-    from fwk.export.pipeline import check_output
-    from fwk.export.settings import PrunePlan, check_qat_steps, check_quantize, load_settings
-    from fwk.track.lookup import find_run, runs_root
-
-    plan = PrunePlan.checked(prune, ratio, rounds)
-    check_quantize(quantize)
-    qat = check_qat_steps(qat_steps, quantize)
-    if max_accuracy_drop < 0:
-        raise UserError(f"--max-accuracy-drop={max_accuracy_drop:g} is not allowed: expected a number >= 0")
-    check_output(output, overwrite)
-    roots = [w.partition("=")[2] for w in words if w.startswith("paths.runs=")]
-    cfg = load_settings([w for w in words if "=" in w and not w.startswith("paths.runs=")])
-    run = find_run(Path(roots[-1]) if roots else runs_root(), ids[0] if ids else None)
-
-    from rich.console import Console
-
-    from fwk.export.pipeline import run_export
-
-    logging.getLogger("torch").setLevel(logging.ERROR)  # the exporter's warnings go to export.log, not here
-    console = Console(stderr=False, highlight=False, width=max(Console().width, 160))
-    run_export(
-        run,
-        plan,
-        quantize,
-        cfg,
-        max_accuracy_drop,
-        output,
-        overwrite,
-        show=console.print,
-        qat_steps=qat,
-    )
-
-
-def _weights(ids: list[str], words: list[str], fmt: str, output: Path | None, overwrite: bool) -> None:
-    """Write a format that takes no settings: the run's weights as they are, reloaded and compared."""
-    from fwk.errors import UserError
-    from fwk.export.formats import get
-    from fwk.export.pipeline import check_output
-    from fwk.export.weights import run_weights_export
-    from fwk.track.lookup import find_run, runs_root
-
-    roots = [w.partition("=")[2] for w in words if w.startswith("paths.runs=")]
-    others = [w for w in words if "=" in w and not w.startswith("paths.runs=")]
-    if others:
-        raise UserError(f"{others[0]}: export.* settings apply to --format onnx; --format {fmt} takes none")
-    check_output(output, overwrite, folder=get(fmt).folder)
-    run = find_run(Path(roots[-1]) if roots else runs_root(), ids[0] if ids else None)
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    run_weights_export(run, fmt, output, overwrite)

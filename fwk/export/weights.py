@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fwk.export.formats import REPORT
 from fwk.track.store import RunDir
 
 logger = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # max abs difference of the outputs, fp32 on both sides: the same weights, the same math
 HELD_OUT = 8  # validation samples the reloaded model is run on
+REPORT = "weights_report.json"  # beside a weights export's files, never copied to --output
 
 
 def _export_id(run: RunDir, checkpoint: Path, fmt: str) -> str:
@@ -50,15 +50,17 @@ def _held_out(source: Any) -> Any:
     return torch.cat([one] + [torch.as_tensor(source.data.val[i][0]).unsqueeze(0).to(one.dtype) for i in range(1, n)])
 
 
-def run_weights_export(run: RunDir, fmt: str, output: Path | None, overwrite: bool) -> dict[str, Any]:
-    """Write and verify the ``fmt`` export of ``run`` (or show the existing one); its report."""
+def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: bool) -> dict[str, Any]:
+    """Write and verify ``form``'s export of ``run``, or show the existing one, and return its report.
+
+    ``form`` is a ``fwk.export.formats.Format``: it writes and reloads, this checks and keeps.
+    """
     import torch
 
-    from fwk.export.formats import get
     from fwk.export.pipeline import VerificationFailed, check_output, made
     from fwk.export.source import check_exportable, load
 
-    form = get(fmt)
+    fmt = form.name
     check_output(output, overwrite, folder=form.folder)
     checkpoint = check_exportable(run)
     eid = _export_id(run, checkpoint, fmt)

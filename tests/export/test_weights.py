@@ -153,6 +153,6 @@ def test_a_reload_that_differs_fails_the_export_and_keeps_its_files(
     with pytest.raises(
         VerificationFailed, match=r"^the reloaded safetensors export differs .* by [0-9.e-]+ \(> 0.0001\)"
     ):
-        weights.run_weights_export(find_run(runs, None), "safetensors", None, False)
+        weights.run_weights_export(find_run(runs, None), Safetensors(), None, False)
     (report,) = runs.glob(f"*/exports/*/{weights.REPORT}")
     assert json.loads(report.read_text())["passed"] is False and (report.parent / "model.safetensors").is_file()

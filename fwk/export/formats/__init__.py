@@ -1,15 +1,18 @@
 """Export formats (``fwk export --format NAME``): one file each, found by the registry, which
 imports every module of this package. A format module names its format, says whether its
-output is a folder and whether it takes the ``export.*`` settings, and writes and reloads the
-run's weights. Format modules import torch only inside their functions, so that listing the
+output is a folder, and runs its export: ``onnx`` through the pruning, quantizing and
+verifying pipeline, the others (``Format``) by writing the run's weights, which fwk reloads
+and compares with the checkpoint's model. Format modules import torch only inside their functions, so that listing the
 names (``--help``, a wrong ``--format``) stays fast. A folder ``X/fwk/export/formats/`` on
 ``sys.path`` (``PYTHONPATH=X``) adds its files to the package, so a format of your own needs
 no change to fwk."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,30 +20,88 @@ from typing import Any
 from fwk.registry import Registry
 
 FORMATS = Registry("export format", package="fwk.export.formats")
-REPORT = "weights_report.json"  # beside a weights export's files, never copied to --output
 
 
 @dataclass(frozen=True)
-class Format:
-    """Say what a format writes; ``write`` and ``reload`` are its own, the checks are shared.
+class Request:
+    """Hold what ``fwk export`` was asked, once the run ids and the words are checked."""
 
-    ``folder``: the output is a folder (``--output`` names one); ``settings``: it takes the
-    ``export.*`` settings and the pruning and quantization flags; ``how``: how the reloaded
-    model was made, for the log line.
-    """
+    ids: list[str]  # the run id, or none for the newest complete run
+    words: list[str]  # the overrides: export.KEY=VALUE and paths.runs=DIR
+    output: Path | None
+    overwrite: bool
+    prune: str = "none"
+    ratio: float = 0.5
+    rounds: int | None = None
+    quantize: str | None = None  # None: the flag was not given
+    max_accuracy_drop: float = 1.0
+    qat_steps: str = "0"
+
+    def run(self) -> Any:
+        """Find the run to export: the id given under paths.runs, or the newest complete one."""
+        from fwk.track.lookup import find_run, runs_root
+
+        roots = [w.partition("=")[2] for w in self.words if w.startswith("paths.runs=")]
+        return find_run(Path(roots[-1]) if roots else runs_root(), self.ids[0] if self.ids else None)
+
+    def overrides(self) -> list[str]:
+        """Return the export.* overrides, without paths.runs."""
+        return [w for w in self.words if "=" in w and not w.startswith("paths.runs=")]
+
+
+@dataclass(frozen=True)
+class Backend(ABC):
+    """Say what ``fwk export --format NAME`` does. ``folder``: ``--output`` names a folder."""
 
     name: str = ""
     folder: bool = False
-    settings: bool = False
+
+    @abstractmethod
+    def export(self, request: Request) -> None:
+        """Export the run ``request`` names, verified, and copy it to ``--output`` when given."""
+
+
+@dataclass(frozen=True)
+class Format(Backend):
+    """Write the trained weights as they are, for a format without settings of its own.
+
+    A format of this kind only writes and reloads; fwk checks the flags, runs the reloaded
+    model on held-out inputs against the checkpoint's, and keeps the report. ``how``: how the
+    reloaded model was made, for the log line.
+    """
+
     how: str = "a fresh model"
 
+    @abstractmethod
     def write(self, source: Any, out: Path) -> tuple[Any, list[str]]:
         """Write the run's model into ``out``; return the model reloaded from it and the files written."""
-        raise NotImplementedError(f"--format {self.name} writes through its own pipeline")
+
+    def export(self, request: Request) -> None:
+        from fwk.errors import UserError
+        from fwk.export.pipeline import check_output
+        from fwk.export.weights import run_weights_export
+
+        r = request
+        onnx_only = [o for o, on in (("--prune", r.prune != "none"), ("--quantize", r.quantize is not None)) if on]
+        onnx_only += ["--qat-steps"] if r.qat_steps != "0" else []
+        if onnx_only:
+            raise UserError(
+                f"{onnx_only[0]} applies to --format onnx; --format {self.name} writes the trained weights as they are"
+            )
+        if r.overrides():
+            raise UserError(
+                f"{r.overrides()[0]}: export.* settings apply to --format onnx; --format {self.name} takes none"
+            )
+        check_output(r.output, r.overwrite, folder=self.folder)
+        run = r.run()
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        run_weights_export(run, self, r.output, r.overwrite)
 
     def copy(self, final_dir: Path, output: Path) -> None:
         """Copy the verified export to ``--output``."""
         import shutil
+
+        from fwk.export.weights import REPORT
 
         if self.folder:
             shutil.copytree(final_dir, output, ignore=shutil.ignore_patterns(REPORT))
@@ -54,7 +115,7 @@ def names() -> list[str]:
     return sorted(FORMATS.names(), key=lambda n: (n != "onnx", n))
 
 
-def get(name: str) -> Format:
+def get(name: str) -> Backend:
     """Return the format registered as ``name``."""
     return FORMATS.get(name).builder()
 

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from fwk.export.formats import FORMATS, Format
+from fwk.export.formats import FORMATS, Backend, Request
 
 
 @dataclass(frozen=True)
-class Onnx(Format):
+class Onnx(Backend):
     name: str = "onnx"
-    settings: bool = True
+
+    def export(self, request: Request) -> None:
+        """Check the pruning, quantization and export.* settings, then run the ONNX pipeline."""
+        from rich.console import Console
+
+        from fwk.errors import UserError
+        from fwk.export.pipeline import check_output, run_export
+        from fwk.export.settings import PrunePlan, check_qat_steps, check_quantize, load_settings
+
+        r, quantize = request, request.quantize or "int8"
+        plan = PrunePlan.checked(r.prune, r.ratio, r.rounds)
+        check_quantize(quantize)
+        qat = check_qat_steps(r.qat_steps, quantize)
+        if r.max_accuracy_drop < 0:
+            raise UserError(f"--max-accuracy-drop={r.max_accuracy_drop:g} is not allowed: expected a number >= 0")
+        check_output(r.output, r.overwrite)
+        cfg = load_settings(r.overrides())
+        run = r.run()
+        logging.getLogger("torch").setLevel(logging.ERROR)  # the exporter's warnings go to export.log, not here
+        console = Console(stderr=False, highlight=False, width=max(Console().width, 160))
+        show = console.print
+        run_export(run, plan, quantize, cfg, r.max_accuracy_drop, r.output, r.overwrite, show=show, qat_steps=qat)
 
 
 FORMATS.register(Onnx, name="onnx")(Onnx)
