@@ -2,8 +2,8 @@
 
 Images give (N, classes) logits, tokens (B, T, vocab); both are flattened to rows. With
 ``fused`` (kernels' chunked head loss is installed) the model computes the loss itself from
-the targets, never holding the whole logits tensor. ``label_smoothing`` comes from
-``methods=[label_smoothing]``.
+the targets, never holding the whole logits tensor. A method changes it through its
+``loss`` hook: ``methods=[label_smoothing]`` sets ``label_smoothing``.
 """
 
 from __future__ import annotations

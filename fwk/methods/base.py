@@ -2,11 +2,12 @@
 
 The events (after Composer's): ``prepare`` once on the plain model, before any strategy
 wraps it; ``attach`` once the optimizer is built; ``batch`` on each batch of a step, on
-the device; ``after_step`` after each optimizer step; ``evaluated``, the module that
-evaluation and best checkpoints use, and ``exported``, the weights ``fwk export`` takes from
-a checkpoint (the evaluation-weights protocol, ``fwk/engine/evaluate.py``). A method keeps its state in the
-checkpoint (``state_dict``), and anything it changes is a function of the step or of that
-state, so a resumed run continues exactly.
+the device; ``loss`` once, on the loss the step computes; ``after_step`` after each
+optimizer step; ``evaluated``, the module that evaluation and best checkpoints use, and
+``exported``, the weights ``fwk export`` takes from a checkpoint (the evaluation-weights
+protocol, ``fwk/engine/evaluate.py``). A method keeps its state in the checkpoint
+(``state_dict``), and anything it changes is a function of the step or of that state,
+so a resumed run continues exactly.
 
 A method is one file in ``fwk/methods/``: the dataclass of its settings, checking its own
 values (``rules``), beside its class, registered by ``@method``. The registry imports every
