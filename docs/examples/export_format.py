@@ -23,7 +23,7 @@ class Npz(Format):
         import numpy as np
         import torch
 
-        from fwk.engine.build import build_model
+        from fwk.models.build import build_model
 
         arrays = {k: v.detach().cpu().numpy() for k, v in source.model.state_dict().items()}
         np.savez(out / "model.npz", **arrays)

@@ -32,8 +32,8 @@ def preview(
     resolved = resolve(list(overrides or []))
     config = resolved.config
 
+    from fwk.data.build import build_data
     from fwk.data.preview import preview as write_preview
-    from fwk.engine.build import build_data
     from fwk.engine.state import seed_everything
     from fwk.launch.run import plan_run
 

@@ -50,10 +50,10 @@ def profile(
 
     from rich.console import Console
 
-    from fwk.engine.build import preflight
     from fwk.launch.run import plan_run
     from fwk.profile.capture import capture
     from fwk.profile.report import build, show, write
+    from fwk.strategies.preflight import preflight
 
     p = plan_run(resolved)  # the run id `fwk train` would give these overrides (the same checks first)
     for line in preflight(config, typed_keys(words)):

@@ -5,7 +5,7 @@ optimizer, scheduler, data position, step), ``rng-rank<R>.pt`` (every rank's RNG
 states and its own data position) and ``manifest.json`` (step, world size, sha256 of
 each file). Under FSDP the model and optimizer go to ``sharded/`` instead, written by every rank with
 ``torch.distributed.checkpoint``, which reshards them when another number of processes
-loads them (fwk/engine/resize.py). It is written into a temp dir, fsynced, then renamed:
+loads them (fwk/distributed/resize.py). It is written into a temp dir, fsynced, then renamed:
 a crash leaves the previous checkpoint intact. Files are loaded with
 ``weights_only=True``: a checkpoint cannot run code.
 """
@@ -290,7 +290,7 @@ class Checkpointer:
     def load(self, path: Path, template: Template | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(state, this rank's RNG state), after checking every checksum; the state's data
         position is this rank's own. The RNG state is None when another world size wrote it
-        (fwk/engine/resize.py derives the rank's streams; the position is rank 0's).
+        (fwk/distributed/resize.py derives the rank's streams; the position is rank 0's).
 
         Sharded: ``template()`` gives this rank's model and optimizer state to load into."""
         damage = self._damage(path)

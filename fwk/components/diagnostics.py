@@ -117,7 +117,7 @@ class Diagnostics:
 
     def check(self, step: int, loss: torch.Tensor, rerun: Callable[[], None], trial: bool = False) -> bool:
         """True when the optimizer may step. Otherwise the bad step has been handled (or raises).
-        ``trial``: the step is a trial step (``fwk/engine/trials.py``), redone later: it is no
+        ``trial``: the step is a trial step (``fwk/components/trials.py``), redone later: it is no
         rollback point."""
         value = float(loss)  # the step's one host sync
         kind = 0.0
@@ -330,6 +330,6 @@ class Diagnostics:
         return {"losses": list(self.losses), "bad_steps": self.bad_steps, "rollbacks": self.rollbacks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.losses.clear()  # also loaded mid-run: after trial steps (fwk/engine/trials.py)
+        self.losses.clear()  # also loaded mid-run: after trial steps (fwk/components/trials.py)
         self.losses.extend(state["losses"])
         self.bad_steps, self.rollbacks = int(state["bad_steps"]), int(state["rollbacks"])

@@ -1,4 +1,4 @@
-"""Copies of training state kept in host memory: a trial's snapshot (``fwk/engine/trials.py``)
+"""Copies of training state kept in host memory: a trial's snapshot (``fwk/components/trials.py``)
 and the NaN rollback's (``fwk/components/diagnostics.py``)."""
 
 from __future__ import annotations

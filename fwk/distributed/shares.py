@@ -1,7 +1,7 @@
 """How a global batch is shared out among processes: the per-process batch and the
 accumulation steps. Plain arithmetic, no torch: the config check uses it before any work
 (fwk/config/validate.py), the trainer when a run resumes on another number of processes
-(fwk/engine/resize.py)."""
+(fwk/distributed/resize.py)."""
 
 from __future__ import annotations
 

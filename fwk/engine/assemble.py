@@ -28,24 +28,26 @@ from fwk.components.checkpoint import Checkpointer, RewindPoint, set_rng_state
 from fwk.components.diagnostics import Diagnostics
 from fwk.components.metrics import Reporter
 from fwk.components.reproduce import deterministic, record_decisions, record_launch
+from fwk.components.resumable import Resumable
 from fwk.components.sinks import Tracking
+from fwk.components.trials import Replayable
 from fwk.config.schema import Config
 from fwk.config.target import Target, parse_target
 from fwk.data import loader as loading
 from fwk.data.base import DataBundle
+from fwk.data.build import build_data, example_input
 from fwk.data.loader_plan import LoaderPlan, for_run, measures
 from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.distributed.collectives import broadcast_object
 from fwk.distributed.group import Dist, init
+from fwk.distributed.resize import derived_seed, written_batch_degree
 from fwk.distributed.shares import split
-from fwk.engine.build import build_data, build_model, example_input
 from fwk.engine.evaluate import EvalWeights, evaluate
-from fwk.engine.loss import CrossEntropy
-from fwk.engine.resize import derived_seed, written_batch_degree
-from fwk.engine.state import Clock, Resumable, seed_everything
+from fwk.engine.state import Clock, seed_everything
 from fwk.engine.step import TrainStep
-from fwk.engine.trials import Replayable
 from fwk.methods.base import Methods
+from fwk.models.build import build_model
+from fwk.models.loss import CrossEntropy
 from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
 from fwk.optim.schedule_free import AveragedPoint
 from fwk.strategies.decisions import Decisions
@@ -174,7 +176,7 @@ def _build(
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
-    # another process count may resume (fwk/engine/resize.py); streamed data, whose order
+    # another process count may resume (fwk/distributed/resize.py); streamed data, whose order
     # follows the process count, then resumes at the start of its next epoch (its loader says so)
     written = written_batch_degree(run_dir.checkpoints)
     cfg, per_rank, accum_factor = _batch_split(cfg, dist, written)

@@ -81,7 +81,7 @@ class TrainStep:
     @property
     def trying(self) -> bool:
         """Whether this step is a trial step: it runs a candidate a decision is timing, which a
-        run that recalled the decision would not run (``fwk/engine/trials.py`` redoes it)."""
+        run that recalled the decision would not run (``fwk/components/trials.py`` redoes it)."""
         return any(s.trying for s in self.strategies)
 
     def __call__(self, step: int, batches: list[Batch]) -> torch.Tensor:

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from fwk.components.metrics import Window
+from fwk.components.trials import Trials
 from fwk.data.prefetch import DevicePrefetcher
 from fwk.distributed.collectives import all_reduce_max, replicas_in_sync
 from fwk.distributed.group import Dist
 from fwk.engine.assemble import Run
 from fwk.engine.state import StopSignal
 from fwk.engine.step import label
-from fwk.engine.trials import Trials
 
 logger = logging.getLogger(__name__)
 

@@ -137,8 +137,8 @@ def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path) -> Prun
 
     Writes ``out/pruning_history.json`` and one run dir per round under ``out/rounds/``.
     """
-    from fwk.engine.build import build_model
     from fwk.export.retrain import retrain, retrain_config, steps_for
+    from fwk.models.build import build_model
 
     method, rounds = plan.method, plan.rounds
     example = example_input(source)

@@ -102,7 +102,7 @@ def exported_weights(checkpoint: Path, saved: dict[str, Any] | None = None) -> d
 def _pruned_in_training(model: Any, saved: dict[str, Any], data: Any) -> list:
     """A run trained with methods=[prune_gradually]: its removals replayed on the fresh
     model, which then takes the smaller weights; returns them (none: [])."""
-    from fwk.engine.build import example_input
+    from fwk.data.build import example_input
     from fwk.methods.prune_gradually import trained_history
     from fwk.models.pruning import replay
 
@@ -135,7 +135,8 @@ def load(run: RunDir) -> Source:
     from omegaconf import OmegaConf
 
     from fwk.config.validate import to_typed
-    from fwk.engine.build import build_data, build_model
+    from fwk.data.build import build_data
+    from fwk.models.build import build_model
 
     checkpoint = check_exportable(run)
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))

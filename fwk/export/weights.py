@@ -43,7 +43,7 @@ def _export_id(run: RunDir, checkpoint: Path, fmt: str) -> str:
 def _held_out(source: Any) -> Any:
     import torch
 
-    from fwk.engine.build import example_input
+    from fwk.data.build import example_input
 
     n = min(HELD_OUT, len(source.data.val))
     one = example_input(source.data)

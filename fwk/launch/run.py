@@ -73,7 +73,7 @@ def preflight(job: Job) -> list[str]:
     notes = [d.line() for d in left_out if d.by_user]  # a recipe's settings for an optimizer not in use
     config, typed = job.resolved.config, typed_keys(job.overrides or [])
     if asks(config, typed).anything:
-        from fwk.engine.build import preflight as check_model
+        from fwk.strategies.preflight import preflight as check_model
 
         notes += check_model(config, typed)
     sinks.check_server(job.resolved.config.tracking)

@@ -3,7 +3,7 @@
 The weights are a ``.safetensors`` file (``fwk export --format safetensors``) or a folder
 ``save_pretrained`` wrote (``fwk export --format hf``, or any Hugging Face model folder),
 sharded or not. Their names and shapes are checked against the model's before anything is
-loaded; a mismatch is one line. ``fwk/engine/build.py`` loads them once the model is built.
+loaded; a mismatch is one line. ``fwk/models/build.py`` loads them once the model is built.
 """
 
 from __future__ import annotations

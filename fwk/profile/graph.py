@@ -97,8 +97,9 @@ def folded_pairs(model: nn.Module) -> list[str]:
 
 
 def _batch(cfg: Config) -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.device]:
+    from fwk.data.build import build_data
     from fwk.distributed.group import pick_device
-    from fwk.engine.build import build_data, build_model
+    from fwk.models.build import build_model
 
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data, seed=cfg.seed)

@@ -7,7 +7,7 @@ only). From the first step (under fp16: after the range probe, ``probes``),
 The step times' medians are all-reduced, so every rank takes the same decision. A
 decision may instead be recalled (``decisions.py``: cached or replayed), and then holds
 from step 0 without a trial. A measured one holds from step 0 too: the loop redoes the
-probe and trial steps in the chosen format once it is made (``fwk/engine/trials.py``;
+probe and trial steps in the chosen format once it is made (``fwk/components/trials.py``;
 ``rewind``), so both compute the same thing. ``Precision`` asks ``format_at(step)``
 before each step and hands back each step's time.
 """

@@ -10,7 +10,7 @@ size), the decision's name, the resolved config less the keys that cannot change
 step costs (``IGNORED``: a new option is in the key unless it is listed there), and the
 decisions made before it (precision, then memory, then jit: ``DECISION_ORDER``). A later run of
 the same model here reuses the record without trial steps; a measuring run redoes its
-trial steps as decided (``fwk/engine/trials.py``), so both compute the same thing.
+trial steps as decided (``fwk/components/trials.py``), so both compute the same thing.
 
 Where a decision comes from, first found first:
 

@@ -14,7 +14,7 @@
   memory) do not count as stable. The measured step times are cached per machine and
   model (``decisions.py``): a later run (or a replay) decides from them without a trial,
   compiling at the same step. The trial's compiled steps are redone as decided
-  (``fwk/engine/trials.py``), so a measuring run computes what a recalling one does.
+  (``fwk/components/trials.py``), so a measuring run computes what a recalling one does.
 
 A signature the compiled model has not seen is compiled anew up to ``max_recompiles``
 times, then runs eager (one warning line). A compile error, raised in forward or in the
@@ -310,7 +310,7 @@ class Jit(PerStep):
 
     @property
     def trying(self) -> bool:
-        """Whether this step is a compiled trial step (redone as decided: ``fwk/engine/trials.py``)."""
+        """Whether this step is a compiled trial step (redone as decided: ``fwk/components/trials.py``)."""
         return self.state == "trial"
 
     def rewind(self, before: dict[str, Any]) -> None:

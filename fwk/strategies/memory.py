@@ -13,7 +13,7 @@
   the budget is kept; an out-of-memory step is redone with twice the micro-batches. The
   choice is cached per machine and model (``decisions.py``): a later run (or a replay)
   switches to it when its turn comes, without trials. A measuring run does the same: the
-  loop redoes the trial steps under the chosen plan (``fwk/engine/trials.py``).
+  loop redoes the trial steps under the chosen plan (``fwk/components/trials.py``).
 
 A strategy is a ``MemoryPlan``. The checkpoint wrappers are installed once and switched on
 and off by the plan, so ``auto`` can move between plans without rebuilding the model.

@@ -62,7 +62,7 @@ def fitting(model: nn.Module, patterns: list[str], key: str) -> tuple[list[str],
 
     For a recipe's defaults (``keep_fp32: [last:Linear]``): they apply where they match, so a
     recipe works with the user's own model. A pattern the user typed is checked strictly
-    before the launch (``engine.build.preflight``), so one that is left here was not typed.
+    before the launch (``fwk.strategies.preflight``), so one that is left here was not typed.
     """
     named = _named(model)
     kept = [p for p in patterns if _hits(named, p)]

@@ -29,7 +29,7 @@ The measured ones decide one at a time, in ``decisions.DECISION_ORDER``: precisi
 and trial steps), then memory=auto, then jit=auto; each decides on the result of those
 before it, and none counts another's trial steps (``TrainStep.begin`` tells each when it is
 its turn, through ``PerStep.begin``). What they decide is recalled from, and kept in, ``Decisions``; the steps one
-tries candidates on are redone once it has decided (``fwk/engine/trials.py``).
+tries candidates on are redone once it has decided (``fwk/components/trials.py``).
 """
 
 from __future__ import annotations

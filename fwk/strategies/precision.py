@@ -129,7 +129,7 @@ class Precision(PerStep):
 
     @property
     def trying(self) -> bool:
-        """Whether this step belongs to auto's trial (``fwk/engine/trials.py`` redoes it)."""
+        """Whether this step belongs to auto's trial (``fwk/components/trials.py`` redoes it)."""
         return self.auto is not None and self.auto.trying
 
     def rewind(self, before: dict[str, Any]) -> None:

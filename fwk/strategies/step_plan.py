@@ -6,7 +6,7 @@ sets the two numbers:
 
 - ``accum_steps``: ``train.accum_steps``; times ``factor`` on a run resumed by fewer
   processes than wrote it (each keeps its per-process batch and accumulates more, so the
-  global batch holds: ``fwk/engine/resize.py``); doubled by DDP's communication adaptation
+  global batch holds: ``fwk/distributed/resize.py``); doubled by DDP's communication adaptation
   (``accumulate_more``), which its checkpoint state carries.
 - ``micro_batches``: memory's plan (memory=microbatch; memory=auto's trial plans and its
   choice), and after an out-of-memory error memory's next plan: ``out_of_memory`` asks it,

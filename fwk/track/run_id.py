@@ -22,7 +22,7 @@ _NOT_HASHED = ("paths", "tags", "tracking")
 # job requeued onto other nodes gets another rendezvous host and must find its run again; with
 # rdzv_backend=static every node has its own node_rank but all share one run; and the same
 # training (train.batch_size is the global batch) on another process count is the same run,
-# which resumes there (fwk/engine/resize.py). So is the same training under another layout:
+# which resumes there (fwk/distributed/resize.py). So is the same training under another layout:
 # the mesh splits the same global batch and the same model (checkpoints reshard between them).
 _NOT_HASHED_PARALLEL = (
     "rdzv_endpoint",

@@ -33,8 +33,7 @@ def one(workload: str, quick: bool) -> list:
     with collected() as said:
         fwk, precision, memory, jit, _ = engine_step(cfg, device, batch, jit=True)
     x, y = batch_for(cfg, batch, device)
-    plain_cfg = config(workload, batch, size, ["precision=fp32", "jit=off", "memory=none", "kernels=torch",
-                                               *extra[5:]])
+    plain_cfg = config(workload, batch, size, ["precision=fp32", "jit=off", "memory=none", "kernels=torch", *extra[5:]])
     plain = plain_step(plain_cfg, device)
     i, t0 = 0, time.perf_counter()
     cap_steps, cap_s = (12, 60) if quick else (60, 150)
@@ -66,10 +65,14 @@ def one(workload: str, quick: bool) -> list:
     notes += f"; {verdict}" if verdict else ""
     return [
         ratio_row(
-            "auto", f"{workload} ({size_text}, batch {batch}) auto vs plain fp32 eager", pair.ratios(invert=True),
-            Side("fwk auto", rate(pair.a), "samples/s"), Side("plain", rate(pair.b), "samples/s"),
-            "fwk auto/plain samples/s", ">= 1.7x" if device.type == "cuda" else "", notes + (
-                "" if device.type == "cuda" else "; the >= 1.7x target is for a GPU: CPU figure reported"),
+            "auto",
+            f"{workload} ({size_text}, batch {batch}) auto vs plain fp32 eager",
+            pair.ratios(invert=True),
+            Side("fwk auto", rate(pair.a), "samples/s"),
+            Side("plain", rate(pair.b), "samples/s"),
+            "fwk auto/plain samples/s",
+            ">= 1.7x" if device.type == "cuda" else "",
+            notes + ("" if device.type == "cuda" else "; the >= 1.7x target is for a GPU: CPU figure reported"),
         )
     ]
 

@@ -20,9 +20,9 @@ from fwk.config.compose import compose
 from fwk.config.schema import JitConfig
 from fwk.config.validate import to_typed
 from fwk.distributed.group import Dist
-from fwk.engine.loss import CrossEntropy
 from fwk.engine.step import TrainStep
 from fwk.models import MODELS
+from fwk.models.loss import CrossEntropy
 from fwk.optim import build_optimizer, build_schedule
 from fwk.strategies.jit import Jit
 from fwk.strategies.kernels import Kernels
@@ -133,9 +133,14 @@ def option_rows(group: str, what: str, times: dict[str, list[float]], base: str,
         ratios = [t / b for t, b in zip(ts, times[base], strict=True)]
         rows.append(
             ratio_row(
-                group, f"{what}: {name}", ratios, Side(name, 1000 * statistics.median(ts), "ms"),
-                Side(base, 1000 * statistics.median(times[base]), "ms"), f"{name}/{base} step time",
-                (targets or {}).get(name, ""), note,
+                group,
+                f"{what}: {name}",
+                ratios,
+                Side(name, 1000 * statistics.median(ts), "ms"),
+                Side(base, 1000 * statistics.median(times[base]), "ms"),
+                f"{name}/{base} step time",
+                (targets or {}).get(name, ""),
+                note,
             )
         )
     return rows

@@ -27,9 +27,19 @@ def train(root: Path, runs: Path, size: int, steps: int, batch: int, loader: lis
     if not (ROOT / "conf" / "loader" / "auto.yaml").exists():
         raise RuntimeError("needs the loader config group (loader=auto, the data pipeline's branch)")
     args = [
-        "model=resnet18", "data=imagefolder", f"data.root={root}", f"data.image_size={size}", "model.num_classes=10",
-        f"train.max_steps={steps}", f"train.batch_size={batch}", "train.eval_every=0", "train.log_every=5",
-        "train.eval_batches=1", "checkpoint.every=0", "jit=off", "precision=fp32",
+        "model=resnet18",
+        "data=imagefolder",
+        f"data.root={root}",
+        f"data.image_size={size}",
+        "model.num_classes=10",
+        f"train.max_steps={steps}",
+        f"train.batch_size={batch}",
+        "train.eval_every=0",
+        "train.log_every=5",
+        "train.eval_batches=1",
+        "checkpoint.every=0",
+        "jit=off",
+        "precision=fp32",
         "precision.keep_fp32=[fc]",  # the default recipe's island names digits_cnn's head
         *loader,
     ]
@@ -56,9 +66,13 @@ def rows(quick: bool) -> list:
 
         pair = measure_pair(lambda: one(SETTINGS["auto"]), lambda: one(SETTINGS["defaults"]), reps=reps, warmup=0)
     row = ratio_row(
-        "datawait", f"resnet18 on {size} px JPEGs, {steps} steps, batch {batch}: data-wait share",
-        pair.ratios(), Side("auto", 100 * statistics.median(pair.a), "%"),
-        Side("defaults", 100 * statistics.median(pair.b), "%"), "auto/defaults data-wait share", "",
+        "datawait",
+        f"resnet18 on {size} px JPEGs, {steps} steps, batch {batch}: data-wait share",
+        pair.ratios(),
+        Side("auto", 100 * statistics.median(pair.a), "%"),
+        Side("defaults", 100 * statistics.median(pair.b), "%"),
+        "auto/defaults data-wait share",
+        "",
         "loader=auto vs loader=manual (num_workers=0); target on auto's share itself",
     )
     row.target, row.met = "auto < 5%", statistics.median(pair.a) < 0.05

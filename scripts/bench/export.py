@@ -231,17 +231,39 @@ def rows(quick: bool) -> list:
             r = torch_ms[b].p50_ms / lat[name][b].p50_ms
             rounds = [t / m for t, m in zip(torch_ms[b].round_p50_ms, lat[name][b].round_p50_ms, strict=True)]
             tgt = target_speed if b == 1 else ""
-            out.append(Row(
-                "export", f"digits_cnn {name} vs torch eager fp32, batch {b}", "torch ms/model ms (speed)", r,
-                min(rounds), max(rounds), Side(name, lat[name][b].p50_ms, "ms p50"),
-                Side("torch fp32", torch_ms[b].p50_ms, "ms p50"), tgt, check(r, tgt),
-                f"{threads} threads; ratio of p50s over {len(rounds)} interleaved rounds [min, max of the rounds' "
-                f"ratios]; acc drop {s['drop']:+.2f} pts"))
+            out.append(
+                Row(
+                    "export",
+                    f"digits_cnn {name} vs torch eager fp32, batch {b}",
+                    "torch ms/model ms (speed)",
+                    r,
+                    min(rounds),
+                    max(rounds),
+                    Side(name, lat[name][b].p50_ms, "ms p50"),
+                    Side("torch fp32", torch_ms[b].p50_ms, "ms p50"),
+                    tgt,
+                    check(r, tgt),
+                    f"{threads} threads; ratio of p50s over {len(rounds)} interleaved rounds [min, max of the rounds' "
+                    f"ratios]; acc drop {s['drop']:+.2f} pts",
+                )
+            )
         r = torch_size / s["size_bytes"]
         tgt = ">= 8x" if name.startswith("pruned") else ""
-        out.append(Row("export", f"digits_cnn {name} size", "torch fp32/model bytes", r, r, r,
-                       Side(name, s["size_bytes"] / 1e6, "MB"), Side("torch fp32", torch_size / 1e6, "MB"), tgt,
-                       check(r, tgt), f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)"))
+        out.append(
+            Row(
+                "export",
+                f"digits_cnn {name} size",
+                "torch fp32/model bytes",
+                r,
+                r,
+                r,
+                Side(name, s["size_bytes"] / 1e6, "MB"),
+                Side("torch fp32", torch_size / 1e6, "MB"),
+                tgt,
+                check(r, tgt),
+                f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)",
+            )
+        )
     return out
 
 

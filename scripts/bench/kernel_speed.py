@@ -163,9 +163,19 @@ def rows(quick: bool) -> list:
     r = cm / max(fm, 1)
     size = f"rows {args.rows}, width {args.width}, vocab {args.vocab}"
     return [
-        Row("kernels", f"chunked linear cross-entropy peak memory ({size})", "chunked/full peak RSS", r, r, r,
-            Side("chunked", cm / 1e6, "MB"), Side("full logits", fm / 1e6, "MB"), "<= 0.3x", check(r, "<= 0.3x"),
-            f"one call each (fwd+bwd); time {ct * 1000:.0f} vs {ft * 1000:.0f} ms; Triton timings need CUDA"),
+        Row(
+            "kernels",
+            f"chunked linear cross-entropy peak memory ({size})",
+            "chunked/full peak RSS",
+            r,
+            r,
+            r,
+            Side("chunked", cm / 1e6, "MB"),
+            Side("full logits", fm / 1e6, "MB"),
+            "<= 0.3x",
+            check(r, "<= 0.3x"),
+            f"one call each (fwd+bwd); time {ct * 1000:.0f} vs {ft * 1000:.0f} ms; Triton timings need CUDA",
+        ),
     ]
 
 

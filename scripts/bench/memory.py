@@ -122,8 +122,11 @@ def rows(quick: bool) -> list:
     from harness import guarded
 
     # batch 8: microbatch splits it in 4, and BatchNorm needs > 1 image per piece
-    size = ["--image-size", "32", "--batch", "8", "--gpt-batch", "4", "--rounds", "3"] if quick else [
-        "--image-size", "64", "--batch", "8", "--gpt-batch", "8", "--rounds", "5"]
+    size = (
+        ["--image-size", "32", "--batch", "8", "--gpt-batch", "4", "--rounds", "3"]
+        if quick
+        else ["--image-size", "64", "--batch", "8", "--gpt-batch", "8", "--rounds", "5"]
+    )
     args = arguments(gpt_batch=16, workloads="").parse_args(size)
     return [r for w in ("resnet50", "gpt8") for r in guarded("memory", w, lambda w=w: _rows(w, args, size))]
 
@@ -133,16 +136,31 @@ def _rows(workload: str, args: argparse.Namespace, size: list[str]) -> list:
     from harness import Row, Side, check
 
     times, saved, peaks = measure(workload, args, size)
-    what = f"{workload} ({args.image_size} px, batch {args.batch})" if workload == "resnet50" else (
-        f"{workload} (batch {args.gpt_batch})")
+    what = (
+        f"{workload} ({args.image_size} px, batch {args.batch})"
+        if workload == "resnet50"
+        else (f"{workload} (batch {args.gpt_batch})")
+    )
     out = option_rows("memory", f"{what} step time", times, "none", "", {"checkpoint": "<= 1.35x"})
     for s in STRATEGIES:
         if s != "none":
             r = saved[s] / saved["none"]
             target = {"checkpoint": "<= 0.5x", "microbatch": "<= 0.3x"}.get(s, "")
-            out.append(Row("memory", f"{what} saved activations: {s}", f"{s}/none saved bytes", r, r, r,
-                           Side(s, saved[s] / 1e6, "MB"), Side("none", saved["none"] / 1e6, "MB"), target,
-                           check(r, target), f"peak RSS {peaks[s] / 1e6:.0f} vs {peaks['none'] / 1e6:.0f} MB"))
+            out.append(
+                Row(
+                    "memory",
+                    f"{what} saved activations: {s}",
+                    f"{s}/none saved bytes",
+                    r,
+                    r,
+                    r,
+                    Side(s, saved[s] / 1e6, "MB"),
+                    Side("none", saved["none"] / 1e6, "MB"),
+                    target,
+                    check(r, target),
+                    f"peak RSS {peaks[s] / 1e6:.0f} vs {peaks['none'] / 1e6:.0f} MB",
+                )
+            )
     return out
 
 

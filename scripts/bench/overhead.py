@@ -27,7 +27,7 @@ from harness import Side, guarded, measure_pair, ratio_row
 
 from fwk.config.compose import compose
 from fwk.config.validate import to_typed
-from fwk.engine.build import build_data
+from fwk.data.build import build_data
 from fwk.models import MODELS
 from fwk.optim import build_optimizer
 
@@ -106,9 +106,14 @@ def step_rows(quick: bool) -> list:
         ms = lambda ts, k=k: 1000 * sorted(ts)[len(ts) // 2] / k  # noqa: E731
         rows.append(
             ratio_row(
-                "overhead", f"step {name} (batch {cfg.train.batch_size}, fp32, eager)", pair.ratios(),
-                Side("fwk", ms(pair.a), "ms/step"), Side("plain", ms(pair.b), "ms/step"),
-                "fwk/plain step time", "<= 1.02x", f"median of {reps} reps x {k} steps",
+                "overhead",
+                f"step {name} (batch {cfg.train.batch_size}, fp32, eager)",
+                pair.ratios(),
+                Side("fwk", ms(pair.a), "ms/step"),
+                Side("plain", ms(pair.b), "ms/step"),
+                "fwk/plain step time",
+                "<= 1.02x",
+                f"median of {reps} reps x {k} steps",
             )
         )
     return rows
@@ -137,9 +142,13 @@ def command_rows(quick: bool) -> list:
     med = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731
     return [
         ratio_row(
-            "overhead", f"whole command, digits_cnn {steps} steps", pair.ratios(),
-            Side("fwk train", med(pair.a), "s"), Side("plain_train.py", med(pair.b), "s"),
-            "fwk/plain wall time", "<= 1.10x",
+            "overhead",
+            f"whole command, digits_cnn {steps} steps",
+            pair.ratios(),
+            Side("fwk train", med(pair.a), "s"),
+            Side("plain_train.py", med(pair.b), "s"),
+            "fwk/plain wall time",
+            "<= 1.10x",
             "both as processes, end to end (imports, data, training, final eval, save); fwk train at its defaults",
         )
     ]

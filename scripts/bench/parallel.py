@@ -76,10 +76,13 @@ def rows(quick: bool) -> list:
         share = f"; comm wait {statistics.median(wait[name]):.0%}" if wait[name] else ""
         out.append(
             ratio_row(
-                "parallel", f"digits_cnn {steps} steps: {name}", ratios,
+                "parallel",
+                f"digits_cnn {steps} steps: {name}",
+                ratios,
                 Side(name, statistics.median(speed[name]), "samples/s"),
                 Side("1 process", statistics.median(speed["1 process"]), "samples/s"),
-                f"{name}/1 process samples/s", "",
+                f"{name}/1 process samples/s",
+                "",
                 f"fwk train processes, {os.cpu_count()} cores{share}; a tiny model: communication dominates",
             )
         )

@@ -117,8 +117,13 @@ def rows(quick: bool) -> list:
             auto, fixed = (Side(n, 1000 * statistics.median(times[n]), "ms") for n in (option, best))
             out.append(
                 ratio_row(
-                    "precision", f"{what}: {option} vs fastest fixed", ratios, auto, fixed,
-                    f"{option}/{best} step time", "<= 1.05x",
+                    "precision",
+                    f"{what}: {option} vs fastest fixed",
+                    ratios,
+                    auto,
+                    fixed,
+                    f"{option}/{best} step time",
+                    "<= 1.05x",
                     f"{option} ran as {chosen[option]}; fastest fixed format here: {best}",
                 )
             )

@@ -133,15 +133,21 @@ def load(port: int, model: str, shape: tuple[int, ...], clients: int, seconds: f
 
     took = asyncio.run(main())
     lat = np.array(latencies) * 1000
-    return {"qps": len(lat) / took, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-            "requests": len(lat)}
+    return {
+        "qps": len(lat) / took,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "requests": len(lat),
+    }
 
 
 def _mean_batch(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    total = {m: sum(float(v) for v in re.findall(rf"^fwk_serve_batch_size_{m}{{.*}} (\S+)$", text, re.M))
-             for m in ("sum", "count")}
+    total = {
+        m: sum(float(v) for v in re.findall(rf"^fwk_serve_batch_size_{m}{{.*}} (\S+)$", text, re.M))
+        for m in ("sum", "count")
+    }
     return total["sum"] / total["count"] if total["count"] else 0.0
 
 
@@ -167,15 +173,22 @@ def run(
                     got[mode] = load(port, recipe, shape, c, seconds, requests) | {"batch_after": _mean_batch(port)}
                     print(f"{recipe} c={c} {mode}: {got[mode]} (mean batch so far {before:.2f})", file=sys.stderr)
                 on, off = got["adaptive"], got["off"]
-                rows.append({
-                    "recipe": recipe, "concurrency": c,
-                    "qps_adaptive": on["qps"], "qps_off": off["qps"], "qps_ratio": on["qps"] / off["qps"],
-                    "p50_adaptive_ms": on["p50_ms"], "p50_off_ms": off["p50_ms"],
-                    "p99_adaptive_ms": on["p99_ms"], "p99_off_ms": off["p99_ms"],
-                    "p99_ratio": on["p99_ms"] / off["p99_ms"],
-                    "requests": on["requests"] + off["requests"],
-                    "mean_batch_adaptive": on["batch_after"],
-                })
+                rows.append(
+                    {
+                        "recipe": recipe,
+                        "concurrency": c,
+                        "qps_adaptive": on["qps"],
+                        "qps_off": off["qps"],
+                        "qps_ratio": on["qps"] / off["qps"],
+                        "p50_adaptive_ms": on["p50_ms"],
+                        "p50_off_ms": off["p50_ms"],
+                        "p99_adaptive_ms": on["p99_ms"],
+                        "p99_off_ms": off["p99_ms"],
+                        "p99_ratio": on["p99_ms"] / off["p99_ms"],
+                        "requests": on["requests"] + off["requests"],
+                        "mean_batch_adaptive": on["batch_after"],
+                    }
+                )
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
@@ -184,8 +197,10 @@ def run(
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| recipe | C | QPS adaptive | QPS off | QPS ratio | p50 ms adaptive / off | p99 ms adaptive / off "
-            "| p99 ratio | mean batch (cumulative) |")
+    head = (
+        "| recipe | C | QPS adaptive | QPS off | QPS ratio | p50 ms adaptive / off | p99 ms adaptive / off "
+        "| p99 ratio | mean batch (cumulative) |"
+    )
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         lines.append(

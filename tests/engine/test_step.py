@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from fwk.distributed.group import Dist
-from fwk.engine.loss import CrossEntropy
 from fwk.engine.step import TrainStep
+from fwk.models.loss import CrossEntropy
 from fwk.strategies.per_step import PerStep
 from fwk.strategies.step_plan import StepPlan
 

@@ -102,8 +102,8 @@ def test_lottery_ticket_rewinds_the_survivors_to_the_rewind_weights(
     digits_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fwk.engine import assemble
-    from fwk.engine.build import build_model
     from fwk.export.source import load
+    from fwk.models.build import build_model
     from fwk.track.store import RunDir
 
     source = load(RunDir(copy_run(digits_run, tmp_path / "runs")))
@@ -152,8 +152,8 @@ def test_lottery_ticket_needs_rewind_weights(tmp_path: Path) -> None:
 
 def test_export_of_a_pruned_model_is_rebuilt_from_its_history(digits_run: Path, tmp_path: Path) -> None:
     """--prune magnitude end to end; pruned.pt + pruning_history.json rebuild the model the ONNX file holds."""
-    from fwk.engine.build import build_model
     from fwk.export.source import load
+    from fwk.models.build import build_model
     from fwk.track.store import RunDir
 
     runs = tmp_path / "runs"

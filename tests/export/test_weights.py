@@ -78,8 +78,8 @@ def test_weights_of_another_shape_are_one_line(llama: Path, tmp_path: Path) -> N
 def test_safetensors_of_an_fwk_model_and_what_cannot_be_asked(tmp_path: Path) -> None:
     from safetensors.torch import load_model
 
-    from fwk.engine.build import build_model
     from fwk.export.source import load
+    from fwk.models.build import build_model
     from fwk.track.lookup import find_run
 
     runs = tmp_path / "runs"

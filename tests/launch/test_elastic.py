@@ -5,7 +5,7 @@ store lives in the first, and the machine that holds it cannot be lost. The seco
 dies at once, launcher, agent and worker (SIGKILL, as a power cut). The first machine's
 worker fails at its next collective. Its agent meets again without the dead machine, and
 the run resumes from its last checkpoint on 1 process with the same global batch
-(fwk/engine/resize.py). It ends where a straight run ends."""
+(fwk/distributed/resize.py). It ends where a straight run ends."""
 
 from __future__ import annotations
 

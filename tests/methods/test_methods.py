@@ -115,7 +115,7 @@ def test_methods_under_two_process_ddp_keep_replicas_in_sync(runs: Path) -> None
 
 
 def test_label_smoothing_sets_the_steps_loss_through_the_loss_hook() -> None:
-    from fwk.engine.loss import CrossEntropy
+    from fwk.models.loss import CrossEntropy
 
     plain = CrossEntropy(fused=True)
     assert Methods(["ema"], MethodConfig(), 10).loss(plain) is plain  # a method without the hook changes nothing

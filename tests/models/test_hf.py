@@ -219,7 +219,7 @@ def test_a_text_classifier_from_a_config_trains_on_labelled_texts_and_exports(tm
 def test_an_output_size_that_is_not_the_datas_names_the_hf_key() -> None:
     from fwk.data.base import DataBundle
     from fwk.data.hf import LabelledTexts
-    from fwk.engine.build import build_model
+    from fwk.models.build import build_model
 
     texts = LabelledTexts(torch.randint(0, 256, (4, 8)), torch.tensor([0, 1, 0, 1]))
     data = DataBundle(train=texts, val=texts, task="classification", num_classes=2, in_memory=True)

@@ -239,7 +239,7 @@ def test_a_decided_checkpoint_keeps_its_choice_on_other_hardware(
 def test_a_replay_follows_the_recorded_choice_from_step_0(
     monkeypatch: pytest.MonkeyPatch, said: pytest.LogCaptureFixture
 ) -> None:
-    """A measured run redoes its trial steps in the chosen format (fwk/engine/trials.py), so
+    """A measured run redoes its trial steps in the chosen format (fwk/components/trials.py), so
     its result is that of the choice from step 0: what a replay, on any machine, runs."""
     original = _precision(monkeypatch, _config())
     _train(original, range(14), {"bf16": 188.0, "fp32": 88.0})
@@ -335,9 +335,9 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     """The real loop's step on a tiny GPT: memory=auto's trials start only once precision's
     trial is over, and jit=auto counts stable steps only once memory has chosen."""
     from fwk.config.schema import MemoryConfig, TrainConfig
-    from fwk.engine.loss import CrossEntropy
     from fwk.engine.step import TrainStep
     from fwk.models.gpt import GPT
+    from fwk.models.loss import CrossEntropy
     from fwk.strategies.memory import Memory
     from fwk.strategies.step_plan import StepPlan
 

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from fwk.config.grammar import recipe_names
+from fwk.config.instantiate import instantiate, model_arguments
 from fwk.config.resolve import resolve
 from fwk.distributed.group import Dist
-from fwk.engine.build import _instantiate, model_arguments, preflight
 from fwk.errors import UserError
 from fwk.strategies import hardware, parallelize
 from fwk.strategies import precision as precision_module
+from fwk.strategies.preflight import preflight
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -52,7 +53,7 @@ def test_every_recipe_takes_a_user_model(
         preflight(cfg)  # nothing the user typed names a module: the recipe's patterns are not checked here
         said.clear()  # this probe's lines only
         strategies = parallelize.Strategies(cfg, SOLO, cfg.train.batch_size)
-        model = _instantiate(section)
+        model = instantiate(section)
         raw, _ = strategies.apply(model, optimizer_floats=2.0)
         p = strategies.precision
         islands = [type(m).__name__ for m in p.fp32_islands()]

@@ -140,7 +140,7 @@ ARGS = [
 @both_cpus
 def test_fsdp_stopped_and_resumed_is_bit_identical(tmp_path: Path, cpu_bf16: bool) -> None:
     """On a bf16 CPU the straight run times bf16 against fp32 (its trial steps redone on a
-    snapshot, fwk/engine/trials.py) and the two that stop and resume recall that choice."""
+    snapshot, fwk/components/trials.py) and the two that stop and resume recall that choice."""
     straight = run_fwk(*ARGS, runs=tmp_path / "straight", timeout=600)
     assert straight.returncode == 0, straight.stdout + straight.stderr
     assert f"precision=auto chose {'' if cpu_bf16 else 'fp32: CPU'}" in straight.stdout

@@ -8,9 +8,9 @@ from torch import nn
 
 from fwk.config.schema import JitConfig, MemoryConfig, PrecisionConfig, TrainConfig
 from fwk.distributed.group import Dist
-from fwk.engine.loss import CrossEntropy
 from fwk.engine.step import TrainStep
 from fwk.models.gpt import GPT
+from fwk.models.loss import CrossEntropy
 from fwk.strategies.jit import Jit, _Dispatch, compile_estimate_s
 from fwk.strategies.memory import Memory
 from fwk.strategies.precision import Precision

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from fwk.config.schema import KernelsConfig
-from fwk.engine.loss import CrossEntropy
 from fwk.errors import UserError
 from fwk.kernels import available
 from fwk.models.gpt import GPT
+from fwk.models.loss import CrossEntropy
 from fwk.strategies.kernels import Kernels
 from tests.conftest import require, run_fwk
 

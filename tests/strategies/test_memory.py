@@ -12,11 +12,11 @@ from torch import nn
 
 from fwk.config.schema import JitConfig, MemoryConfig, PrecisionConfig, TrainConfig
 from fwk.distributed.group import Dist
-from fwk.engine.loss import CrossEntropy
 from fwk.engine.step import TrainStep
 from fwk.errors import UserError
 from fwk.models.cnn import SmallCNN
 from fwk.models.gpt import GPT
+from fwk.models.loss import CrossEntropy
 from fwk.strategies.jit import Jit
 from fwk.strategies.memory import Memory, MemoryPlan
 from fwk.strategies.modules import blocks

@@ -7,8 +7,9 @@ import torch
 
 from fwk.config.compose import compose
 from fwk.config.validate import to_typed
+from fwk.data.build import build_data
 from fwk.distributed.group import Dist
-from fwk.engine.build import build_data, build_model
+from fwk.models.build import build_model
 from fwk.strategies import jit, kernels, memory, parallel, parallelize, precision
 
 SOLO = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

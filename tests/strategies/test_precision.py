@@ -264,7 +264,7 @@ def test_auto_probes_ranges_only_where_fp16_may_run(
 def test_fp16_on_a_device_without_it_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from fwk.config.compose import compose
     from fwk.config.validate import to_typed
-    from fwk.engine.build import preflight
+    from fwk.strategies.preflight import preflight
 
     no_fp16 = hardware.Features(bf16_fast=False, fp16_works=False, text="an old GPU")
     monkeypatch.setattr(hardware, "probe", lambda device: no_fp16)

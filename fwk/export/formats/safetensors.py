@@ -18,7 +18,7 @@ class Safetensors(Format):
     def write(self, source: Any, out: Path) -> tuple[Any, list[str]]:
         from safetensors.torch import load_model, save_model
 
-        from fwk.engine.build import build_model
+        from fwk.models.build import build_model
 
         meta = {"fwk_run": source.run.id, "step": str(source.step), "model": type(source.model).__name__}
         save_model(source.model, str(out / "model.safetensors"), metadata=meta)

@@ -1,5 +1,5 @@
 """Trial steps are redone as decided: a run computes the same thing whether its measured
-decisions were measured in it or recalled (fwk/engine/trials.py)."""
+decisions were measured in it or recalled (fwk/components/trials.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from fwk.components.checkpoint import model_weights
-from fwk.engine.state import Resumable
-from fwk.engine.trials import Replayable, Trials
+from fwk.components.resumable import Resumable
+from fwk.components.trials import Replayable, Trials
 from tests.conftest import run_fwk
 
 

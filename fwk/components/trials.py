@@ -22,7 +22,7 @@ from typing import Any
 
 from fwk.components.checkpoint import load_model_state, rng_state, set_rng_state
 from fwk.components.host_copy import host_copy
-from fwk.engine.state import Resumable
+from fwk.components.resumable import Resumable
 
 logger = logging.getLogger(__name__)
 
