@@ -1,5 +1,5 @@
 """What a resolved config asks of the model and the device before a launch: which of the
-pre-flight checks (``fwk.fwk.strategies.preflight``) have anything to check. Torch-free, so
+pre-flight checks (``fwk.strategies.preflight``) have anything to check. Torch-free, so
 that a launch of several workers skips importing torch in the launcher (seconds) when the
 config asks nothing of either: torchrun's agent and the workers import it anyway."""
 
