@@ -24,8 +24,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from harness import Row, Side, guarded, ratio_row
-from sides import fwk_side
+from benchmarks.harness import Row, Side, guarded, ratio_row
+from benchmarks.sides import fwk_side
 
 MUON = ["optim=muon", "optim.lr=1.5e-2", "optim.beta2=0.95", "optim.weight_decay=0.1"]  # gpt_stdlib_fast's
 CASES = {  # recipe -> (its overrides, metric, target, whole budget?, variants: name -> overrides)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 
 import torch
-from common import batch_for, config, engine_step
-from harness import Side, guarded, measure_pair, ratio_row
-from overhead import k_steps, plain_step
 
+from benchmarks.common import batch_for, config, engine_step
+from benchmarks.harness import Side, guarded, measure_pair, ratio_row
+from benchmarks.overhead import k_steps, plain_step
 from fwk.log import collected
 
 

@@ -1,7 +1,7 @@
 """Channels-last under FSDP: does keeping conv weights contiguous lose the NHWC speed?
 
-    .venv/bin/python scripts/bench/channels_last.py [--rounds 7] [--image-size 64] [--batch 16]
-    .venv/bin/python scripts/bench/channels_last.py --device cuda --image-size 224 --batch 128
+    .venv/bin/python -m benchmarks.channels_last [--rounds 7] [--image-size 64] [--batch 16]
+    .venv/bin/python -m benchmarks.channels_last --device cuda --image-size 224 --batch 128
 
 FSDP2 shards contiguous parameters only (``fwk/strategies/fsdp.py``), so under FSDP the conv
 weights stay contiguous and only the inputs are made channels-last. Three layouts of one
@@ -20,7 +20,8 @@ import statistics
 
 import torch
 import torchvision
-from common import arguments, device_arg, interleaved_times, machine
+
+from benchmarks.common import arguments, device_arg, interleaved_times, machine
 
 LAYOUTS = {  # name -> (weights channels-last, inputs channels-last)
     "nchw": (False, False),
@@ -67,8 +68,8 @@ def measure(args, dtype: torch.dtype | None) -> tuple[dict[str, list[float]], di
 
 def rows(quick: bool) -> list:
     """For the harness (make bench): per format, each layout's step time as a ratio to ``nhwc``."""
-    from common import option_rows
-    from harness import guarded
+    from benchmarks.common import option_rows
+    from benchmarks.harness import guarded
 
     args = arguments(gpt_batch=0, workloads="").parse_args([])
     args.image_size, args.batch, args.rounds = (32, 2, 3) if quick else (32, 8, 7)

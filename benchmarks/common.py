@@ -124,7 +124,7 @@ def interleaved(steps: dict[str, Callable[[], None]], rounds: int, device: torch
 
 def option_rows(group: str, what: str, times: dict[str, list[float]], base: str, note: str = "", targets=None):
     """One harness row per option: its per-round time ratio to ``base`` (median [min, max])."""
-    from harness import Side, ratio_row
+    from benchmarks.harness import Side, ratio_row
 
     rows = []
     for name, ts in times.items():

@@ -2,7 +2,7 @@
 defaults (loader=manual: no workers, the data loaded in the training process).
 
 ``fwk train`` (ResNet-18 on a folder of real photos that the benchmark writes at 85x64 px,
-10 classes: scripts/bench/decode.py's ``write_photos``) runs with each loader setting in interleaved reps, each
+10 classes: benchmarks/decode.py's ``write_photos``) runs with each loader setting in interleaved reps, each
 into a fresh runs root; the share is summary.json's ``data_wait`` (the training time spent
 waiting for the next batch). Target: < 5% with auto.
 """
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import ROOT, Side, measure_pair, ratio_row
+from benchmarks.harness import ROOT, Side, measure_pair, ratio_row
 
 SETTINGS = {"auto": ["loader=auto"], "defaults": ["loader=manual"]}
 
@@ -42,7 +42,7 @@ def train(root: Path, runs: Path, size: int, steps: int, batch: int, loader: lis
 
 
 def rows(quick: bool) -> list:
-    from decode import write_photos
+    from benchmarks.decode import write_photos
 
     size, steps, batch, reps = (64, 6, 8, 1) if quick else (64, 20, 16, 5)
     with tempfile.TemporaryDirectory(prefix="fwk-bench-datawait-") as tmp:

@@ -1,7 +1,7 @@
 """The image pipeline's benchmark on ImageNet-like photos: torchvision's ImageFolder against
 fwk's image folder and fwk's streamed shards (local and from S3), as images/s ratios.
 
-    .venv/bin/python scripts/bench/decode.py [--images 2000] [--rounds 3] [--workers 2] [--batch 32]
+    .venv/bin/python -m benchmarks.decode [--images 2000] [--rounds 3] [--workers 2] [--batch 32]
 
 The photos (``write_photos``): 10 class folders, each cut from one real photograph that
 scikit-learn or scikit-image ships (random crops of 30-100% of its area, 3/4 of them
@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,13 +44,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # tests.s3server: the loopback server the tests use
-
-from fwk.data.configs import ImageFolderConfig, StreamingConfig  # noqa: E402
-from fwk.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, imagefolder  # noqa: E402
-from fwk.data.loader import TrainLoader  # noqa: E402
-from fwk.data.loader_plan import LoaderPlan, loader_kwargs  # noqa: E402
+from fwk.data.configs import ImageFolderConfig, StreamingConfig
+from fwk.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, imagefolder
+from fwk.data.loader import TrainLoader
+from fwk.data.loader_plan import LoaderPlan, loader_kwargs
 
 SIZE = 224
 PHOTO = (500, 375)

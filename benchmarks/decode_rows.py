@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from harness import Row, Side, check
+from benchmarks.harness import Row, Side, check
 
 
 def rows(quick: bool) -> list:
@@ -21,7 +21,7 @@ def rows(quick: bool) -> list:
 
 
 def table_rows(images: int, workers: int, rounds: int, s3: bool = True) -> list:
-    from decode import run  # scripts/bench/decode.py (the data pipeline's benchmark)
+    from benchmarks.decode import run  # the data pipeline's benchmark
 
     got = run(images=images, workers=workers, rounds=rounds, s3=s3)
     by = {r["name"]: r for r in got["rows"]}

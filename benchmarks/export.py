@@ -1,6 +1,6 @@
 """What `fwk export` buys: pruned + int8 ONNX vs int8 vs fp32 ONNX vs torch eager fp32.
 
-    .venv/bin/python scripts/bench/export.py [--recipes digits_cnn,resnet_digits] [--rounds 8]
+    .venv/bin/python -m benchmarks.export [--recipes digits_cnn,resnet_digits] [--rounds 8]
 
 For each recipe: trains it with `fwk train recipe=NAME` (or finds the finished run: the
 same command is the same run), exports it twice with `fwk export`'s own pipeline
@@ -217,7 +217,7 @@ def rows(quick: bool) -> list:
     minutes on 2 cores), trained and exported into a temporary runs root."""
     import tempfile
 
-    from harness import Row, Side, check
+    from benchmarks.harness import Row, Side, check
 
     with tempfile.TemporaryDirectory(prefix="fwk-bench-export-") as tmp:
         args = parser().parse_args(["--runs", tmp, "--rounds", "3" if quick else "6", "--per-round", "3"])

@@ -1,6 +1,6 @@
 """The image folder's fingerprint on a large folder: a full walk against the per-folder cache.
 
-    .venv/bin/python scripts/bench/fingerprint.py [--files 200000] [--classes 1000]
+    .venv/bin/python -m benchmarks.fingerprint [--files 200000] [--classes 1000]
 
 Writes a folder of ``--files`` small files (train/ and val/, ``--classes`` class folders,
 9:1), then times, as whole commands, ``fwk train data=imagefolder data.root=... --dry-run``
@@ -69,7 +69,7 @@ def run(files: int = 200_000, classes: int = 1000, reps: int = 3) -> dict:
 
 
 def rows(quick: bool) -> list:
-    from harness import Row, Side, check
+    from benchmarks.harness import Row, Side, check
 
     files = 20_000 if quick else 200_000
     got = run(files, 100 if quick else 1000, 2 if quick else 3)

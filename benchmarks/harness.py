@@ -1,10 +1,10 @@
 """`make bench`: every benchmark in one command, one markdown table, one JSON file.
 
-    .venv/bin/python scripts/bench/harness.py [--only overhead,auto,tta:gpt_stdlib] [--quick]
+    .venv/bin/python -m benchmarks [--only overhead,auto,tta:gpt_stdlib] [--quick]
         [--out bench/results] [--txt bench/cpu/NAME.txt]
 
 Each group (overhead, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
-channels_last, memory, jit, kernels, parallel, layouts, export, resnet50) runs in its own child process with a
+channels_last, memory, jit, kernels, parallel, layouts, export, resnet50, serve) runs in its own child process with a
 wall-clock budget, so that one benchmark's failure, hang or leftover state (compiled graphs,
 threads, page cache) never reaches the next: a group that fails or runs out of time becomes
 one failed row with its one-line reason, and the others still run. ``GROUP:CASE+CASE`` runs
@@ -18,8 +18,9 @@ The table goes to stdout. Every run writes a new file of its rows and the machin
 measured on, bench/results/<YYYY-MM-DD>-<HHMMSS>-<cpu model>.json: created, never written
 over (a name taken gets -2, -3, ...), since every machine here is called ``vm``. ``--txt``
 also writes the table, as printed, to a text file whose first line is the command that
-made it (``$ .venv/bin/python scripts/bench/harness.py --only tta --txt bench/cpu/tta.txt``):
-bench/cpu/*.txt are the harness's own output, not edited by hand.
+made it (``$ .venv/bin/python -m benchmarks --only tta --txt bench/cpu/tta.txt``):
+bench/cpu/*.txt are the harness's own output, not edited by hand (the older ones name the
+script the harness was before it became this package).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = [sys.executable, "-m", "benchmarks"]  # this harness (benchmarks/__main__.py), as a child runs it
 
 
 @dataclass
@@ -151,7 +152,7 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
     return rows
 
 
-# group -> (module in scripts/bench, its rows function, seconds it may take at full size);
+# group -> (module of this package, its rows function, seconds it may take at full size);
 # caps, not estimates, set for the slowest 2-core CPU met so far: an AVX2 EPYC (Zen 2) steps
 # resnet_digits 2.2x and the GPT 1.3x slower than an AVX512-BF16 one, runs Muon's bf16
 # Newton-Schulz steps emulated, and at the 2026-12-02 caps overran shards (600 s), tta (1800 s),
@@ -171,7 +172,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "channels_last": ("channels_last", "rows", 120),
     "memory": ("memory", "rows", 240),
     "jit": ("jit", "rows", 30),
-    "kernels": ("kernel_speed", "rows", 20),  # not kernels.py: transformers imports a package of that name
+    "kernels": ("kernel_speed", "rows", 20),
     "parallel": ("parallel", "rows", 150),
     "layouts": ("layouts", "rows", 1500),
     "export": ("export", "rows", 30),
@@ -182,11 +183,9 @@ GROUPS: dict[str, tuple[str, str, int]] = {
 
 def run_group(group: str, quick: bool, cases: list[str] | None = None) -> list[dict]:
     """In this process: the group's rows as dicts (called in the child); ``cases``: only these
-    of the group's ``CASES``. The benchmark modules build rows with ``harness.Row``, which is
-    not this ``__main__.Row``: both are dataclasses."""
+    of the group's ``CASES``."""
     module, fn = GROUPS[group][:2]
-    sys.path.insert(0, str(HERE))
-    rows = getattr(importlib.import_module(module), fn)(quick, *([cases] if cases else []))
+    rows = getattr(importlib.import_module(f"benchmarks.{module}"), fn)(quick, *([cases] if cases else []))
     return [r if isinstance(r, dict) else asdict(r) for r in rows]
 
 
@@ -200,8 +199,7 @@ def selection(only: str) -> list[tuple[str, list[str]]]:
             raise SystemExit(f"--only {group}: unknown group; choose from {','.join(GROUPS)}")
         cases = [c for c in names.split("+") if c]
         if cases:
-            sys.path.insert(0, str(HERE))
-            known = list(getattr(importlib.import_module(GROUPS[group][0]), "CASES", {}))
+            known = list(getattr(importlib.import_module(f"benchmarks.{GROUPS[group][0]}"), "CASES", {}))
             if not known or set(cases) - set(known):
                 raise SystemExit(f"--only {item}: {group} has the cases {','.join(known) or '(none to choose)'}")
         picked.append((group, cases))
@@ -220,7 +218,7 @@ def run_isolated(group: str, quick: bool, budget: float, cases: list[str] | None
     failure is one failed row."""
     with tempfile.TemporaryDirectory(prefix=f"fwk-bench-{group}-") as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [sys.executable, __file__, "--group", group, "--rows-to", str(out), *(["--quick"] if quick else [])]
+        argv = [*COMMAND, "--group", group, "--rows-to", str(out), *(["--quick"] if quick else [])]
         argv += ["--cases", "+".join(cases)] if cases else []
         partial = Path(tmp) / "partial.jsonl"
         env = {
@@ -339,7 +337,7 @@ def shown(path: Path | str) -> str:
 
 def command_line(argv: list[str]) -> str:
     """The command that runs this harness with ``argv``, as a shell would take it."""
-    return shlex.join([shown(sys.executable), shown(__file__), *argv])
+    return shlex.join([shown(sys.executable), *COMMAND[1:], *argv])
 
 
 def write_txt(path: Path, command: str, text: str) -> None:
@@ -400,7 +398,3 @@ def main(argv: list[str] | None = None) -> None:
     print(text, end="")
     if args.txt:
         write_txt(args.txt, command, text)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Steady-state step time with the JIT layer against eager, measured side by side.
 
-    .venv/bin/python scripts/bench/jit.py [--rounds 5] [--workloads gpt,resnet50]
+    .venv/bin/python -m benchmarks.jit [--rounds 5] [--workloads gpt,resnet50]
 
 For each workload three copies of the model (same init) run through fwk's TrainStep:
 eager (jit=off), jit=compile (torch.compile inductor from the first step), and jit=auto
@@ -24,7 +24,8 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from common import (  # noqa: E402
+
+from benchmarks.common import (  # noqa: E402
     arguments,
     batch_for,
     config,
@@ -34,7 +35,6 @@ from common import (  # noqa: E402
     machine,
     option_rows,
 )
-
 from fwk.log import collected  # noqa: E402
 
 MODES = {"eager": "off", "compile": "compile", "auto": "auto"}

@@ -1,7 +1,7 @@
 """fwk's Triton kernels against PyTorch eager and torch.compile of the same reference.
 
-    .venv/bin/python scripts/bench/kernel_speed.py            # on a CUDA machine: every kernel
-    .venv/bin/python scripts/bench/kernel_speed.py --vocab 131072 --rows 4096 --width 4096
+    .venv/bin/python -m benchmarks.kernel_speed            # on a CUDA machine: every kernel
+    .venv/bin/python -m benchmarks.kernel_speed --vocab 131072 --rows 4096 --width 4096
 
 For each kernel (forward + backward where it has one): the median time of ``rounds``
 interleaved calls and the peak memory allocated above what was held before the call, for
@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from common import arguments, machine, peak_rss_during, rss
+
+from benchmarks.common import arguments, machine, peak_rss_during, rss
 
 Case = Callable[[], None]
 
@@ -152,12 +153,12 @@ def cpu(args) -> None:
 def rows(quick: bool) -> list:
     """For the harness (make bench): on CPU, the chunked cross-entropy's peak memory vs the full
     logits (one measurement each: a peak, not a timing). On CUDA: every kernel vs eager."""
-    from harness import Row, Side, check
+    from benchmarks.harness import Row, Side, check
 
     args = arguments(gpt_batch=0, workloads="").parse_args([])
     args.rows, args.width, args.vocab = (256, 64, 4096) if quick else (1024, 256, 32768)
     if torch.cuda.is_available():
-        raise RuntimeError("kernels on CUDA: run scripts/bench/kernel_speed.py (its table is not in the harness yet)")
+        raise RuntimeError("kernels on CUDA: run python -m benchmarks.kernel_speed (not in the harness's table yet)")
     got = cpu_measure(args)
     (ft, fm), (ct, cm) = got["full logits"], got["chunked"]
     r = cm / max(fm, 1)

@@ -2,7 +2,7 @@
 batch: samples/s, the largest per-rank resident memory and the largest per-rank model state,
 each layout against DDP (the plain PyTorch way), measured in one run.
 
-    .venv/bin/python scripts/bench/harness.py --only layouts [--txt bench/cpu/parallel.txt]
+    .venv/bin/python -m benchmarks --only layouts [--txt bench/cpu/parallel.txt]
 
 Each round runs every layout once as the real ``fwk train`` (interleaved, the order turning
 each round), each into a fresh runs root; samples/s, ``peak_rss_gib`` and
@@ -49,7 +49,7 @@ def run(steps: int, extra: list[str]) -> dict:
 
 def rows(quick: bool) -> list:
     """For the harness (make bench): each layout against DDP, 4 processes."""
-    from harness import Side, ratio_row
+    from benchmarks.harness import Side, ratio_row
 
     steps, rounds = (4, 1) if quick else (20, 3)
     got: dict[str, list[dict]] = {name: [] for name in LAYOUTS}

@@ -1,7 +1,7 @@
 """Activation memory and step time of each memory strategy, as ratios to none.
 
-    .venv/bin/python scripts/bench/memory.py [--rounds 5] [--image-size 64] [--batch 16]
-    .venv/bin/python scripts/bench/memory.py --device cuda --image-size 224 --batch 128
+    .venv/bin/python -m benchmarks.memory [--rounds 5] [--image-size 64] [--batch 16]
+    .venv/bin/python -m benchmarks.memory --device cuda --image-size 224 --batch 128
 
 Workloads: ResNet-50 on synthetic images and the gpt_stdlib GPT at 8 layers. Per strategy:
 - saved: activation bytes autograd keeps for backward on the device (saved tensors counted
@@ -27,7 +27,8 @@ import subprocess
 import sys
 
 import torch
-from common import (
+
+from benchmarks.common import (
     arguments,
     batch_for,
     config,
@@ -80,7 +81,7 @@ def measure(workload: str, args: argparse.Namespace, argv: list[str]):
         saved[strategy] = measure_saved(step, memory, x, y)
         step(0, [(x, y)])  # warm-up
         steps[strategy] = lambda step=step, x=x, y=y: step(1, [(x, y)])
-        child = [sys.executable, __file__, "--peak-of", f"{workload}:{strategy}", *argv]
+        child = [sys.executable, "-m", "benchmarks.memory", "--peak-of", f"{workload}:{strategy}", *argv]
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
         out = subprocess.run(child, check=True, capture_output=True, text=True, env=env).stdout
         peaks[strategy] = json.loads(out)
@@ -119,7 +120,7 @@ def measure_saved(step, memory, x, y) -> int:
 def rows(quick: bool) -> list:
     """For the harness (make bench): per strategy, saved activation bytes and step time vs none
     (saved bytes are exact counts, the same every rep: one figure, no spread)."""
-    from harness import guarded
+    from benchmarks.harness import guarded
 
     # batch 8: microbatch splits it in 4, and BatchNorm needs > 1 image per piece
     size = ["--image-size", "32", "--batch", "8", "--gpt-batch", "4", "--rounds", "3"] if quick else [
@@ -129,8 +130,8 @@ def rows(quick: bool) -> list:
 
 
 def _rows(workload: str, args: argparse.Namespace, size: list[str]) -> list:
-    from common import option_rows
-    from harness import Row, Side, check
+    from benchmarks.common import option_rows
+    from benchmarks.harness import Row, Side, check
 
     times, saved, peaks = measure(workload, args, size)
     what = f"{workload} ({args.image_size} px, batch {args.batch})" if workload == "resnet50" else (

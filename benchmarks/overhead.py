@@ -5,10 +5,10 @@
   backward, optimizer step, zero_grad) on the same model init, optimizer and real batch,
   for digits_cnn, resnet_digits and gpt_stdlib; a rep is ``k`` steps of each side.
 - command: the whole ``fwk train`` (digits_cnn, N steps, into a fresh runs root) against
-  scripts/bench/plain_train.py (the same training, ~40 lines) as processes, end to end.
+  benchmarks/plain_train.py (the same training, ~40 lines) as processes, end to end.
 
 Targets: step <= 1.02x, whole command <= 1.10x (fwk time / plain time).
-Run by scripts/bench/harness.py (``make bench``).
+Run by benchmarks/harness.py (``make bench``).
 """
 
 from __future__ import annotations
@@ -18,20 +18,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import engine_step
-from harness import Side, guarded, measure_pair, ratio_row
 
+from benchmarks.common import engine_step
+from benchmarks.harness import Side, guarded, measure_pair, ratio_row
 from fwk.config.compose import compose
 from fwk.config.validate import to_typed
 from fwk.engine.build import build_data
 from fwk.models import MODELS
 from fwk.optim import build_optimizer
-
-HERE = Path(__file__).resolve().parent
 
 WORKLOADS = {  # name -> overrides at full size, at --quick size
     "digits_cnn": (["recipe=digits_cnn"], ["recipe=digits_cnn"]),
@@ -131,7 +128,7 @@ def command_rows(quick: bool) -> list:
             _timed([sys.executable, "-m", "fwk", "train", f"train.max_steps={steps}", "train.eval_every=0"], env)
 
         def plain() -> None:
-            _timed([sys.executable, str(HERE / "plain_train.py"), f"--steps={steps}", f"--out={tmp}/plain.pt"])
+            _timed([sys.executable, "-m", "benchmarks.plain_train", f"--steps={steps}", f"--out={tmp}/plain.pt"])
 
         pair = measure_pair(fwk, plain, reps=reps, warmup=1)
     med = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731

@@ -1,7 +1,7 @@
 """One process against two (gloo on CPU): throughput and the communication-wait share of
 DDP with and without a compression hook, and of FSDP, measured side by side.
 
-    .venv/bin/python scripts/bench/parallel.py [--rounds 3] [--steps 150] [--recipe digits_cnn]
+    .venv/bin/python -m benchmarks.parallel [--rounds 3] [--steps 150] [--recipe digits_cnn]
 
 Each round runs every variant once as the real ``fwk train`` command (interleaved, so
 machine drift hits all alike), each into a fresh runs root; the table shows medians, min
@@ -65,7 +65,7 @@ def measure(recipe: str, steps: int, rounds: int, variants: dict[str, list[str]]
 
 def rows(quick: bool) -> list:
     """For the harness (make bench): 1 process vs 2 x DDP and 2 x FSDP on digits_cnn (gloo on CPU)."""
-    from harness import Side, ratio_row
+    from benchmarks.harness import Side, ratio_row
 
     steps, rounds = (10, 1) if quick else (40, 5)
     variants = {k: v for k, v in VARIANTS.items() if k in ("1 process", "2 x DDP", "2 x FSDP")}

@@ -1,6 +1,6 @@
 """The plain PyTorch loop a careful user writes, as a process: the benchmarks' other side.
 
-    .venv/bin/python scripts/bench/plain_loop.py FOLDER
+    .venv/bin/python -m benchmarks.plain_loop FOLDER
 
 FOLDER/spec.json says what to train (``sides.plain_side`` writes it):
 
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from plain_parts import evaluate, recompute_bn, schedule  # this folder is on the path
 from torch.utils.data import DataLoader
 
+from benchmarks.plain_parts import evaluate, recompute_bn, schedule
 from fwk.data.registry import DATA
 from fwk.models import MODELS
 

@@ -1,7 +1,7 @@
 """The plain PyTorch ResNet-50 loop a careful user writes for an ImageNet-layout folder, as a
-process: side (a) of ``scripts/bench/resnet50.py``.
+process: side (a) of ``benchmarks/resnet50.py``.
 
-    .venv/bin/python scripts/bench/plain_resnet50.py FOLDER
+    .venv/bin/python -m benchmarks.plain_resnet50 FOLDER
 
 It follows torchvision's reference classification script (references/classification/
 train.py): ``torchvision.datasets.ImageFolder`` with v2 transforms (RandomResizedCrop,
@@ -19,7 +19,7 @@ FOLDER/spec.json (``resnet50.plain_spec`` writes it): ``root``, ``image_size``,
 ``eval_every``, ``label_smoothing``, ``workers``, ``seed``, ``device``, ``amp``,
 ``metric``, ``target``.
 
-It writes FOLDER/summary.json as ``scripts/bench/plain_loop.py`` does (``sides._outcome``
+It writes FOLDER/summary.json as ``benchmarks/plain_loop.py`` does (``sides._outcome``
 reads it): ``first_step_at`` and ``target.at`` (Unix times), ``target.train_time_s``,
 ``final_step`` and the last ``eval``.
 """
@@ -34,9 +34,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torchvision
-from plain_parts import evaluate, recompute_bn, schedule  # this folder is on the path
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
+
+from benchmarks.plain_parts import evaluate, recompute_bn, schedule
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

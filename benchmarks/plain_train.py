@@ -2,7 +2,7 @@
 `fwk train` against as a whole process: same data split and normalization, same model,
 optimizer, schedule, batch, steps; evaluates once at the end and saves the weights.
 
-    .venv/bin/python scripts/bench/plain_train.py [--steps 300] [--out /tmp/plain.pt]
+    .venv/bin/python -m benchmarks.plain_train [--steps 300] [--out /tmp/plain.pt]
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Step time of each precision option, as ratios to fp32, measured side by side.
 
-    .venv/bin/python scripts/bench/precision.py [--rounds 5] [--image-size 64] [--batch 16]
-    .venv/bin/python scripts/bench/precision.py --device cuda --image-size 224 --batch 128
+    .venv/bin/python -m benchmarks.precision [--rounds 5] [--image-size 64] [--batch 16]
+    .venv/bin/python -m benchmarks.precision --device cuda --image-size 224 --batch 128
 
 Workloads: ResNet-50 on synthetic images, the gpt_stdlib recipe's GPT and the default
 recipe's digits CNN. Each option gets its own model (same init) and runs through fwk's own
@@ -23,7 +23,16 @@ import os
 import statistics
 from collections.abc import Iterator
 
-from common import arguments, batch_for, config, device_arg, engine_step, interleaved_times, machine, option_rows
+from benchmarks.common import (
+    arguments,
+    batch_for,
+    config,
+    device_arg,
+    engine_step,
+    interleaved_times,
+    machine,
+    option_rows,
+)
 
 OPTIONS = ["fp32", "bf16", "fp16", "staged", "auto", "auto@units"]
 
@@ -103,7 +112,7 @@ def rows(quick: bool) -> list:
     args = arguments(gpt_batch=32, workloads="").parse_args([])
     args.image_size, args.batch, args.gpt_batch, args.rounds = (32, 2, 2, 3) if quick else (32, 8, 8, 5)
     args.digits_batch = 16 if quick else 64
-    from harness import Side, guarded, ratio_row
+    from benchmarks.harness import Side, guarded, ratio_row
 
     def one(workload: str) -> list:
         times, chosen = measure(workload, args)

@@ -1,7 +1,7 @@
 """The design's ResNet-50 headline, measured: time to a target accuracy and peak memory,
 fwk against plain PyTorch, on real photos.
 
-    .venv/bin/python scripts/bench/resnet50.py [--size full|quick|cuda] [--reps 1]
+    .venv/bin/python -m benchmarks.resnet50 [--size full|quick|cuda] [--reps 1]
 
 The data: ``decode.write_photos``'s ImageNet-like photos (10 classes cut from real
 photographs, 500x375 px, ~95 KB JPEGs), 2,000 for training and 30 per class for
@@ -9,7 +9,7 @@ validation (300: a step of 0.33% in accuracy). Three sides, each one process tim
 start (imports, data, model, every decision) to the evaluation that reaches the target,
 each fwk side with a fresh decision cache (cold: its trials and tunings included):
 
-- (a) ``scripts/bench/plain_resnet50.py``: torchvision's reference classification loop
+- (a) ``benchmarks/plain_resnet50.py``: torchvision's reference classification loop
   (ImageFolder with v2 transforms, SGD + Nesterov, warm-up + cosine, loader workers),
   fp32 eager; on CUDA under bf16 autocast;
 - (a2) the same loop evaluating as (c) does: its BatchNorm statistics re-estimated on 8
@@ -54,13 +54,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from benchmarks import sides
+from benchmarks.harness import Row, Side, guarded, ratio_row, table
 
-import sides  # noqa: E402
-from harness import Row, Side, guarded, ratio_row, table  # noqa: E402
-
-PLAIN = HERE / "plain_resnet50.py"
+PLAIN = "benchmarks.plain_resnet50"  # side (a), as ``python -m``
 METRIC = "val_acc"
 
 
@@ -170,7 +167,7 @@ def measure(size: Size, reps: int = 1) -> tuple[dict[str, list[sides.Outcome]], 
     """Each side ``reps`` times, rep i with seed i (the sides shuffle differently, so one seed
     could favour either), the order rotating per rep: their outcomes, their peak memory in
     MB, and the seconds ``fwk data prepare`` took."""
-    from decode import write_photos
+    from benchmarks.decode import write_photos
 
     with tempfile.TemporaryDirectory(prefix="fwk-bench-resnet50-") as tmp:
         work = Path(tmp)
@@ -183,10 +180,10 @@ def measure(size: Size, reps: int = 1) -> tuple[dict[str, list[sides.Outcome]], 
         fwk_c = ["recipe=resnet50_imagenet_fast", f"data.uri={shards}", *fast, device]
         spec = plain_spec(fwk_b, size, photos)
         run = {
-            "a": lambda rep: sides.plain_side({**spec, "seed": rep}, METRIC, size.target, work, script=PLAIN),
+            "a": lambda rep: sides.plain_side({**spec, "seed": rep}, METRIC, size.target, work, module=PLAIN),
             # (c) evaluates with BatchNorm statistics re-estimated (schedule-free): so does this plain side
             "a2": lambda rep: sides.plain_side(
-                {**spec, "seed": rep, "bn_recompute": 8}, METRIC, size.target, work, script=PLAIN
+                {**spec, "seed": rep, "bn_recompute": 8}, METRIC, size.target, work, module=PLAIN
             ),
             "b": lambda rep: sides.fwk_side([*fwk_b, f"seed={rep}"], METRIC, size.target, work / f"b{rep}", work),
             "c": lambda rep: sides.fwk_side([*fwk_c, f"seed={rep}"], METRIC, size.target, work / f"c{rep}", work),

@@ -1,6 +1,6 @@
 """What adaptive batching buys `fwk serve`: QPS and p50/p99 latency, batching on vs off, in one run.
 
-    .venv/bin/python scripts/bench/serve.py [--recipes digits_cnn,resnet_digits] [--seconds 4] [--requests 4000]
+    .venv/bin/python -m benchmarks.serve [--recipes digits_cnn,resnet_digits] [--seconds 4] [--requests 4000]
 
 For each recipe: a short training run (`fwk train recipe=NAME train.max_steps=20`: the
 weights do not change the speed), `fwk export --quantize none`, then two `fwk serve`

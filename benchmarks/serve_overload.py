@@ -1,9 +1,9 @@
 """`fwk serve` past its capacity: open-loop load at 10x what it can answer, on the digits CNN
 and gpt_stdlib, with the serve group's defaults.
 
-    .venv/bin/python scripts/bench/serve_overload.py [--seconds 30] [--factor 10] [--recipes digits_cnn,gpt_stdlib]
+    .venv/bin/python -m benchmarks.serve_overload [--seconds 30] [--factor 10] [--recipes digits_cnn,gpt_stdlib]
 
-For each recipe: a short training run and `fwk export --quantize none` (scripts/bench/serve.py's
+For each recipe: a short training run and `fwk export --quantize none` (benchmarks/serve.py's
 `exported`), then one `fwk serve` on loopback. Its capacity is measured first (closed loop, 64
 clients, 5 s); then requests arrive at ``factor`` x that rate for ``seconds``, whatever the
 replies do: an open loop, as real traffic is. Each goes out on a keep-alive connection of a
@@ -35,7 +35,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from serve import exchange, exported, request, start
+
+from benchmarks.serve import exchange, exported, request, start
 
 HANG_S = 60.0  # a reply later than this after its request went out: hung
 MAX_CONNECTIONS = 512
@@ -285,7 +286,7 @@ def table(rows: list[dict]) -> str:
 
 def rows(quick: bool) -> list:
     """make bench's serve group: each must-hold figure of each recipe as a row against its bound."""
-    from harness import Row, Side, check
+    from benchmarks.harness import Row, Side, check
 
     runs = Path(os.environ.get("FWK_RUNS", "runs")) / "bench-serve"
     recipes, seconds = (["digits_cnn"], 3.0) if quick else (["digits_cnn", "gpt_stdlib"], 30.0)

@@ -1,7 +1,7 @@
 """Accuracy from prepared shards against the image folder they came from: ``resnet_digits``
 trained both ways, 3 seeds, final val acc.
 
-    .venv/bin/python scripts/bench/shards_accuracy.py [--seeds 0,1,2] [--steps 60]
+    .venv/bin/python -m benchmarks.shards_accuracy [--seeds 0,1,2] [--steps 60]
 
 scikit-learn's digits are written as an image folder (32 px grayscale PNGs, upscaled from
 8x8 as ``data=digits`` does, the same train/val split), then ``fwk data prepare``d (32 px
@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Row, Side
 from omegaconf import OmegaConf
 
+from benchmarks.harness import Row, Side
 from fwk.config.compose import compose
 from fwk.config.validate import to_typed
 from fwk.engine.assemble import build_run

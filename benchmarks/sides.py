@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FWK = Path(sys.executable).parent / "fwk"
 
 
@@ -149,24 +149,21 @@ def fwk_side(overrides: list[str], metric: str, target: float, cache: Path, work
     return _outcome(json.loads(found[0].read_text()), started, peak, wall, metric, found[0].parent)
 
 
-PLAIN_LOOP = ROOT / "scripts" / "bench" / "plain_loop.py"
-
-
 def plain_side(
-    spec: dict, metric: str, target: float, work: Path, record: bool = False, script: Path = PLAIN_LOOP
+    spec: dict, metric: str, target: float, work: Path, record: bool = False, module: str = "benchmarks.plain_loop"
 ) -> Outcome:
-    """A plain loop's process on ``spec``: ``script`` takes a folder holding spec.json and
-    writes summary.json there (``scripts/bench/plain_loop.py``, whose docstring says what its
-    spec holds; ``plain_resnet50.py``); ``record``: it also writes its rows as a run dir that
-    ``fwk runs plot`` reads."""
+    """A plain loop's process on ``spec``: ``python -m MODULE`` takes a folder holding spec.json
+    and writes summary.json there (``benchmarks/plain_loop.py``, whose docstring says what its
+    spec holds; ``benchmarks/plain_resnet50.py``); ``record``: it also writes its rows as a run
+    dir that ``fwk runs plot`` reads."""
     out = Path(tempfile.mkdtemp(prefix="plain-", dir=work))
     (out / "spec.json").write_text(json.dumps({**spec, "metric": metric, "target": target, "record": record}))
     log = out / "plain.log"
-    argv = [sys.executable, str(script), str(out)]
+    argv = [sys.executable, "-m", module, str(out)]
     started, peak, code = launch(argv, {"PYTHONPATH": str(ROOT)}, log)
     wall = time.time() - started
     if code != 0 or not (out / "summary.json").exists():
-        raise _failed(script.name, code, log)
+        raise _failed(module, code, log)
     return _outcome(json.loads((out / "summary.json").read_text()), started, peak, wall, metric, out)
 
 

@@ -34,8 +34,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import Row, Side, guarded, ratio_row
-from sides import Outcome, fwk_side, plain_side, plain_spec
+from benchmarks.harness import Row, Side, guarded, ratio_row
+from benchmarks.sides import Outcome, fwk_side, plain_side, plain_spec
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def _plot(name: str, got: dict[str, list[Outcome]], aside: bool) -> str:
     from fwk.track.plot import Curves, crossing, draw, series
     from fwk.track.store import RunDir
 
-    results = Path(__file__).resolve().parents[2] / "bench" / "results"
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
     folder = Path(tempfile.mkdtemp(prefix="fwk-tta-plot-")) if aside else results
     shown = [label for label in got if not label.endswith("warm")]
     curves = [

@@ -3,9 +3,9 @@
 # versions installed here, for its Python (3.12, x86-64 Linux); never torch or its CUDA
 # libraries, which the machine keeps. scripts/gpu_check.sh installs them there offline.
 #
-#   bash scripts/gpu/wheels.sh [PYTHON_VERSION]    # default 3.12
+#   bash scripts/wheels.sh [PYTHON_VERSION]    # default 3.12
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 version="${1:-3.12}"
 # What fwk imports in make gpu-check beyond that machine's image (its package list: PyTorch,

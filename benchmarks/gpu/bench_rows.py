@@ -1,9 +1,9 @@
 """One benchmark's rows as the harness's markdown table, on a chosen device: the speed
-parts of ``make gpu-check`` that reuse ``scripts/bench`` (make bench's rows).
+parts of ``make gpu-check`` that reuse the benchmarks of ``make bench`` (their rows).
 
-    python scripts/gpu/bench_rows.py tta CASE [--device cuda] [--quick] [--reps N] [--no-tune]
-    python scripts/gpu/bench_rows.py decode [--images N] [--rounds N] [--workers N] [--no-s3]
-    python scripts/gpu/bench_rows.py resnet50 [--device cuda] [--quick] [--reps N]
+    python -m benchmarks.gpu.bench_rows tta CASE [--device cuda] [--quick] [--reps N] [--no-tune]
+    python -m benchmarks.gpu.bench_rows decode [--images N] [--rounds N] [--workers N] [--no-s3]
+    python -m benchmarks.gpu.bench_rows resnet50 [--device cuda] [--quick] [--reps N]
 
 Exit 0 with the table and an ``ok:`` line when every row was measured (a missed target is
 a figure, not a failure); 1 naming the rows that failed.
@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
+from benchmarks.harness import table
 
 
 def main() -> int:
-    from harness import table
-
     parser = argparse.ArgumentParser()
     parser.add_argument("group", choices=["tta", "decode", "resnet50"])
     parser.add_argument("case", nargs="?", default="gpt_stdlib", help="tta: the case (digits_cnn, gpt_stdlib, ...)")
@@ -35,15 +31,15 @@ def main() -> int:
     parser.add_argument("--no-s3", action="store_true")
     args = parser.parse_args()
     if args.group == "tta":
-        import tta
+        from benchmarks import tta
 
         rows = tta.one(args.case, args.quick, args.device, args.reps or None, tuned=not args.no_tune)
     elif args.group == "resnet50":  # its CUDA size on a GPU, else its full or --quick CPU size
-        import resnet50
+        from benchmarks import resnet50
 
         rows = resnet50.one("cuda" if args.device == "cuda" else "quick" if args.quick else "full", args.reps or None)
     else:
-        import decode_rows
+        from benchmarks import decode_rows
 
         rows = decode_rows.table_rows(args.images, args.workers, args.rounds, s3=not args.no_s3)
     print(table(rows))

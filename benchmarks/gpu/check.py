@@ -1,13 +1,15 @@
 """`make gpu-check`: every GPU claim of fwk checked in one command, each part on a budget.
 
-    python scripts/gpu/check.py [--dry] [--out DIR] [--only NAME,...]
+    python -m benchmarks.gpu [--dry] [--out DIR] [--only NAME,...]
 
-The parts (``scripts/gpu/parts.py``) run in order, each in a session of its own with a
+The parts (``benchmarks/gpu/parts.py``) run in order, each in a session of its own with a
 wall-clock budget: a part that overruns is killed with everything it started (its process
 group and every descendant, torchrun's workers too) and reported "over budget", and the
 next part starts, so one slow part cannot eat the others' time.
 ``--dry`` runs every part on the CPU at tiny sizes, with the CUDA-only parts reported as
 skipped by name: ``make test`` runs it, so the command cannot rot between GPU machines.
+A part that runs pytest (the correctness checks of tests/gpu/) is skipped when its tests
+were all skipped: they need CUDA.
 
 The report goes to DIR (default ``bench/gpu/``, or a temporary folder's with --dry):
 ``<date>-<gpu>.md`` (each part's status, time and output) and the same as ``.json``,
@@ -26,32 +28,19 @@ import platform
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.gpu.part import Part
+from benchmarks.gpu.parts import PARTS
 from fwk.launch.supervise import descendants
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIPPED = 3  # a part's exit status for "cannot run here" (it prints its "skipped: ..." line)
 TAIL = 60  # lines of each part's output kept in the report
-
-
-@dataclass
-class Part:
-    """One check: the command on a GPU machine and, for --dry, on the CPU (None: CUDA only)."""
-
-    name: str
-    section: str
-    what: str
-    budget_s: float
-    argv: list[str]
-    dry_argv: list[str] | None = None
-    dry_budget_s: float = 120.0
-    env: dict[str, str] = field(default_factory=dict)
+PYTEST_SUMMARY = re.compile(r"((?:\d+ \w+, )*\d+ \w+) in [\d.]+s(?: \([\d:]+\))?")
 
 
 @dataclass
@@ -85,6 +74,17 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def only_skipped(output: str) -> bool:
+    """Whether ``output`` ends in pytest's summary of a run whose tests were all skipped
+    ("1 skipped, 1 deselected in 0.52s"): a CUDA test on a machine without CUDA."""
+    lines = [line.strip(" =") for line in output.splitlines() if line.strip(" =")]
+    found = PYTEST_SUMMARY.fullmatch(lines[-1]) if lines else None
+    if found is None:
+        return False
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", found.group(1))}
+    return counts.get("skipped", 0) > 0 and not {"passed", "failed", "error", "errors", "xpassed"} & set(counts)
+
+
 def run_part(part: Part, dry: bool) -> Result:
     """Run one part within its budget; whatever it started dies with it, whether it ends,
     overruns or this script is interrupted."""
@@ -93,6 +93,7 @@ def run_part(part: Part, dry: bool) -> Result:
         return Result(part.name, part.section, part.what, "skipped", 0.0, budget, "needs CUDA (no --dry form)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.update(part.env)
+    env.update(part.dry_env if dry else {})
     env["PYTHONUNBUFFERED"] = "1"
     t0 = time.monotonic()
     with tempfile.TemporaryFile(mode="w+", errors="replace") as log:
@@ -110,12 +111,14 @@ def run_part(part: Part, dry: bool) -> Result:
     tail = "\n".join(output.splitlines()[-TAIL:])
     if code is None:
         status, reason = "over budget", f"killed after its budget of {budget:.0f} s"
+    elif code == 0 and only_skipped(output):
+        status, reason = "skipped", _last_line(output, "SKIPPED")
     elif code == 0:
         status, reason = "ok", _last_line(output, "ok:")
     elif code == SKIPPED:
         status, reason = "skipped", _last_line(output, "skipped:")
-    else:
-        status, reason = "failed", f"exit {code}: {_last_line(output, 'FAILED:')}"
+    else:  # a script's "FAILED: why" line, or pytest's "FAILED test - why"
+        status, reason = "failed", f"exit {code}: {_last_line(output, 'FAILED')}"
     return Result(part.name, part.section, part.what, status, seconds, budget, reason, tail)
 
 
@@ -172,9 +175,6 @@ def run_all(parts: list[Part], dry: bool, out: Path) -> tuple[list[Result], Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(HERE))
-    from parts import PARTS
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="every part on the CPU at tiny sizes (CUDA-only: skipped)")
     parser.add_argument("--out", default="", help="report folder (default bench/gpu, or a temporary one with --dry)")
@@ -204,7 +204,3 @@ def verdict(results: list[Result]) -> tuple[int, str]:
     if bad:
         return 1, f"gpu-check: {summary}; failed: {', '.join(bad)}"
     return 0, f"gpu-check: {summary}"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """DDP against FSDP on one device: step time (samples/s) and peak memory of the same
 ``fwk train``, as ratios; one part of ``make gpu-check``.
 
-    python scripts/gpu/ddp_fsdp.py [--dry] [--reps 2]
+    python -m benchmarks.gpu.ddp_fsdp [--dry] [--reps 2]
 
 Each rep runs ``fwk train recipe=gpt_stdlib`` (``--dry``: a 2-layer GPT on the CPU, gloo)
 with ``parallel=ddp`` and with ``parallel=fsdp``, one process each, in alternating order,

@@ -1,7 +1,7 @@
 """Tensor, pipeline and hybrid parallel over NCCL train as one process does; one part of
 ``make gpu-check``.
 
-    python scripts/gpu/layouts.py [--dry]
+    python -m benchmarks.gpu.layouts [--dry]
 
 Runs ``fwk train recipe=gpt_stdlib`` (4 blocks, fp32, jit off, 8 steps) on one process and
 under tp=2, pp=2 (1f1b) and, with 4 devices, tp=2 x dp_shard=2 (FSDP over tensor-parallel

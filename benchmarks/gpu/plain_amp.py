@@ -1,5 +1,5 @@
 """The plain PyTorch loops a user would write with AMP, to time ``fwk train`` against as
-whole processes (scripts/gpu/whole.py passes every value from the recipe's composed config).
+whole processes (benchmarks/gpu/whole.py passes every value from the recipe's composed config).
 
 - resnet50: torchvision's ResNet-50 (random init), fwk's synthetic images (the same items:
   ``fwk.data.synthetic.RandomImages``), SGD + Nesterov with weight decay on weights with
@@ -15,7 +15,7 @@ the loss every ``--log-every`` steps (a sync, as a user's log line is), save the
 optimizer at the end, and print one JSON line last. The optimizers are PyTorch's defaults
 (foreach), not the fused ones.
 
-    python scripts/gpu/plain_amp.py {resnet50,gpt} --device cuda --amp bf16 --steps 100 ...
+    python -m benchmarks.gpu.plain_amp {resnet50,gpt} --device cuda --amp bf16 --steps 100 ...
 """
 
 from __future__ import annotations
@@ -24,17 +24,13 @@ import argparse
 import json
 import math
 import os
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # fwk's model and data classes, whatever the working directory
 Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 

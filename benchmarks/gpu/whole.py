@@ -2,11 +2,11 @@
 processes, end to end (imports, data, training, evaluation, checkpoint): a wall-time ratio.
 One part of ``make gpu-check``.
 
-    python scripts/gpu/whole.py {resnet50,gpt} [--dry] [--reps 2] [--warmup 0]
+    python -m benchmarks.gpu.whole {resnet50,gpt} [--dry] [--reps 2] [--warmup 0]
 
 - resnet50: ``fwk train recipe=resnet50_imagenet data=synthetic train.max_steps=100``, every
   auto at its default (precision, memory, jit, kernels, loader), against
-  scripts/gpu/plain_amp.py's ResNet-50 loop: torchvision's ResNet-50, the same synthetic
+  benchmarks/gpu/plain_amp.py's ResNet-50 loop: torchvision's ResNet-50, the same synthetic
   images and batch, SGD + Nesterov, schedule and label smoothing, bf16 autocast,
   channels_last, cudnn.benchmark, loader workers with pinned memory.
 - gpt: ``fwk train recipe=gpt_stdlib train.max_steps=300`` (300 of the recipe's 900 steps,
@@ -47,14 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fwk.config.compose import compose
+from fwk.config.schema import Config
+from fwk.config.validate import to_typed
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from fwk.config.compose import compose  # noqa: E402  (fwk from this checkout, whatever the working directory)
-from fwk.config.schema import Config  # noqa: E402
-from fwk.config.validate import to_typed  # noqa: E402
-
-PLAIN = ROOT / "scripts" / "gpu" / "plain_amp.py"
+PLAIN = "benchmarks.gpu.plain_amp"  # the plain side, as ``python -m``
 TIMEOUT_S = 600  # one process, either side: a hang ends as a FAILED line, not a stuck check
 
 
@@ -166,7 +164,7 @@ def check_plain_covers(cfg: Config, names: tuple[str, str, str]) -> None:
     ]
     for key, got, want in rules:
         if got != want:
-            raise Failed(f"{key}={got} but scripts/gpu/plain_amp.py implements only {key}={want}")
+            raise Failed(f"{key}={got} but benchmarks/gpu/plain_amp.py implements only {key}={want}")
 
 
 def timed(side: str, argv: list[str], env: dict[str, str]) -> tuple[float, str, str]:
@@ -230,12 +228,12 @@ def measure(workload: str, dry: bool, reps: int, warmup: int) -> list[Rep]:
         if not torch.cuda.is_available():
             raise Failed("no CUDA device here; whole.py measures on a GPU (--dry runs it on the CPU at tiny sizes)")
     fwk_argv = [sys.executable, "-m", "fwk", "train", *overrides]
-    plain_argv = [sys.executable, str(PLAIN), *work.plain_args(cfg, not dry)]
+    plain_argv = [sys.executable, "-m", PLAIN, *work.plain_args(cfg, not dry)]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
     print(f"## whole {workload} ({'cpu, --dry' if dry else 'cuda'}): fwk train vs plain_amp.py, as processes\n")
     print(f"- fwk: `python -m fwk train {' '.join(overrides)}` (fresh runs root and fwk cache each run)")
-    print(f"- plain: `python scripts/gpu/plain_amp.py {' '.join(plain_argv[2:])}`")
+    print(f"- plain: `python -m {PLAIN} {' '.join(plain_argv[3:])}`")
     print(f"- steps {cfg.train.max_steps}, batch {cfg.train.batch_size}, {work.shape(cfg)}")
     with tempfile.TemporaryDirectory(prefix="fwk-gpu-whole-") as tmp:
         runs = itertools.count()
