@@ -131,5 +131,5 @@ def _process(pairs: list[tuple[dict, dict]]) -> str:
 
 
 def rows(quick: bool, cases: list[str] | None = None) -> list:
-    """Every case's rows (only ``cases``, when named: ``harness.py --only ablation:NAME``)."""
+    """Every case's rows (only ``cases``, when named: ``python -m benchmarks --only ablation:NAME``)."""
     return [r for name in cases or CASES for r in guarded("ablation", name, lambda name=name: one(name, quick))]

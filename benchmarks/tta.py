@@ -230,5 +230,5 @@ def _rows(name: str, case: Case, got: dict[str, list[Outcome]], tuning: str, cur
 
 
 def rows(quick: bool, cases: list[str] | None = None) -> list:
-    """Every case's rows (only ``cases``, when named: ``harness.py --only tta:NAME``)."""
+    """Every case's rows (only ``cases``, when named: ``python -m benchmarks --only tta:NAME``)."""
     return [r for name in cases or CASES for r in guarded("tta", name, lambda name=name: one(name, quick))]
