@@ -362,7 +362,7 @@ def report(rows: list[Row], info: dict, wall_s: float, quick: bool, path: Path) 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--only", default="", help=f"comma-separated groups of: {','.join(GROUPS)}; GROUP:CASE+CASE: only those cases"
     )

@@ -175,7 +175,7 @@ def run_all(parts: list[Part], dry: bool, out: Path) -> tuple[list[Result], Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="every part on the CPU at tiny sizes (CUDA-only: skipped)")
     parser.add_argument("--out", default="", help="report folder (default bench/gpu, or a temporary one with --dry)")
     parser.add_argument("--only", default="", help="comma-separated part names")
