@@ -1,7 +1,7 @@
 """One part of ``make gpu-check``: what it runs on a GPU machine and, for ``--dry``, on the CPU.
 
-Its own module so that the list of parts (parts.py) and the driver that runs them
-(check.py) both import it, and neither imports the other's importer.
+It has a module of its own so that the list of parts (parts.py) and the driver that runs
+them (check.py, which imports the list) both import it without a circle.
 """
 
 from __future__ import annotations
