@@ -26,20 +26,21 @@ test: setup lint
 	$(BIN)/python -m pytest -q
 
 # Every benchmark in one run: one markdown table on stdout, a new bench/results/<date>-<time>-<cpu>.json
-# (scripts/bench/harness.py; 45 min to over 2 hours on 2 CPU cores). BENCH_ARGS="--quick" for a smoke
-# test, BENCH_ARGS="--only overhead,auto" for some groups.
+# (the benchmarks package, benchmarks/harness.py; 45 min to over 2 hours on 2 CPU cores).
+# BENCH_ARGS="--quick" for a smoke test, BENCH_ARGS="--only overhead,auto" for some groups.
 bench: setup
-	$(BIN)/python scripts/bench/harness.py $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-# Every GPU claim in one command on a GPU machine (scripts/gpu/check.py; at most 8 minutes on
-# one GPU): report in bench/gpu/<date>-<gpu>.md and .json. No setup: that machine keeps its own
-# torch; what it lacks comes from wheels/ (make gpu-wheels, here). GPU_CHECK_ARGS="--dry" runs
-# every part on the CPU at tiny sizes (make test does).
+# Every GPU claim in one command on a GPU machine (scripts/gpu_check.sh runs python -m
+# benchmarks.gpu; at most 8 minutes on one GPU): report in bench/gpu/<date>-<gpu>.md and .json.
+# No setup: that machine keeps its own torch; what it lacks comes from wheels/ (make gpu-wheels,
+# here, with scripts/wheels.sh). GPU_CHECK_ARGS="--dry" runs every part on the CPU at tiny sizes
+# (make test does).
 gpu-check:
 	bash scripts/gpu_check.sh $(GPU_CHECK_ARGS)
 
 gpu-wheels: setup
-	bash scripts/gpu/wheels.sh
+	bash scripts/wheels.sh
 
 # The documentation site on http://127.0.0.1:8000, rebuilt as pages change (make test builds it
 # with --strict: tests/docs/test_site.py).
@@ -47,7 +48,7 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 lint: setup
-	$(BIN)/ruff check fwk tests scripts docs
+	$(BIN)/ruff check fwk tests benchmarks docs
 
 # slurm-wlm and munge for the SLURM tests (apt-get, as root; nothing to do when installed).
 # The tests start and stop their own single-node cluster (scripts/slurm/cluster.sh).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make gpu-check: every GPU claim of fwk checked in one command (scripts/gpu/check.py), at
+# make gpu-check: every GPU claim of fwk checked in one command (python -m benchmarks.gpu), at
 # most 8 minutes on one GPU, each part on its own budget; the report goes to bench/gpu/.
 #
 #   bash scripts/gpu_check.sh [--dry] [--out DIR] [--only PART,...]
@@ -23,5 +23,5 @@ then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" wheels/*.whl
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # fwk from this checkout: conf/ and recipes/ beside it
-exec "$PY" scripts/gpu/check.py "$@"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # fwk and benchmarks from this checkout: conf/ and recipes/ beside it
+exec "$PY" -m benchmarks.gpu "$@"

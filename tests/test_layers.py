@@ -9,6 +9,8 @@ a cycle. The floors, from the ground up (docs/architecture.md):
     engine
     launch, export, profile, serve
     cli, __main__
+
+The benchmarks and the tests stand above all of them: fwk imports neither.
 """
 
 from __future__ import annotations
@@ -116,6 +118,19 @@ def test_no_file_imports_a_higher_floor() -> None:
 
 def test_no_import_cycles_between_files() -> None:
     assert cycles(graph()) == []
+
+
+def test_fwk_imports_neither_the_benchmarks_nor_the_tests() -> None:
+    """The benchmarks and the tests stand on fwk: a wheel of fwk carries neither."""
+    above = {"benchmarks", "tests"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            found += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names if n.split(".")[0] in above]
+    assert found == []
 
 
 def test_the_checks_catch_a_climb_and_a_cycle() -> None:

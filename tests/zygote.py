@@ -203,13 +203,14 @@ class Server:
     def _start(self) -> str:
         if self._proc is None or self._proc.poll() is not None:
             self._path = tempfile.mktemp(prefix="fwk-zygote-", suffix=".sock")
+            # the checkout's fwk and tests, wherever pytest runs from (an installed fwk may be another's)
             root = str(Path(__file__).parents[1])
-            code = f"import sys; sys.path.insert(0, {root!r}); from tests.zygote import serve; serve({self._path!r})"
+            path = os.pathsep.join(filter(None, [root, self._env.get("PYTHONPATH")]))
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", code],
+                [sys.executable, "-c", f"from tests.zygote import serve; serve({self._path!r})"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=self._env,
+                env={**self._env, "PYTHONPATH": path},
                 text=True,
             )
             line = self._proc.stdout.readline()

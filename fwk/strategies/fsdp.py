@@ -51,7 +51,7 @@ def shard(
     the contiguous format here. The inputs stay channels-last (``Precision.prepare_input``), and
     that is what makes oneDNN and cuDNN pick their NHWC kernels: their convolutions return
     channels-last activations when the input is channels-last, whatever the weight's format
-    (scripts/bench/channels_last.py measures both against fully channels-last DDP).
+    (benchmarks/channels_last.py measures both against fully channels-last DDP).
     """
     model.to(memory_format=torch.contiguous_format)  # in place, as Module.to is; a no-op when already so
     mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)

@@ -2,7 +2,7 @@
 
 bf16 autocast pays off on CUDA GPUs of compute capability >= 8.0 (Ampere on) and on CPUs
 with bf16 units (AMX or AVX512-BF16); elsewhere it is emulated: 12x slower than fp32 for
-ResNet-50 at 64 px on an AVX2-only CPU (scripts/bench/precision.py). fp16 autocast runs
+ResNet-50 at 64 px on an AVX2-only CPU (benchmarks/precision.py). fp16 autocast runs
 on CUDA GPUs of capability >= 5.3, and on CPU only slowly.
 
 ``FWK_CPU_BF16=1`` (or ``0``) replaces the CPU's answer on whether it has bf16 units: the

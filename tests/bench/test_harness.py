@@ -1,4 +1,4 @@
-"""The pure parts of scripts/bench/harness.py (make bench): no real benchmark runs here."""
+"""The pure parts of benchmarks/harness.py (make bench): no real benchmark runs here."""
 
 import datetime
 import json
@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
-
-import harness  # noqa: E402
-from harness import Row, Side, check, measure_pair, ratio_row, table  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import Row, Side, check, measure_pair, ratio_row, table
 
 
 def test_measure_pair_warms_up_then_alternates_who_goes_first():
@@ -95,8 +93,7 @@ def test_only_picks_groups_and_the_cases_named_after_a_colon():
 
 
 def test_a_group_runs_only_the_cases_named(monkeypatch):
-    import ablation
-    import tta
+    from benchmarks import ablation, tta
 
     for module in (tta, ablation):
         monkeypatch.setattr(module, "one", lambda name, quick: [Row("g", name)])
@@ -141,7 +138,7 @@ def test_two_runs_in_a_row_make_two_files_and_the_txt_starts_with_the_command(tm
     assert [json.loads(p.read_text())["rows"][0]["median"] for p in results] == [1.25, 0.75]
     first, *rest = txt.read_text().splitlines(keepends=True)
     assert first == f"$ {harness.command_line(argv)}\n"
-    assert first.split()[1:3] == [harness.shown(sys.executable), "scripts/bench/harness.py"]
+    assert first.split()[1:4] == [harness.shown(sys.executable), "-m", "benchmarks"]
     assert first.endswith(f"--only overhead --out {tmp_path / 'results'} --txt {txt}\n")
     assert "".join(rest) == printed[1]  # the second run's text, verbatim
     assert "| overhead | fake step | a/b | 0.75x | fwk 2 ms | plain 1.6 ms |" in printed[1]

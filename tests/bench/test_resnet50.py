@@ -1,15 +1,11 @@
-"""scripts/bench/resnet50.py (make bench's resnet50 group) at its --quick size, end to end:
+"""benchmarks/resnet50.py (make bench's resnet50 group) at its --quick size, end to end:
 real photos, the three sides as real processes, the rows computed from their figures."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
-
-import harness  # noqa: E402
-import resnet50  # noqa: E402
+from benchmarks import harness, resnet50
 
 
 def test_the_group_is_registered_with_a_budget_for_its_full_run():

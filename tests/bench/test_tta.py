@@ -1,17 +1,13 @@
-"""scripts/bench/tta.py and sides.py: sides as timed processes, cold and warm caches, the
+"""benchmarks/tta.py and sides.py: sides as timed processes, cold and warm caches, the
 tuned plain loop's grid, and the rows built from the sides' figures."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
-
-import sides  # noqa: E402
-import tta  # noqa: E402
-from sides import Outcome  # noqa: E402
+from benchmarks import sides, tta
+from benchmarks.sides import Outcome
 
 TINY = ["recipe=digits_cnn", "train.max_steps=40", "train.eval_every=20", "checkpoint.every=0", "train.device=cpu"]
 

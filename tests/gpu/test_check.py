@@ -1,4 +1,4 @@
-"""scripts/gpu/check.py (make gpu-check): each part on its budget, statuses, the report, and
+"""benchmarks/gpu/check.py (make gpu-check): each part on its budget, statuses, the report, and
 the whole dry run on the CPU, so that the command works on the first GPU machine it meets."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+from benchmarks.gpu.check import only_skipped, run_all, verdict
+from benchmarks.gpu.part import Part
+from benchmarks.gpu.parts import PARTS, WIDE
 
-from check import Part, run_all, verdict  # noqa: E402
-from parts import PARTS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 PY = sys.executable
 
@@ -98,13 +98,44 @@ def test_failed_and_skipped_parts_say_why_and_a_cuda_only_part_is_skipped_by_nam
     assert verdict(results[1:]) == (0, "gpu-check: 1 ok, 2 skipped, 0 failed, 0 over budget")
 
 
+def test_a_pytest_part_is_skipped_when_its_tests_all_skip_and_fails_naming_its_test(tmp_path: Path) -> None:
+    """The correctness parts run pytest: a test that skips (no CUDA) makes a skipped part, a
+    failing one's line names the test and why, and ``dry_env`` reaches only the --dry run."""
+    (tmp_path / "test_x.py").write_text(
+        "import os, pytest\n"
+        "def test_skips():\n    pytest.skip('needs a CUDA device')\n"
+        "def test_fails():\n    pytest.fail('loss 3.1 vs 2.9')\n"
+        "def test_env():\n    print('ok: env', os.environ.get('ONLY_DRY'))\n"
+    )
+    run = [PY, "-m", "pytest", "-q", "-s", "-rfEs", "-p", "no:cacheprovider", "-o", "addopts=", f"--rootdir={tmp_path}"]
+    tests = tmp_path / "test_x.py"
+    parts = [Part(n, "correctness", n, 60, [*run, f"{tests}::test_{n}"], env=WIDE) for n in ("skips", "fails", "env")]
+    parts[2].dry_argv, parts[2].dry_env = parts[2].argv, {"ONLY_DRY": "1"}
+    results, _ = run_all(parts, dry=False, out=tmp_path / "report")
+    (skips, skip_reason), (fails, fail_reason), (env, env_reason) = [(r.status, r.reason) for r in results]
+    assert skips == "skipped" and skip_reason.startswith("SKIPPED") and skip_reason.endswith(": needs a CUDA device")
+    assert fails == "failed" and fail_reason.startswith("exit 1: FAILED ")
+    assert fail_reason.endswith("test_x.py::test_fails - Failed: loss 3.1 vs 2.9")
+    assert (env, env_reason) == ("ok", "ok: env None")
+    (dry,), _ = run_all(parts[2:], dry=True, out=tmp_path / "dry")
+    assert (dry.status, dry.reason) == ("ok", "ok: env 1")
+
+
+def test_only_a_pytest_summary_of_skipped_tests_counts_as_skipped() -> None:
+    assert only_skipped("s\nSKIPPED [1] t.py:3: needs a CUDA device\n1 skipped, 1 deselected in 0.52s\n")
+    assert only_skipped("========== 2 skipped, 1 warning in 65.10s (0:01:05) ==========")
+    assert not only_skipped("1 passed, 1 skipped in 2.00s")
+    assert not only_skipped("ok: 1.2x\n")  # not pytest: the script's own statuses
+    assert not only_skipped("")
+
+
 def test_the_parts_fit_ten_minutes_on_a_gpu_and_every_speed_part_has_a_dry_form_or_needs_cuda() -> None:
     assert sum(p.budget_s for p in PARTS) <= 600  # 8 minutes, and resnet50-tta's 100 s
     assert len({p.name for p in PARTS}) == len(PARTS)
     assert [p.section for p in PARTS] == sorted((p.section for p in PARTS), key=["doctor", "correctness", "speed",
                                                                                  "whole"].index)  # fmt: skip
     cuda_only = {p.name for p in PARTS if p.dry_argv is None}
-    assert cuda_only == {"cuda-tests", "kernels"}
+    assert cuda_only == {"cuda-tests", "kernels", "nvjpeg"}
 
 
 # The dry run a part at a time (--only), each a test of its own: its ~4 minutes on 2 cores are
@@ -119,8 +150,7 @@ def test_the_dry_run_runs_every_part_on_the_cpu_and_writes_its_report(tmp_path: 
     (md,) = tmp_path.glob("*-dry.md")
     doc = json.loads(md.with_suffix(".json").read_text())
     ((name, status),) = [(r["name"], r["status"]) for r in doc["results"]]
-    # nvjpeg's dry form says it needs CUDA; the CUDA-only parts have none
-    cuda_only = part.dry_argv is None or part.name == "nvjpeg"
+    cuda_only = part.dry_argv is None
     assert (name, status) == (part.name, "skipped" if cuda_only else "ok"), doc["results"][0]["output"][-3000:]
     counts = f"{int(not cuda_only)} ok, {int(cuda_only)} skipped, 0 failed, 0 over budget"
     assert done.stdout.splitlines()[-1] == f"gpu-check: {counts}"

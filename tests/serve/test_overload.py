@@ -1,18 +1,14 @@
-"""The overload benchmark's short version (scripts/bench/serve_overload.py): an open-loop
+"""The overload benchmark's short version (benchmarks/serve_overload.py): an open-loop
 load past what a tightly bounded server takes. Not a timed test: what is checked is that
 the server stays up and every request gets an answer, a result or a bound's refusal."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
+from benchmarks.serve_overload import open_loop, request
 from tests.serve.conftest import Exports, start_server, stop
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
-
-from serve_overload import open_loop, request  # noqa: E402
 
 BOUNDS = ["serve.max_inflight=4", "serve.max_queue_rows=4", "serve.max_request_rows=1", "serve.max_batch_size=1"]
 BOUNDS += ["serve.request_timeout_s=0.5", "serve.warmup=0"]
