@@ -2,6 +2,6 @@
 
 
 class UserError(Exception):
-    """A mistake in the user's input (config, paths, data). One line: what, and how to fix it."""
+    """A mistake in the user's input: its config, paths or data. Its one line says what, and how to fix it."""
 
     exit_code = 2

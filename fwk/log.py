@@ -1,11 +1,11 @@
 """fwk's report lines: one logger tree, ``fwk.*``, and the one handler that shows it.
 
-Every module logs through ``logging.getLogger(__name__)``; nothing is shown until an entry
-point (the CLI, a worker) calls ``show()``. Then rank 0's lines print one per line on one
-stream (stdout; stderr for a command whose stdout holds its result), plainly on a pipe and
-through rich's console on a terminal, where they print above a live progress bar; other
-ranks show only warnings (into their own log file, under torchrun). Records still
-propagate, so a library user's own logging config (or pytest's ``caplog``) gets them too.
+Every module logs through ``logging.getLogger(__name__)``. Nothing is shown until an entry
+point, the CLI or a worker, calls ``show()``. Then rank 0's lines print one per line on one
+stream: stdout, or stderr for a command whose stdout holds its result. They print plainly on a
+pipe, and through rich's console on a terminal, where they print above a live progress bar.
+Other ranks show only warnings, into their own log file under torchrun. Records still
+propagate, so a library user's own logging config, or pytest's ``caplog``, gets them too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ ROOT = "fwk"
 
 
 class Lines(logging.Handler):
-    """Prints each record's message as one line on ``stream`` (``"stdout"`` or ``"stderr"``,
-    looked up when it prints, so that captured or redirected streams are followed); below
-    warning only on rank 0."""
+    """A handler that prints each record's message as one line on ``stream``, ``"stdout"`` or ``"stderr"``.
+
+    The stream is looked up when it prints, so that captured or redirected streams are followed.
+    Records below warning print only on rank 0.
+    """
 
     def __init__(self, stream: str = "stdout", rank: int = 0) -> None:
         super().__init__(logging.INFO)
@@ -45,7 +47,7 @@ class Lines(logging.Handler):
             self.handleError(record)
 
     def _console(self, stream: IO[str]) -> Any:
-        """rich's console for this terminal: the shared one for stdout (the progress bar's)."""
+        """Return rich's console for this terminal. For stdout it is the shared one, the progress bar's."""
         from rich import get_console
         from rich.console import Console
 
@@ -58,7 +60,7 @@ class Lines(logging.Handler):
 
 
 def show(stream: str = "stdout", rank: int = 0) -> Lines:
-    """Show fwk's report lines from here on (replacing what an earlier ``show`` installed)."""
+    """Show fwk's report lines from here on, replacing what an earlier ``show`` installed."""
     logger = logging.getLogger(ROOT)
     for old in [h for h in logger.handlers if isinstance(h, Lines)]:
         logger.removeHandler(old)
@@ -79,8 +81,8 @@ class _Collect(logging.Handler):
 
 @contextmanager
 def collected() -> Iterator[list[str]]:
-    """fwk's report lines said inside the block, in order (what a benchmark reads back: what
-    an auto strategy chose and why)."""
+    """Collect fwk's report lines said inside the block, in order. A benchmark reads them back
+    to learn what an auto strategy chose and why."""
     logger, lines = logging.getLogger(ROOT), []
     handler, level = _Collect(lines), logger.level
     logger.addHandler(handler)

@@ -1,11 +1,11 @@
-"""Name -> (builder, config dataclass) registries, keyed by the builder's function name.
+"""Registries that map a name to a builder and its config dataclass, keyed by the builder's function name.
 
 A builder's config dataclass is the typed schema of its config section: every field has
 a default and a one-line doc (``field(metadata={"doc": ...})``). The name in the YAML is
 the name of the function in the code (timm's ``@register_model`` habit).
 
-Composing and validating a config (and so `fwk train --cfg`, `--dry-run`, a run that is
-already complete) needs only the config dataclasses, which import no torch. A registry finds
+Composing and validating a config needs only the config dataclasses, which import no torch.
+So do `fwk train --cfg`, `--dry-run` and a run that is already complete. A registry finds
 its entries one of two ways:
 
 - it names the modules: ``configs`` (torch-free, imported for any lookup) and ``builders``
@@ -26,7 +26,7 @@ from typing import Any
 
 
 def doc(default: Any, text: str, **kwargs: Any) -> Any:
-    """A dataclass field with a default and its one-line doc."""
+    """Return a dataclass field with a default and its one-line doc."""
     if isinstance(default, (list, dict)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata={"doc": text}, **kwargs)
@@ -41,13 +41,13 @@ class Entry:
 
 
 class Registry:
-    """A named family of builders (models, datasets, optimizers).
+    """A named family of builders, such as models, datasets or optimizers.
 
-    ``configs``: the module whose import registers the config dataclasses (no torch);
-    ``builders``: the modules whose import registers the builders (torch). Both are
+    ``configs`` is the module whose import registers the config dataclasses, without torch.
+    ``builders`` are the modules whose import registers the builders, with torch. Both are
     imported on first need, so that looking up a config never imports a builder.
-    ``alone``: name -> the module of a builder whose import is heavy beyond torch (litdata:
-    ~0.4 s), imported only when that name is looked up.
+    ``alone`` maps a name to the module of a builder whose import is heavy beyond torch
+    (litdata: ~0.4 s). That module is imported only when its name is looked up.
     """
 
     def __init__(
@@ -58,8 +58,8 @@ class Registry:
         alone: dict[str, str] | None = None,
         package: str | None = None,
     ) -> None:
-        """``package``: every module in it (``_``-prefixed ones aside) is imported on first
-        need: the files of a package of one entry each."""
+        """Set up the registry's modules. Every module in ``package``, ``_``-prefixed ones aside,
+        is imported on first need. That is how a package whose files are one entry each registers."""
         self.kind = kind
         self._configs_module = configs
         self._builder_modules = builders
@@ -70,7 +70,7 @@ class Registry:
         self._builders: dict[str, Callable[..., Any]] = {}
 
     def register_config(self, config: type) -> type:
-        """Class decorator: register a config dataclass under the default of its ``name`` field."""
+        """Register a config dataclass under the default of its ``name`` field, as a class decorator."""
         name = _default_name(config)
         if self._configs.get(name, config) is not config:
             raise ValueError(f"{self.kind} config {name!r} is registered twice")
@@ -78,8 +78,8 @@ class Registry:
         return config
 
     def register(self, config: type, name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator: register a builder (a function or a class) under ``name`` (default: the
-        function's name), with its config dataclass."""
+        """Register a builder, a function or a class, with its config dataclass, as a decorator.
+        It is registered under ``name``, which defaults to the function's name."""
 
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
             nonlocal name
@@ -95,12 +95,12 @@ class Registry:
         return wrap
 
     def config(self, name: str) -> type:
-        """The config dataclass of ``name``; imports no builder (and so no torch)."""
+        """Return the config dataclass of ``name``. It imports no builder, and so no torch."""
         self._load(builders=False)
         return self._configs[name]
 
     def get(self, name: str) -> Entry:
-        """Builder and config of ``name``; the first call imports the builder modules."""
+        """Return the builder and config of ``name``. The first call imports the builder modules."""
         self._load(builders=True)
         if name in self._alone:
             importlib.import_module(self._alone[name])

@@ -1,3 +1,5 @@
-"""The ground floor: this process's place in the job (``group``) and the collectives every
-rank uses to agree (``collectives``), and how a global batch is shared out among ranks
-(``shares``). Imports nothing of fwk but its errors."""
+"""The ground floor: this process's place in the job, the collectives every rank uses to agree,
+and how a global batch is shared out among ranks.
+
+``group`` holds the place, ``collectives`` the collectives and ``shares`` the shares. The
+package imports nothing of fwk but its errors."""

@@ -1,7 +1,7 @@
 """Small collectives on Python floats, the time they take, and whole-tensor helpers.
 
-``all_reduce_sum`` / ``all_reduce_max`` make every rank take the same decision (stop,
-roll back, compile or not); the seconds they spend are counted in the run's
+``all_reduce_sum`` / ``all_reduce_max`` make every rank take the same decision: stop,
+roll back, compile or not. The seconds they spend are counted in the run's
 ``Dist.collective_s``, so that the DDP communication monitor can tell its own all-reduces
 from these.
 """
@@ -30,28 +30,28 @@ def _all_reduce(values: list[float], dist: Dist, op: tdist.ReduceOp.RedOpType) -
 
 
 def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
-    """Sum floats over ranks (one small collective; a CPU-GPU sync point on CUDA)."""
+    """Sum floats over ranks in one small collective. On CUDA it is a CPU-GPU sync point."""
     if not dist.distributed:
         return values
     return _all_reduce(values, dist, tdist.ReduceOp.SUM)
 
 
 def all_reduce_max(values: list[float], dist: Dist) -> list[float]:
-    """Elementwise max of floats over ranks, so every rank takes the same decision."""
+    """Take the elementwise max of floats over ranks, so every rank takes the same decision."""
     if not dist.distributed or not values:
         return values
     return _all_reduce(values, dist, tdist.ReduceOp.MAX)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a DTensor (a collective), or ``t`` itself."""
+    """Return the whole tensor of a DTensor, which is a collective, or else ``t`` itself."""
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def replicas_in_sync(model: nn.Module, dist: Dist, group: tdist.ProcessGroup | None = None) -> bool:
-    """Whether every rank holds bit-identical parameters (a check for desync bugs; sharded
-    parameters are gathered whole first). ``group``: the ranks that hold the same part of a
-    model split by tensor or pipeline parallel (its data-parallel peers), else every rank."""
+    """Check whether every rank holds bit-identical parameters, to catch desync bugs. Sharded
+    parameters are gathered whole first. ``group`` is the ranks that hold the same part of a
+    model split by tensor or pipeline parallel, its data-parallel peers. Without it, every rank."""
     if not dist.distributed:
         return True
     digest = hashlib.sha256()
@@ -64,7 +64,7 @@ def replicas_in_sync(model: nn.Module, dist: Dist, group: tdist.ProcessGroup | N
 
 
 def broadcast_object(value: object, dist: Dist) -> object:
-    """Rank 0's ``value`` on every rank (a picklable object: a decision read from a cache)."""
+    """Return rank 0's ``value`` on every rank. It is a picklable object, such as a decision read from a cache."""
     if not dist.distributed:
         return value
     box = [value]
@@ -78,14 +78,15 @@ def clip_grad_norm_(
     across: tuple[tdist.ProcessGroup, ...] = (),
     uncounted: list[torch.Tensor] = (),  # type: ignore[assignment]
 ) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` for parameters that are split over ranks: DTensor
-    shards (tensor parallel, FSDP) add their squares over the mesh dimensions they are
-    sharded on, whole tensors (replicated) count once, and ``across`` sums over the groups
-    whose ranks hold different parameters (pipeline stages). ``uncounted``: parameters
-    scaled with the rest but left out of the norm (a second copy of a tied weight, counted
-    on the rank of its first). Returns the total norm.
+    """Clip as ``torch.nn.utils.clip_grad_norm_`` does, for parameters split over ranks, and return the total norm.
 
-    One small all-reduce per group of placements, not one per parameter."""
+    DTensor shards (tensor parallel, FSDP) add their squares over the mesh dimensions they are
+    sharded on. Whole tensors, which are replicated, count once. ``across`` sums over the groups
+    whose ranks hold different parameters: the pipeline stages. ``uncounted`` are parameters
+    scaled with the rest but left out of the norm, such as a second copy of a tied weight,
+    counted on the rank of its first.
+
+    It runs one small all-reduce per group of placements, not one per parameter."""
     from torch.distributed.tensor.placement_types import Shard, _StridedShard
 
     grads = [p.grad for p in params if p.grad is not None]
@@ -120,10 +121,10 @@ def clip_grad_norm_(
 
 
 def grads_laid_out_as_params(model: nn.Module) -> None:
-    """Hooks that give each DTensor parameter's gradient its parameter's placements. DTensor's
-    embedding backward gives a vocabulary-split table's gradient replicated (each rank the
-    whole table's); taking this rank's rows is local, and the optimizer, the gradient norm and
-    the pipeline's sum of a tied weight's copies then see each shard with its own rows."""
+    """Register hooks that give each DTensor parameter's gradient its parameter's placements.
+    DTensor's embedding backward gives a vocabulary-split table's gradient replicated: each rank
+    gets the whole table's. Taking this rank's rows is local. The optimizer, the gradient norm
+    and the pipeline's sum of a tied weight's copies then see each shard with its own rows."""
     for param in model.parameters():
         if isinstance(param, DTensor) and param.requires_grad:
             param.register_hook(_laid_out_as(param))

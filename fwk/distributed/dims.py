@@ -9,8 +9,8 @@ The batch dimension is ``dp_replicate x dp_shard``: the loaders, the streamed se
 checkpoint's data positions ask ``batch_degree`` and ``batch_rank``, never the world size.
 Tensor-parallel peers and the stages of one pipeline see the same samples.
 
-Used before any work by the config check (``fwk/config/validate.py``), and by every worker
-(``fwk/distributed/group.py``, ``mesh.py``).
+The config check uses it before any work (``fwk/config/validate.py``), and so does every
+worker (``fwk/distributed/group.py``, ``mesh.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 NAMES = ("pp", "dp_replicate", "dp_shard", "tp")  # mesh order: outermost first
 PRESETS = ("auto", "none", "ddp", "fsdp", "hsdp", "tp", "pp", "hybrid")  # conf/parallel/*.yaml
-# parallel.* keys that choose the layout, not what is computed: not in the run id (a run
-# resumes under another layout), and a relaunch's own are used (fwk/track/)
+# parallel.* keys that choose the layout, not what is computed. They are left out of the run id,
+# since a run resumes under another layout, and a relaunch uses its own (fwk/track/)
 LAYOUT = ("name", *NAMES, "shard_size", "pp_schedule", "pp_microbatches", "pp_stages_per_rank")
 
 
@@ -38,11 +38,11 @@ class Dims:
 
     @property
     def batch_degree(self) -> int:
-        """How many different batches one step takes (the data-parallel degree)."""
+        """Return how many different batches one step takes: the data-parallel degree."""
         return self.dp_replicate * self.dp_shard
 
     def coords(self, rank: int) -> dict[str, int]:
-        """This rank's place along each dimension."""
+        """Return this rank's place along each dimension."""
         out, rest = {}, rank
         for name in reversed(NAMES):
             size = getattr(self, name)
@@ -50,40 +50,39 @@ class Dims:
         return {n: out[n] for n in NAMES}
 
     def batch_rank(self, rank: int) -> int:
-        """Which of the ``batch_degree`` batches this rank takes."""
+        """Return which of the ``batch_degree`` batches this rank takes."""
         c = self.coords(rank)
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
 
     def reports(self, rank: int) -> bool:
-        """Whether this rank counts its batch's loss and metrics: one rank per batch, the
-        first tensor-parallel rank of the last pipeline stage (the others compute the same
-        numbers, or none)."""
+        """Tell whether this rank counts its batch's loss and metrics. One rank per batch does:
+        the first tensor-parallel rank of the last pipeline stage. The others compute the same
+        numbers, or none."""
         c = self.coords(rank)
         return c["tp"] == 0 and c["pp"] == self.pp - 1
 
     @property
     def shards(self) -> bool:
-        """Whether FSDP shards the model (over ``dp_shard``; HSDP when ``dp_replicate`` > 1 too)."""
+        """Tell whether FSDP shards the model, over ``dp_shard``. It is HSDP when ``dp_replicate`` > 1 too."""
         return self.dp_shard > 1
 
     @property
     def splits_model(self) -> bool:
-        """Tensor or pipeline parallel: no rank holds the whole model."""
+        """Tell whether tensor or pipeline parallel splits the model, so that no rank holds all of it."""
         return self.tp > 1 or self.pp > 1
 
     def label(self) -> str:
-        """``pp=2 x dp_shard=2``: the degrees above 1 (``one process`` when none)."""
+        """Return the degrees above 1 as ``pp=2 x dp_shard=2``, or ``one process`` when there are none."""
         parts = [f"{n}={getattr(self, n)}" for n in NAMES if getattr(self, n) > 1]
         return " x ".join(parts) or "one process"
 
 
 def resolve(degrees: dict[str, int], world: int, nproc_per_node: int, shard_size: int = 0) -> tuple[Dims | None, str]:
-    """(the layout, "") for ``parallel.{pp,dp_replicate,dp_shard,tp}`` on ``world`` processes,
-    or (None, what is wrong and what would fit).
+    """Return the layout for ``parallel.{pp,dp_replicate,dp_shard,tp}`` on ``world`` processes.
 
-    ``-1`` on one degree takes what the others leave; ``dp_shard=0`` shards over one
-    machine's processes (``parallel.shard_size`` when set, as hsdp's groups), the rest
-    replicating across machines."""
+    It returns (the layout, "") or (None, what is wrong and what would fit). ``-1`` on one
+    degree takes what the others leave. ``dp_shard=0`` shards over one machine's processes, or
+    over ``parallel.shard_size`` when set, as hsdp's groups do. The rest replicate across machines."""
     given = {n: int(degrees.get(n, 1)) for n in NAMES}
     if given["dp_shard"] == 0:
         given["dp_shard"] = shard_size or max(1, nproc_per_node // (given["tp"] * max(given["pp"], 1)))
@@ -116,9 +115,9 @@ def _mismatch(given: dict[str, int], world: int, product: int) -> str:
 
 
 def layout(p: Any, world: int) -> tuple[Dims | None, str]:
-    """(the degrees of a ``parallel`` config section, "") or (None, what is wrong).
-    ``parallel=auto`` gives the data dimension whatever the set degrees leave (replicated:
-    the strategy may shard it)."""
+    """Return (the degrees of a ``parallel`` config section, "") or (None, what is wrong).
+    ``parallel=auto`` gives the data dimension whatever the set degrees leave, replicated. The
+    strategy may shard it."""
     degrees = {n: getattr(p, n) for n in NAMES}
     if p.name == "auto" and -1 not in degrees.values():
         degrees["dp_replicate"] = -1
@@ -126,7 +125,7 @@ def layout(p: Any, world: int) -> tuple[Dims | None, str]:
 
 
 def shards_model(c: Any) -> bool:
-    """Whether no rank of config ``c`` holds the whole model as plain tensors: FSDP, tensor
-    or pipeline parallel (what the methods that hold whole weights refuse)."""
+    """Tell whether no rank of config ``c`` holds the whole model as plain tensors: FSDP, tensor
+    or pipeline parallel. The methods that hold whole weights refuse those."""
     dims, _ = layout(c.parallel, c.world_size)
     return dims is not None and (dims.shards or dims.splits_model)

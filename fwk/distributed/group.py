@@ -21,7 +21,7 @@ from fwk.errors import UserError
 
 @dataclass
 class Seconds:
-    """A running total of seconds (one per run: see ``Dist.collective_s``)."""
+    """A running total of seconds, one per run. ``Dist.collective_s`` is one."""
 
     total: float = 0.0
 
@@ -43,17 +43,17 @@ class Dist:
 
     @property
     def layout(self) -> Dims:
-        """The job's degrees (``fwk/distributed/dims.py``); the device mesh is ``mesh.py``'s."""
+        """Return the job's degrees (``fwk/distributed/dims.py``). The device mesh is ``mesh.py``'s."""
         return self.dims if self.dims is not None else Dims(dp_replicate=self.world_size)
 
     @property
     def batch_degree(self) -> int:
-        """How many different batches a step takes: what the loaders split the data by."""
+        """Return how many different batches a step takes. The loaders split the data by it."""
         return self.layout.batch_degree
 
     @property
     def batch_rank(self) -> int:
-        """Which of them this process takes (tensor-parallel peers and pipeline stages share one)."""
+        """Return which of them this process takes. Tensor-parallel peers and pipeline stages share one."""
         return self.layout.batch_rank(self.rank)
 
     @property
@@ -81,10 +81,10 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 def init(backend: str, device_choice: str, timeout_s: float = 600, layout: Callable[[int], Dims] | None = None) -> Dist:
     """Join the process group torchrun set up (RANK/WORLD_SIZE in the environment), if any.
 
-    ``backend``: ``parallel.backend`` (auto: nccl on CUDA, gloo on CPU); ``timeout_s``: how
-    long a collective waits for a peer (``parallel.collective_timeout_s``); ``layout``: the
-    degrees the config asks for on a number of processes (an elastic run may have fewer than
-    it was launched with)."""
+    ``backend`` is ``parallel.backend``: auto is nccl on CUDA, gloo on CPU. ``timeout_s`` is how
+    long a collective waits for a peer (``parallel.collective_timeout_s``). ``layout`` gives the
+    degrees the config asks for on a number of processes, since an elastic run may have fewer
+    than it was launched with."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_choice, local_rank)
@@ -99,7 +99,7 @@ def init(backend: str, device_choice: str, timeout_s: float = 600, layout: Calla
 
 
 def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
-    """torchrun's store, with a key prefix per restart of the worker group.
+    """Return torchrun's store, with a key prefix per restart of the worker group.
 
     torchrun keeps one store across elastic restarts; without the prefix a restarted rank
     can read the address a dead rank of the previous attempt published and wait on it
@@ -117,9 +117,9 @@ def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
 
 
 def shutdown(clean: bool) -> None:
-    """Leave the process group after a clean finish: every rank first waits for the others,
-    so that none tears its communication threads down while a peer still talks to it (gloo
-    aborted with "terminate called without an active exception" at exit, under load).
+    """Leave the process group after a clean finish. Every rank first waits for the others,
+    so that none tears its communication threads down while a peer still talks to it. Without
+    that, gloo aborted with "terminate called without an active exception" at exit, under load.
 
     After a failure the group is left as it is: a peer may be dead, and tearing the group
     down can block on it, which kept a worker alive that torchrun waited for."""

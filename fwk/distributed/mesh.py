@@ -16,25 +16,25 @@ from fwk.distributed.dims import NAMES, Dims
 
 
 def build(dims: Dims, device: torch.device) -> DeviceMesh:
-    """The root mesh (pp, dp_replicate, dp_shard, tp): a collective, called once by every rank."""
+    """Build the root mesh (pp, dp_replicate, dp_shard, tp). It is a collective, called once by every rank."""
     return init_device_mesh(device.type, tuple(getattr(dims, n) for n in NAMES), mesh_dim_names=NAMES)
 
 
 def data_mesh(root: DeviceMesh, dims: Dims) -> DeviceMesh:
-    """The data-parallel slice FSDP shards over: (dp_replicate, dp_shard) for HSDP, else
-    the one dimension that is larger than 1 (or dp_shard)."""
+    """Return the data-parallel slice FSDP shards over. It is (dp_replicate, dp_shard) for HSDP,
+    else the one dimension that is larger than 1, or dp_shard."""
     if dims.dp_replicate > 1 and dims.dp_shard > 1:
         return root["dp_replicate", "dp_shard"]
     return root["dp_replicate"] if dims.dp_replicate > 1 and dims.dp_shard == 1 else root["dp_shard"]
 
 
 def group(root: DeviceMesh, name: str) -> tdist.ProcessGroup:
-    """The process group of this rank's peers along one dimension."""
+    """Return the process group of this rank's peers along one dimension."""
     return root.get_group(name)
 
 
 def data_group(root: DeviceMesh, dims: Dims) -> tdist.ProcessGroup:
-    """The ranks that hold the same part of the model and take different batches."""
+    """Return the group of the ranks that hold the same part of the model and take different batches."""
     if dims.dp_replicate > 1 and dims.dp_shard > 1:
         return root["dp_replicate", "dp_shard"]._flatten("dp").get_group()
     return root.get_group("dp_replicate" if dims.dp_replicate > 1 else "dp_shard")

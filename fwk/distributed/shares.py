@@ -1,7 +1,8 @@
-"""How a global batch is shared out among processes: the per-process batch and the
-accumulation steps. Plain arithmetic, no torch: the config check uses it before any work
-(fwk/config/validate.py), the trainer when a run resumes on another number of processes
-(fwk/distributed/resize.py)."""
+"""How a global batch is shared out among processes: the per-process batch and the accumulation steps.
+
+It is plain arithmetic, no torch. The config check uses it before any work
+(fwk/config/validate.py), and the trainer uses it when a run resumes on another number of
+processes (fwk/distributed/resize.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from fwk.errors import UserError
 
 
 def split(global_batch: int, world: int, written: int | None) -> tuple[int, int]:
-    """(per-process batch, accumulation steps) that keep ``global_batch`` on ``world``
-    processes, for a checkpoint written by ``written`` (None: a new run).
+    """Return the per-process batch and accumulation steps that keep ``global_batch`` on ``world``
+    processes, for a checkpoint written by ``written``. ``written`` is None for a new run.
 
-    The fewest accumulation steps whose per-process batch divides the global batch evenly
-    and is no larger than the written run's (its memory fitted): on half the processes,
+    Pick the fewest accumulation steps whose per-process batch divides the global batch evenly
+    and is no larger than the written run's, since its memory fitted. On half the processes,
     each keeps its batch and accumulates twice."""
     most = global_batch // written if written else global_batch
     for steps in range(1, global_batch + 1):
