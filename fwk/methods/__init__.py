@@ -1,8 +1,9 @@
-"""Speed-up methods (``methods=[ema,seq_warmup]``; settings ``method.NAME.*``): small
-objects the loop calls at fixed points (``base.Method``), without naming any of them. One
-file each, found by the registry (``fwk.config.methods.METHODS``), which imports every
-module of this package. A folder ``X/fwk/methods/`` on ``sys.path`` (``PYTHONPATH=X``) adds
-its files to the package, so a method of your own needs no change to fwk."""
+"""Speed-up methods: small objects the loop calls at fixed points (``base.Method``), without naming any of them.
+
+``methods=[ema,seq_warmup]`` picks them, and ``method.NAME.*`` holds their settings. Each is one
+file, found by the registry (``fwk.config.methods.METHODS``), which imports every module of this
+package. A folder ``X/fwk/methods/`` on ``sys.path`` (``PYTHONPATH=X``) adds its files to the
+package, so a method of your own needs no change to fwk."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 
 def _folders(own: list[str]) -> list[str]:
-    """This package's folder, then each other ``fwk/methods`` folder on ``sys.path``, in its order."""
+    """Return this package's folder, then each other ``fwk/methods`` folder on ``sys.path``, in its order."""
     folders, seen = list(own), {os.path.realpath(f) for f in own}
     for entry in sys.path:
         folder = os.path.join(entry or os.curdir, "fwk", "methods")

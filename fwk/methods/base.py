@@ -1,18 +1,18 @@
 """What a method is: a small object the training loop calls at fixed points.
 
-The events (after Composer's): ``prepare`` once on the plain model, before any strategy
-wraps it; ``attach`` once the optimizer is built; ``batch`` on each batch of a step, on
-the device; ``loss`` once, on the loss the step computes; ``after_step`` after each
-optimizer step; ``evaluated``, the module that evaluation and best checkpoints use, and
-``exported``, the weights ``fwk export`` takes from a checkpoint (the evaluation-weights
-protocol, ``fwk/engine/evaluate.py``). A method keeps its state in the checkpoint
-(``state_dict``), and anything it changes is a function of the step or of that state,
-so a resumed run continues exactly.
+The events follow Composer's. ``prepare`` runs once on the plain model, before any strategy
+wraps it. ``attach`` runs once the optimizer is built. ``batch`` runs on each batch of a step,
+on the device. ``loss`` runs once, on the loss the step computes. ``after_step`` runs after
+each optimizer step. ``evaluated`` gives the module that evaluation and best checkpoints use,
+and ``exported`` the weights ``fwk export`` takes from a checkpoint. Those two are the
+evaluation-weights protocol (``fwk/engine/evaluate.py``). A method keeps its state in the
+checkpoint (``state_dict``), and anything it changes is a function of the step or of that
+state, so a resumed run continues exactly.
 
-A method is one file in ``fwk/methods/``: the dataclass of its settings, checking its own
+A method is one file in ``fwk/methods/``: the dataclass of its settings, which checks its own
 values (``rules``), beside its class, registered by ``@method``. The registry imports every
-file of the package, so adding a method is adding its file; so it imports no torch at the
-top (``fwk train --cfg`` reads every method's settings without torch).
+file of the package, so adding a method is adding its file. So a method imports no torch at
+the top: ``fwk train --cfg`` reads every method's settings without torch.
 """
 
 from __future__ import annotations
@@ -43,44 +43,44 @@ class Method(ABC):
         self.example: torch.Tensor | None = None  # one input of batch size 1 (set before prepare)
 
     def prepare(self, model: nn.Module) -> None:
-        """Once, on the plain model (weights on the device, no strategy applied yet)."""
+        """Prepare the method once, on the plain model. The weights are on the device and no strategy is applied yet."""
         return None  # a hook: most methods need no set-up
 
     def attach(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, reshaped: Callable[[int | None], None]
     ) -> None:
-        """Once the optimizer exists: the plain model being trained, and ``reshaped()``, which a
-        method that replaces parameters calls after, with the steps taken (None: on a resume,
-        before the checkpoint loads); it rebuilds what holds them."""
+        """Attach the method once the optimizer exists, with the plain model being trained and ``reshaped()``.
+        A method that replaces parameters calls ``reshaped()`` afterwards with the steps taken, and it
+        rebuilds what holds them. The steps are None on a resume, before the checkpoint loads."""
         return None  # a hook: only a method that changes the parameters' shapes needs them
 
     def batch(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x, y
 
     def after_step(self, step: int, model: nn.Module) -> None:
-        """After optimizer step ``step`` (0-based), with the model being trained (plain)."""
+        """Act after optimizer step ``step``, counted from 0, on the plain model being trained."""
         return None  # a hook: only methods that follow the weights (ema) use it
 
     def evaluated(self, model: nn.Module) -> AbstractContextManager[nn.Module]:
-        """For one evaluation: the module to evaluate in place of ``model``."""
+        """Give the module to evaluate in place of ``model``, for one evaluation."""
         return nullcontext(model)
 
     @classmethod
     def exported(cls, state: dict[str, Any]) -> dict[str, Any] | None:
-        """The weights ``fwk export`` takes from a checkpoint's state in place of the model's, or None."""
+        """Return the weights ``fwk export`` takes from a checkpoint's state in place of the model's, or None."""
         return None
 
     def loss(self, loss: Any) -> Any:
-        """Return the loss the step computes; a method that changes the objective returns its own.
+        """Return the loss the step computes. A method that changes the objective returns its own.
 
-        ``loss`` is a frozen dataclass (``fwk.engine.loss.CrossEntropy``), so a method changes it
+        ``loss`` is a frozen dataclass (``fwk.models.loss.CrossEntropy``), so a method changes it
         with ``dataclasses.replace`` and the methods before it keep theirs.
         """
         return loss
 
     @abstractmethod
     def describe(self) -> str:
-        """One line: what the method does and when (said once, at the start of a run)."""
+        """Return one line that says what the method does and when. It is said once, at the start of a run."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -90,8 +90,8 @@ class Method(ABC):
 
 
 def method(settings: type) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator: register a ``Method`` under its ``name``, with the dataclass of its
-    settings (``method.NAME.*``; its ``rules(c)`` checks them)."""
+    """Register a ``Method`` under its ``name`` with the dataclass of its settings, as a class decorator.
+    The settings are ``method.NAME.*``, and the dataclass's ``rules(c)`` checks them."""
 
     def register(cls: type[Method]) -> type[Method]:
         return METHODS.register(settings, name=cls.name)(cls)
@@ -100,16 +100,16 @@ def method(settings: type) -> Callable[[type[Method]], type[Method]]:
 
 
 class Methods:
-    """The run's active methods, in the order ``methods`` lists them; what the loop calls."""
+    """The run's active methods, in the order ``methods`` lists them. The loop calls this object."""
 
     def __init__(self, names: list[str], cfg: Any, max_steps: int) -> None:
-        """``cfg``: the config's ``method`` section (each method's settings)."""
+        """Build the methods ``names`` lists. ``cfg`` is the config's ``method`` section, each method's settings."""
         self.active: list[Method] = [METHODS.get(n).builder(getattr(cfg, n), max_steps) for n in names]
         self.load_before_model = any(m.reshapes for m in self.active)  # Resumable: replay shapes, then load
 
     def prepare(self, model: nn.Module, task: str, example: torch.Tensor | None = None) -> None:
-        """Refuse a method this model's task cannot serve (one line), then prepare each.
-        ``example``: one input of batch size 1 (what a method that traces the model runs)."""
+        """Refuse, in one line, a method this model's task cannot serve, then prepare each.
+        ``example`` is one input of batch size 1, which a method that traces the model runs."""
         for m in self.active:
             if task not in m.tasks:
                 raise UserError(
@@ -139,7 +139,7 @@ class Methods:
 
     @contextmanager
     def evaluated(self, model: nn.Module) -> Iterator[nn.Module]:
-        """For one evaluation: the module the active methods evaluate (ema: its average)."""
+        """Give the module the active methods evaluate, for one evaluation. For ema it is its average."""
         with ExitStack() as stack:
             for m in self.active:
                 model = stack.enter_context(m.evaluated(model))
@@ -147,8 +147,8 @@ class Methods:
 
     @staticmethod
     def exported(state: dict[str, Any]) -> dict[str, Any] | None:
-        """The weights a method that ran gives ``fwk export`` from a checkpoint's state (ema:
-        the average), or None."""
+        """Return the weights a method that ran gives ``fwk export`` from a checkpoint's state, or None.
+        For ema they are the average."""
         for name in METHODS.names():
             weights = METHODS.get(name).builder.exported(state)
             if weights is not None:

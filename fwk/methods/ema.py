@@ -1,10 +1,10 @@
 """``ema``: an exponential moving average of the weights, buffers included
 (``torch.optim.swa_utils.AveragedModel`` with an EMA multi-average function).
 
-The average is a copy of the plain model made before any strategy wraps it (a copy of a
-wrapped model would call the original's forwards). Evaluation, best checkpoints and
-``fwk export`` use it; training goes on with the raw weights. ``half_life`` is in steps:
-the decay per step is ``0.5 ** (1 / half_life)``.
+The average is a copy of the plain model made before any strategy wraps it. A copy of a
+wrapped model would call the original's forwards. Evaluation, best checkpoints and
+``fwk export`` use the average, and training goes on with the raw weights. ``half_life`` is
+in steps: the decay per step is ``0.5 ** (1 / half_life)``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Ema(Method):
 
     @classmethod
     def exported(cls, state: dict[str, Any]) -> dict[str, Any] | None:
-        """The averaged model's weights in a checkpoint's state, or None."""
+        """Return the averaged model's weights in a checkpoint's state, or None."""
         ema = (state.get("methods") or {}).get(cls.name)
         if not ema:
             return None

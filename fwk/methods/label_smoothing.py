@@ -15,7 +15,7 @@ from fwk.registry import doc
 
 @dataclass
 class LabelSmoothingConfig:
-    """Cross-entropy against smoothed targets (classification)."""
+    """Cross-entropy against smoothed targets, for classification."""
 
     smoothing: float = doc(0.1, "share of the target's mass spread over the other classes, in (0, 1)")
 

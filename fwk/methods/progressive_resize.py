@@ -37,7 +37,7 @@ class ProgressiveResizeConfig:
         yield self.size_increment >= 1, f"{key}size_increment", self.size_increment, "an integer >= 1"
 
     def effects(self, c: Config) -> Iterator[str]:
-        """What this run could never act on (``fwk/config/effect.py``): images too small to resize."""
+        """Yield what this run could never act on (``fwk/config/effect.py``): images too small to resize."""
         full = getattr(c.data, "image_size", None)
         if full is not None and self.first_side(full) >= full:
             yield (
@@ -48,12 +48,12 @@ class ProgressiveResizeConfig:
             )
 
     def side(self, scale: float, full: int) -> int:
-        """Side of ``full``-px images at ``scale``, rounded down to the increment (at least one)."""
+        """Return the side of ``full``-px images at ``scale``, rounded down to the increment, and at least one."""
         side = int(full * scale) // self.size_increment * self.size_increment
         return min(full, max(self.size_increment, side))
 
     def first_side(self, full: int) -> int:
-        """Side of the first steps' images: the smallest it trains at, since the scale only grows."""
+        """Return the side of the first steps' images. It is the smallest it trains at, since the scale only grows."""
         return self.side(self.initial_scale, full)
 
 

@@ -1,19 +1,19 @@
 """``prune_gradually``: channels removed in stages while the model trains on.
 
-``ratio`` of the channels (and of the GPT's attention heads) are removed in ``steps`` even
-stages between ``start`` and ``end`` (shares of ``train.max_steps``), each stage removing
-the same share of the channels left, ranked by the L2 norm of their weights. torch-pruning
-does the removal (the same rounds as ``fwk export --prune magnitude``), so the model that
-trains on is a smaller dense model, and the run exports it as it is, without retraining
-rounds.
+``ratio`` of the channels, and of the GPT's attention heads, are removed in ``steps`` even
+stages between ``start`` and ``end``, which are shares of ``train.max_steps``. Each stage
+removes the same share of the channels left, ranked by the L2 norm of their weights.
+torch-pruning does the removal, in the same rounds as ``fwk export --prune magnitude``. So the
+model that trains on is a smaller dense model, and the run exports it as it is, without
+retraining rounds.
 
 What follows the removed channels:
 - the optimizer's state: every per-weight tensor (Adam's moments, momentum, schedule-free's
   ``z``) is sliced exactly as its weight, as torch-pruning slices it, so training goes on
-  where it was;
-- the strategies that hold the parameters: DDP builds its reducer again, the rollback
-  snapshot is retaken (``reshaped``, given by the loop);
-- a resumed run: the checkpoint keeps the removals (torch-pruning's pruning history); they
+  where it was.
+- the strategies that hold the parameters: DDP builds its reducer again, and the rollback
+  snapshot is retaken (``reshaped``, given by the loop).
+- a resumed run: the checkpoint keeps the removals, torch-pruning's pruning history. They
   are replayed on the freshly built model before its weights are loaded.
 """
 
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PruneGraduallyConfig:
-    """Channels (and attention heads) removed in even stages during training (torch-pruning)."""
+    """Channels and attention heads removed by torch-pruning in even stages during training."""
 
     ratio: float = doc(0.5, "share of the channels (and heads) removed by the last stage, in (0, 1)")
     steps: int = doc(4, "number of even pruning stages, each removing the same share of the channels left")
@@ -49,7 +49,7 @@ class PruneGraduallyConfig:
     round_to: int = doc(8, "the last stage keeps channel counts at multiples of this (where every layer keeps 4x)")
 
     def rules(self, c: Config) -> Iterator[Rule]:
-        """Its settings, and what it cannot be combined with."""
+        """Check its settings, and what it cannot be combined with."""
         key = "method.prune_gradually."
         yield 0 < self.ratio < 1, f"{key}ratio", self.ratio, "a share in (0, 1)"
         yield self.steps >= 1, f"{key}steps", self.steps, "an integer >= 1"
@@ -139,7 +139,7 @@ class PruneGradually(Method):
 
     @contextmanager
     def _quiet(self, model: nn.Module) -> Iterator[None]:
-        """torch-pruning traces a forward: in eval mode (BatchNorm statistics untouched)."""
+        """Keep the model in eval mode while torch-pruning traces a forward, so BatchNorm statistics stay untouched."""
         was = model.training
         model.eval()
         try:
@@ -162,7 +162,7 @@ class PruneGradually(Method):
         return {"history": [list(h) for h in self.history], "done": self.done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replay the checkpoint's removals on the freshly built model (before its weights load)."""
+        """Replay the checkpoint's removals on the freshly built model, before its weights load."""
         from fwk.models.pruning import following, replay
 
         history = [(str(n), bool(o), [int(i) for i in idx]) for n, o, idx in state["history"]]
@@ -174,6 +174,6 @@ class PruneGradually(Method):
 
 
 def trained_history(state: dict[str, Any]) -> list[tuple[str, bool, list[int]]]:
-    """The removals a run made while training (a checkpoint's state), to replay before loading."""
+    """Return the removals a run made while training, from a checkpoint's state, to replay before loading."""
     saved = (state.get("methods") or {}).get(PruneGradually.name) or {}
     return [(str(n), bool(o), [int(i) for i in idx]) for n, o, idx in saved.get("history", [])]

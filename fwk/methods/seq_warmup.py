@@ -30,7 +30,8 @@ class SeqWarmupConfig:
         yield self.multiple >= 1, "method.seq_warmup.multiple", self.multiple, "an integer >= 1"
 
     def effects(self, c: Config) -> Iterator[str]:
-        """What this run could never act on (``fwk/config/effect.py``): a start as long as the data's sequences."""
+        """Yield what this run could never act on (``fwk/config/effect.py``).
+        That is a start as long as the data's sequences."""
         full = getattr(c.data, "seq_len", None)
         if full is not None and self.start_len >= full:
             yield (
