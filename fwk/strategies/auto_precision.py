@@ -1,13 +1,13 @@
 """precision=auto's measured choice: which format each step runs in, and why.
 
-The hardware's prior names the one reduced format worth trying (``fast``; None: fp32
-only). From the first step (under fp16: after the range probe, ``probes``),
+The hardware's prior names the one reduced format worth trying, ``fast``, which is None when
+only fp32 is. From the first step, or under fp16 after the range probe (``probes``),
 ``trial_steps`` real training steps of it and of fp32 are timed, interleaved
-(``trial_order``); the reduced format is kept only if it is ``min_speedup`` times faster.
+(``trial_order``). The reduced format is kept only if it is ``min_speedup`` times faster.
 The step times' medians are all-reduced, so every rank takes the same decision. A
-decision may instead be recalled (``decisions.py``: cached or replayed), and then holds
-from step 0 without a trial. A measured one holds from step 0 too: the loop redoes the
-probe and trial steps in the chosen format once it is made (``fwk/components/trials.py``;
+decision may instead be recalled, cached or replayed (``decisions.py``), and then holds
+from step 0 without a trial. A measured one holds from step 0 too: once it is made, the loop
+redoes the probe and trial steps in the chosen format (``fwk/components/trials.py``,
 ``rewind``), so both compute the same thing. ``Precision`` asks ``format_at(step)``
 before each step and hands back each step's time.
 """
@@ -27,9 +27,9 @@ Record = dict[str, Any]
 
 
 def trial_order(fast: str, steps: int) -> list[str]:
-    """The formats of auto's trial steps: one untimed warm-up step of each (the first step of
-    a format pays its one-time costs), then ``steps`` timed pairs that alternate which goes
-    first (a step right after the other format's runs a little slower)."""
+    """Return the formats of auto's trial steps. One untimed warm-up step of each comes first,
+    since the first step of a format pays its one-time costs. Then ``steps`` timed pairs
+    alternate which goes first, since a step right after the other format's runs a little slower."""
     order = ["fp32", fast]
     for r in range(steps):
         order += ["fp32", fast] if r % 2 == 0 else [fast, "fp32"]
@@ -37,7 +37,7 @@ def trial_order(fast: str, steps: int) -> list[str]:
 
 
 def compared(fast: str, fast_ms: float, fp32_ms: float) -> str:
-    """``bf16 2.07x slower than fp32 (12 vs 5.77 ms/step``: a trial's figures in words."""
+    """Put a trial's figures in words: ``bf16 2.07x slower than fp32 (12 vs 5.77 ms/step``."""
     speedup = fp32_ms / fast_ms
     ratio = f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
     return f"{fast} {ratio} than fp32 ({fast_ms:.3g} vs {fp32_ms:.3g} ms/step"
@@ -116,13 +116,13 @@ class AutoChoice:
 
     @property
     def probes(self) -> bool:
-        """Whether the range probe (``precision.py``) runs first: its ranges pick the modules
+        """Tell whether the range probe (``precision.py``) runs first. Its ranges pick the modules
         fp16 keeps in fp32, so only a run that may run fp16 needs them."""
         return self.fast == "fp16" and self.cfg.probe_steps > 0
 
     @property
     def trial_end(self) -> int:
-        """The first step after the trial (0 when there is none)."""
+        """Return the first step after the trial, or 0 when there is none."""
         return self._end(self.trial)
 
     @property
@@ -130,39 +130,40 @@ class AutoChoice:
         return self.record["choice"] if self.record is not None else None
 
     def format_at(self, step: int) -> str:
-        """The format of ``step``: before a trial (fp16's range probe steps), the hardware's
-        prior; a trial step's own; the decision once made."""
+        """Return the format of ``step``. Before a trial, in fp16's range probe steps, that is the
+        hardware's prior. A trial step has its own, and the decision holds once made."""
         if self.trial is not None and step < self.trial_end:
             start = self.trial["start"]
             return self.trial["order"][step - start] if step >= start else self.fast or "fp32"
         return self.choice or self.fast or "fp32"
 
     def channels_last_at(self, step: int) -> bool:
-        """AMP's layout through the trial (a trial implies an AMP candidate), then the choice's."""
+        """Tell whether ``step`` is channels-last: AMP's layout through the trial, then the choice's.
+        A trial implies an AMP candidate."""
         if self.trial is not None and step < self.trial_end:
             return True
         return (self.choice or self.fast or "fp32") != "fp32"
 
     @property
     def timing(self) -> bool:
-        """Whether step times feed the decision now (a CUDA step is then synchronized)."""
+        """Tell whether step times feed the decision now. A CUDA step is then synchronized."""
         return self.trial is not None and self.record is None
 
     @property
     def trying(self) -> bool:
-        """Whether the steps now run a trial (its probe steps included) that a recalling run
-        would not: the loop redoes them in the chosen format once decided."""
+        """Tell whether the steps now run a trial, its probe steps included, that a recalling run
+        would not. The loop redoes them in the chosen format once decided."""
         return self.timing
 
     def rewind(self) -> None:
-        """The trial's steps are redone: in the chosen format from the start, as a recalled
-        decision runs (its record keeps the trial's steps and times)."""
+        """Drop the trial, whose steps are redone in the chosen format from the start, as a
+        recalled decision runs. The decision's record keeps the trial's steps and times."""
         if self.record is not None:
             self.trial, self.times = None, {}
 
     def step_done(self, step: int, seconds: float) -> str | None:
-        """The trial collects each step's time (warm-ups excepted) and decides after its last
-        step; returns the decision's line then."""
+        """Collect each trial step's time, warm-ups excepted, and decide after the trial's last
+        step. Return the decision's line then."""
         if not self.timing:
             return None
         assert self.trial is not None
@@ -187,12 +188,12 @@ class AutoChoice:
 
     # ---- checkpoint state ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The decision, or the trial under way with its times so far."""
+        """Return the decision, or the trial under way with its times so far."""
         return {"decision": self.record, "trial": self.trial, "times": self.times}
 
     def load_state_dict(self, state: dict[str, Any]) -> str | None:
-        """A resumed run follows what it decided, or goes on with its trial: never the cache,
-        whose record may have come from another run since. Returns a line when the
+        """Follow what a resumed run decided, or go on with its trial. Never follow the cache,
+        whose record may have come from another run since. Return a line when the
         checkpoint's choice differs from the one recalled at start."""
         before = self.choice
         self.trial, self.times = state.get("trial"), state.get("times") or {}

@@ -1,30 +1,30 @@
 """The communication monitor of DDP runs, and what it changes when ranks wait too long.
 
-Measured per logging window, on every rank: the time the backward pass waits for the
-gradient all-reduce after its last gradient bucket is ready (the communication that
-compute did not hide), plus the time spent in explicit collectives, as a share of the
-window's wall time. The share is all-reduced (max over ranks) so that every rank takes
-the same decision, and it is in every metrics row as ``comm_wait``.
+Every rank measures, per logging window, the time the backward pass waits for the gradient
+all-reduce after its last gradient bucket is ready. That is the communication that compute
+did not hide. The time spent in explicit collectives is added, and the sum is taken as a
+share of the window's wall time. The share is all-reduced, max over ranks, so that every
+rank takes the same decision, and it is in every metrics row as ``comm_wait``.
 
 When it stays above ``parallel.adapt.threshold`` for ``parallel.adapt.windows`` windows
 in a row, and ``parallel.adapt.enabled`` is true, the next rung of the ladder is taken at
-that step boundary, and said with the share before; the next window's share is said as
-"after". Adapting is opt-in because its rungs change the numbers a run computes (and
-depend on timing, so two runs may adapt at different steps); when it is off, the high
+that step boundary, and said with the share before. The next window's share is said as
+"after". Adapting is opt-in because its rungs change the numbers a run computes. They also
+depend on timing, so two runs may adapt at different steps. When it is off, the high
 share is said once with the settings that would help.
 
-1. gradient compression: the fp16 compression hook (bf16 under bf16 autocast);
-2. bigger buckets: ``bucket_cap_mb`` x4 (up to ``adapt.max_bucket_mb``), DDP rebuilt;
-3. more accumulation: ``train.accum_steps`` x2 (up to ``adapt.max_accum_steps``): half
+1. gradient compression: the fp16 compression hook, or bf16 under bf16 autocast.
+2. bigger buckets: ``bucket_cap_mb`` x4, up to ``adapt.max_bucket_mb``, with DDP rebuilt.
+3. more accumulation: ``train.accum_steps`` x2, up to ``adapt.max_accum_steps``, which halves
    the all-reduces per sample.
 
 What was changed is saved in checkpoints, so a resumed run continues with it.
 
 On CUDA the two ends of the wait are CUDA events recorded on the compute stream, read
-only at the window's end (no sync per step); on CPU they are host clocks.
+only at the window's end, so there is no sync per step. On CPU they are host clocks.
 
-``FWK_DEBUG_SLOW_RANK=R:SECONDS`` delays rank R's all-reduce by SECONDS every step: how
-the tests make one rank's gloo traffic slow on purpose.
+``FWK_DEBUG_SLOW_RANK=R:SECONDS`` delays rank R's all-reduce by SECONDS every step. That is
+how the tests make one rank's gloo traffic slow on purpose.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _slow_seconds(rank: int) -> float:
 
 
 class _Clock:
-    """Host time on CPU; CUDA events on the current stream on CUDA, resolved later."""
+    """A clock of host time on CPU. On CUDA it records events on the current stream, resolved later."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -92,8 +92,8 @@ class _Clock:
 
 
 class Replicated(nn.Module):
-    """DDP around ``model``, with one comm hook registered for good (DDP allows only one)
-    that times the wait and calls whichever compression is current."""
+    """DDP around ``model``, with one comm hook registered for good, since DDP allows only one.
+    The hook times the wait and calls whichever compression is current."""
 
     def __init__(self, model: nn.Module, cfg: ParallelConfig, dist: Dist, amp_dtype: torch.dtype | None) -> None:
         super().__init__()
@@ -146,8 +146,8 @@ class Replicated(nn.Module):
         fut = hook(state, bucket)
         if bucket.is_last():
             # every gradient is computed: from here the backward only waits for communication.
-            # DDP queues its end-of-backward callback (which waits for every all-reduce) right
-            # after this hook returns; a callback queued from a callback runs after it.
+            # DDP queues its end-of-backward callback, which waits for every all-reduce, right
+            # after this hook returns. A callback queued from a callback runs after it.
             ready = self.clock.now()
             engine = torch.autograd.Variable._execution_engine
 
@@ -161,7 +161,7 @@ class Replicated(nn.Module):
         return self.ddp(*args, **kwargs)
 
     def rebuild(self) -> None:
-        """DDP again, over the model's current parameters (a method replaced some)."""
+        """Build DDP again over the model's current parameters, after a method replaced some."""
         self.ddp = self._build()
 
     def no_sync(self) -> Any:
@@ -189,10 +189,13 @@ class Replicated(nn.Module):
 
 
 class CommMonitor:
-    """Per window: the share of time waiting on collectives; adapts when it stays high."""
+    """A monitor of the share of each window's time spent waiting on collectives.
+
+    It adapts when the share stays high."""
 
     def __init__(self, cfg: ParallelConfig, dist: Dist, plan: StepPlan, model: nn.Module) -> None:
-        """``plan``: the run's step plan; the last rung raises its accumulation."""
+        """Watch ``model`` when it is ``Replicated``. ``plan`` is the run's step plan, whose
+        accumulation the last rung raises."""
         self.cfg, self.dist = cfg.adapt, dist
         self.replicated = model if isinstance(model, Replicated) else None
         self.plan = plan
@@ -209,7 +212,7 @@ class CommMonitor:
         return self.replicated is not None
 
     def window(self, step: int) -> dict[str, float]:
-        """Called at each log step by every rank: the row's ``comm_wait`` (max over ranks)."""
+        """Return the row's ``comm_wait``, the max over ranks. Every rank calls it at each log step."""
         if self.replicated is None:
             return {}
         now = time.perf_counter()
@@ -220,7 +223,7 @@ class CommMonitor:
         return {"comm_wait": self.share}
 
     def adapt(self, step: int) -> None:
-        """After the log step's row: say what the last change did, take the next rung when due."""
+        """Say what the last change did, and take the next rung when due. It runs after the log step's row."""
         if self.replicated is None:
             return
         share = self.share

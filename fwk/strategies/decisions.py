@@ -1,28 +1,29 @@
 """Measured decisions, made once per machine and model, then reused.
 
 precision=auto's format, memory=auto's plan, jit=auto's verdict and loader=auto's workers
-come from timings, and timings depend on how busy the machine is while they are taken:
-measured afresh in every run, the same command would compute different things on a busy
+come from timings, and timings depend on how busy the machine is while they are taken.
+Measured afresh in every run, the same command would compute different things on a busy
 and on a quiet machine. As cuDNN's benchmark mode and Triton's autotuner do, fwk keeps
 what it measured in a per-user cache, ``$XDG_CACHE_HOME/fwk/decisions/`` (default
 ``~/.cache``). A record's key is this machine (device, CPU, threads, torch version, world
 size), the decision's name, the resolved config less the keys that cannot change what a
-step costs (``IGNORED``: a new option is in the key unless it is listed there), and the
-decisions made before it (precision, then memory, then jit: ``DECISION_ORDER``). A later run of
-the same model here reuses the record without trial steps; a measuring run redoes its
-trial steps as decided (``fwk/components/trials.py``), so both compute the same thing.
+step costs, and the decisions made before it. Those keys are ``IGNORED``, and a new option is
+in the key unless it is listed there. The decisions come in ``DECISION_ORDER``: precision,
+then memory, then jit. A later run of the same model here reuses the record without trial
+steps. A measuring run redoes its trial steps as decided (``fwk/components/trials.py``), so
+both compute the same thing.
 
 Where a decision comes from, first found first:
 
-1. the checkpoint: a resumed run keeps what it decided (each strategy's own state);
+1. the checkpoint: a resumed run keeps what it decided, in each strategy's own state.
 2. ``fwk replay``: the original run's records, so that the replay computes what the
-   original computed on any machine;
-3. this cache, unless ``auto.cache=false`` or ``--redecide``;
-4. a measurement, whose record goes to the cache (unless ``auto.cache=false``).
+   original computed on any machine.
+3. this cache, unless ``auto.cache=false`` or ``--redecide``.
+4. a measurement, whose record goes to the cache unless ``auto.cache=false``.
 
 ``fwk replay``'s records and ``--redecide`` reach the workers as the launch's orders
 (``RunDir.orders``: ``{"replay": {name: record}}``, ``{"redecide": true}``). Rank 0 reads
-and writes the cache; every rank gets rank 0's answer, so all agree.
+and writes the cache, and every rank gets rank 0's answer, so all agree.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ from fwk.strategies import hardware
 from fwk.track.store import cache_root, write_atomic
 
 DECISION_ORDER = ("precision", "memory", "jit")  # each decides on the result of those before it
-# The config that cannot change what a timed step costs (dotted paths into the resolved
-# config): who and where, how long and how often the run evaluates, logs and saves, and
-# the decision cache's own switch. Everything else (model, data and its transforms, batch,
-# optimizer, schedule, methods, every strategy's settings) is in a decision's key.
+# The config that cannot change what a timed step costs, as dotted paths into the resolved
+# config: who and where, how long and how often the run evaluates, logs and saves, and
+# the decision cache's own switch. Everything else is in a decision's key: model, data and its
+# transforms, batch, optimizer, schedule, methods and every strategy's settings.
 IGNORED = frozenset(
     {
         "recipe",  # a name: two recipes that compose the same config time the same steps
@@ -73,7 +74,7 @@ Record = dict[str, Any]
 
 
 def _keyed(config: Any, prefix: str = "") -> Any:
-    """``config`` less the ``IGNORED`` keys."""
+    """Return ``config`` less the ``IGNORED`` keys."""
     if not isinstance(config, dict):
         return config
     kept = {}
@@ -97,7 +98,7 @@ def _cpu_model() -> str:
 
 
 def machine(dist: Dist) -> dict[str, Any]:
-    """What a timing depends on besides the config: the hardware and the software."""
+    """Return what a timing depends on besides the config: the hardware and the software."""
     return {
         "device": hardware.probe(dist.device).text,
         "cpu": _cpu_model(),
@@ -108,9 +109,11 @@ def machine(dist: Dist) -> dict[str, Any]:
 
 
 class Decisions:
-    """The run's decisions: recalled (replay, cache) or kept once measured; ``records()``
-    goes to summary.json, and ``on_change`` (the trainer's: env.json) hears of each one.
-    ``orders``: the launch's (``RunDir.read_orders``): a replay's records, or ``redecide``."""
+    """The run's decisions, recalled from a replay or the cache, or kept once measured.
+
+    ``records()`` goes to summary.json, and ``on_change`` hears of each one. The trainer's
+    ``on_change`` writes env.json. ``orders`` are the launch's (``RunDir.read_orders``): a
+    replay's records, or ``redecide``."""
 
     def __init__(self, cfg: Any, dist: Dist, cache: Path | None = None, orders: dict[str, Any] | None = None) -> None:
         self.dist = dist
@@ -144,7 +147,8 @@ class Decisions:
         return self.cache / f"{name}-{self.key(name)}.json"
 
     def recall(self, name: str) -> tuple[Record | None, str]:
-        """(record, "replayed" | "cached"), or (None, "") when it is to be measured. A collective."""
+        """Return the record of ``name`` and "replayed" or "cached", or None and "" when it is to be measured.
+        It is a collective."""
         found: tuple[Record | None, str] = (None, "")
         if self.dist.is_main:
             if name in self.replayed:
@@ -164,7 +168,7 @@ class Decisions:
         return record if isinstance(record, dict) and "choice" in record else None
 
     def keep(self, name: str, record: Record, source: str = "measured") -> None:
-        """A decision made in this run: in its records; a measured one also in the cache."""
+        """Keep a decision made in this run in its records, and a measured one in the cache too."""
         if source == "measured" and self.write_cache and self.dist.is_main:
             try:
                 path = self.path(name)
@@ -181,5 +185,5 @@ class Decisions:
             self.on_change(self.records())
 
     def records(self) -> dict[str, Record]:
-        """name -> record, with where each came from (``source``)."""
+        """Return name -> record, with where each came from as ``source``."""
         return {n: {**r, "source": self.sources[n]} for n, r in self.made.items()}

@@ -1,11 +1,11 @@
 """Sharded data parallelism (FSDP2's ``fully_shard``) and its checkpoint state.
 
-Used by ``parallel.py`` for ``parallel=fsdp`` and ``parallel=hsdp``. Sharding happens in
-place, after the other strategies (``parallelize.py``): the
-fp32 islands of the precision strategy become units of their own with fp32 parameters,
-then every block (``modules.blocks``), then the root. Activation checkpointing and the
-JIT layer wrap the same modules and keep working: FSDP's hooks run around the module
-call, the checkpointed or compiled forward runs inside it.
+``parallel.py`` uses it for ``parallel=fsdp`` and ``parallel=hsdp``. Sharding happens in
+place, after the other strategies (``parallelize.py``). The fp32 islands of the precision
+strategy become units of their own with fp32 parameters, then every block
+(``modules.blocks``), then the root. Activation checkpointing and the JIT layer wrap the same
+modules and keep working: FSDP's hooks run around the module call, and the checkpointed or
+compiled forward runs inside it.
 
 Model and optimizer state are saved with ``torch.distributed.checkpoint``: every rank
 writes its own shards, and a load reshards to whatever mesh the loading run has.
@@ -31,7 +31,7 @@ _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm
 
 
 def mesh(device: torch.device, world: int, shard_size: int | None) -> DeviceMesh:
-    """1-D mesh over all ranks (fsdp), or 2-D (replicate, shard) for hsdp."""
+    """Build a 1-D mesh over all ranks for fsdp, or a 2-D (replicate, shard) one for hsdp."""
     if shard_size is None or shard_size == world:
         return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
     return init_device_mesh(device.type, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
@@ -44,7 +44,7 @@ def shard(
     fp32_islands: list[nn.Module],
     reshard_after_forward: bool,
 ) -> list[str]:
-    """Shard ``model`` in place; returns the names of the units (inner first, root last).
+    """Shard ``model`` in place and return the names of the units, inner first and root last.
 
     FSDP2 shards contiguous parameters only, and its all-gather gives contiguous ones back
     each step, so conv weights that the precision strategy made channels-last go back to
@@ -109,7 +109,7 @@ class Sharded(nn.Module):
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether this rank holds less than the whole model as plain tensors: FSDP shards, tensor
+    """Tell whether this rank holds less than the whole model as plain tensors: FSDP shards, tensor
     parallel's DTensors, or one pipeline stage (``fwk/strategies/pipeline.py``)."""
     if isinstance(model, FSDPModule) or getattr(model, "pipeline_part", False):
         return True
@@ -117,9 +117,9 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict[str, Any]:
-    """{"model", "optimizer"} state as DTensor shards, keyed by parameter names; ``flat``: the
-    optimizer's as one entry per parameter and value, so that ranks holding different
-    parameters (pipeline stages) write and read only their own."""
+    """Return the {"model", "optimizer"} state as DTensor shards, keyed by parameter names.
+    With ``flat`` the optimizer's is one entry per parameter and value, so that ranks holding
+    different parameters, the pipeline stages, write and read only their own."""
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": _strided_whole(model_sd), "optimizer": _strided_whole(optim_sd)}
@@ -142,10 +142,10 @@ def _strided(value: Any) -> bool:
 
 
 def _strided_whole(state: dict[str, Any]) -> dict[str, Any]:
-    """The state with strided DTensors (a fused q/k/v projection split by chunks under tensor
-    parallel: ``fwk/models/gpt_parallel.py``) as whole tensors: torch.distributed.checkpoint
-    stores a shard as one contiguous block, which a strided slice is not. Small matrices;
-    every rank holds the same whole copy, written once."""
+    """Return the state with its strided DTensors as whole tensors. A fused q/k/v projection split
+    by chunks under tensor parallel is one (``fwk/models/gpt_parallel.py``). torch.distributed.checkpoint
+    stores a shard as one contiguous block, which a strided slice is not. The matrices are
+    small, and every rank holds the same whole copy, written once."""
     return {k: v.full_tensor() if _strided(v) else v for k, v in state.items()}
 
 
@@ -156,11 +156,11 @@ def _strided_again(state: dict[str, Any], current: dict[str, Any]) -> None:
 
 
 def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Shard the whole tensors of an unsharded checkpoint (``Module.state_dict()`` and
-    ``Optimizer.state_dict()``, as a run on one process writes them) into this rank's part.
+    """Shard the whole tensors of an unsharded checkpoint into this rank's part. Such a checkpoint
+    holds ``Module.state_dict()`` and ``Optimizer.state_dict()``, as a run on one process writes them.
 
     The optimizer's state is keyed by parameter index, in the order it was built over the
-    same model's parameters; the names let ``set_state_dict`` place it."""
+    same model's parameters. The names let ``set_state_dict`` place it."""
     names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     whole = state["optimizer"]

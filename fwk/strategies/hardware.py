@@ -1,11 +1,11 @@
 """What the hardware runs fast: probed from the device, never assumed.
 
 bf16 autocast pays off on CUDA GPUs of compute capability >= 8.0 (Ampere on) and on CPUs
-with bf16 units (AMX or AVX512-BF16); elsewhere it is emulated: 12x slower than fp32 for
+with bf16 units (AMX or AVX512-BF16). Elsewhere it is emulated: 12x slower than fp32 for
 ResNet-50 at 64 px on an AVX2-only CPU (benchmarks/precision.py). fp16 autocast runs
 on CUDA GPUs of capability >= 5.3, and on CPU only slowly.
 
-``FWK_CPU_BF16=1`` (or ``0``) replaces the CPU's answer on whether it has bf16 units: the
+``FWK_CPU_BF16=1`` (or ``0``) replaces the CPU's answer on whether it has bf16 units. The
 test suite sets it so that every test sees the same CPU whatever machine it runs on, and
 runs the bf16 paths with ``1``. The GPU probe is never overridden.
 """
@@ -35,7 +35,7 @@ def _cpu_flag(name: str) -> bool:
 
 
 def cpu_units() -> dict[str, bool]:
-    """{"AMX": yes/no, "AVX512-BF16": yes/no} as this CPU reports them (no override)."""
+    """Return {"AMX": yes/no, "AVX512-BF16": yes/no} as this CPU reports them, without the override."""
     return {"AMX": _cpu_flag("amx_tile"), "AVX512-BF16": _cpu_flag("avx512_bf16")}
 
 
@@ -71,7 +71,7 @@ def probe(device: torch.device) -> Features:
 
 
 def slow_here(fmt: str, features: Features, device: torch.device) -> str | None:
-    """Why an explicit format runs slowly on this device, or None."""
+    """Say why an explicit format runs slowly on this device, or return None."""
     if fmt == "fp16" and device.type == "cpu":
         return "a CPU emulates fp16 (tens of times slower than fp32); precision=auto measures what is fastest"
     if fmt == "bf16" and not features.bf16_fast:
@@ -80,7 +80,7 @@ def slow_here(fmt: str, features: Features, device: torch.device) -> str | None:
 
 
 def choose_format(features: Features, device: torch.device) -> str:
-    """The hardware's prior: bf16 where it has the units, fp16 on older CUDA GPUs, else fp32.
+    """Return the hardware's prior: bf16 where it has the units, fp16 on older CUDA GPUs, else fp32.
     precision=auto times it against fp32 before keeping it."""
     if features.bf16_fast:
         return "bf16"

@@ -1,6 +1,7 @@
-"""fp32 islands under autocast: a module's forward run with autocast off and its inputs
-cast up to fp32, switched on and off together by a shared ``Gate`` (precision's
-``keep_fp32`` and staged ``final_fp32``)."""
+"""fp32 islands under autocast: a module's forward runs with autocast off and its inputs cast up to fp32.
+
+A shared ``Gate`` switches the islands on and off together, for precision's ``keep_fp32`` and
+staged ``final_fp32``."""
 
 from __future__ import annotations
 

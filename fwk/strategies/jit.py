@@ -6,20 +6,20 @@
   train/eval mode, grad mode, autocast). Once ``stable_steps`` steps in a row share one
   signature, and the steps left would take longer than ``min_remaining_s`` eagerly, the
   model is compiled and the compile time logged. On CPU the next ``trial_steps`` compiled
-  steps are timed against the eager ones; compiled is kept, and said, only when it is
-  ``min_speedup`` times faster. A trial that ends eager is a first run's loss: on CPU it is
+  steps are timed against the eager ones. Compiled is kept, and said, only when it is
+  ``min_speedup`` times faster. A trial that ends eager is a first run's loss, so on CPU it is
   tried only when its cost, estimated from the model's size (``compile_estimate_s``), is at
-  most ``max_trial_share`` of the eager time left, so that a first run (no cached decision)
-  costs at most that share more than a later one. Steps in which another strategy still decides (precision,
-  memory) do not count as stable. The measured step times are cached per machine and
-  model (``decisions.py``): a later run (or a replay) decides from them without a trial,
-  compiling at the same step. The trial's compiled steps are redone as decided
+  most ``max_trial_share`` of the eager time left. A first run, with no cached decision, then
+  costs at most that share more than a later one. Steps in which another strategy still
+  decides (precision, memory) do not count as stable. The measured step times are cached per
+  machine and model (``decisions.py``). A later run, or a replay, decides from them without a
+  trial and compiles at the same step. The trial's compiled steps are redone as decided
   (``fwk/components/trials.py``), so a measuring run computes what a recalling one does.
 
 A signature the compiled model has not seen is compiled anew up to ``max_recompiles``
-times, then runs eager (one warning line). A compile error, raised in forward or in the
+times, then runs eager, with one warning line. A compile error, raised in forward or in the
 backward compiled lazily after it, falls back to eager for good and the step is redone
-(``TrainStep`` asks ``recover``). Evaluation uses the plain model; where compile stands
+(``TrainStep`` asks ``recover``). Evaluation uses the plain model. Where compile stands
 among the strategies is ``parallelize.py``'s to say.
 """
 
@@ -43,14 +43,14 @@ logger = logging.getLogger(__name__)
 
 Signature = tuple
 # Inductor's compile of a training step (forward and backward) on CPU, measured on a 2-core
-# AVX2 EPYC (torch 2.14): ~6 s of set-up in a fresh process, then ~0.45 s per leaf module
-# (digits CNN, 10 leaves: 8 s; GPT 2 layers, 21: 10-18 s; ResNet-18, 52: 25 s; ResNet-50,
-# 126: 50 s). A prior, not a promise: it decides only whether a trial is worth trying.
+# AVX2 EPYC (torch 2.14): ~6 s of set-up in a fresh process, then ~0.45 s per leaf module.
+# The digits CNN (10 leaves) took 8 s, a 2-layer GPT (21) 10-18 s, ResNet-18 (52) 25 s and
+# ResNet-50 (126) 50 s. It is a prior, not a promise: it decides only whether a trial is worth trying.
 COMPILE_SETUP_S, COMPILE_PER_MODULE_S = 6.0, 0.45
 
 
 def compile_estimate_s(model: nn.Module) -> float:
-    """Seconds that compiling ``model``'s training step is expected to take on a CPU."""
+    """Return the seconds that compiling ``model``'s training step is expected to take on a CPU."""
     leaves = sum(1 for m in model.modules() if next(m.children(), None) is None)
     return COMPILE_SETUP_S + COMPILE_PER_MODULE_S * leaves
 
@@ -66,7 +66,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def signature(module: nn.Module, args: tuple, kwargs: dict) -> Signature:
-    """What decides whether a compiled graph can be reused for this call."""
+    """Return what decides whether a compiled graph can be reused for this call."""
     device = next((t.device.type for t in _tensors(args)), "cpu")
     autocast = torch.is_autocast_enabled(device)
     return (
@@ -78,7 +78,7 @@ def signature(module: nn.Module, args: tuple, kwargs: dict) -> Signature:
 
 
 class _Dispatch(nn.Module):
-    """Calls the compiled model or the eager one, as the Jit decides, per call."""
+    """A module that calls the compiled model or the eager one, per call, as the Jit decides."""
 
     def __init__(self, model: nn.Module, jit: Jit) -> None:
         super().__init__()
@@ -98,7 +98,8 @@ class Jit(PerStep):
         deterministic: bool = False,
         decisions: Decisions | None = None,
     ) -> None:
-        """``deterministic`` (train.deterministic): auto decides from step times, so it stays eager."""
+        """Set up the JIT layer. Under ``deterministic`` (train.deterministic) auto stays eager, since it
+        decides from step times."""
         self.cfg, self.dist, self.max_steps, self.decisions = cfg, dist, max_steps, decisions
         self.record: dict[str, Any] | None = None  # auto's decision, once made or recalled
         self.cached: dict[str, Any] | None = None  # step times measured before for this model here
@@ -124,7 +125,7 @@ class Jit(PerStep):
         self._settled = True  # the decisions before jit's are made (begin)
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """The model to train: ``model`` behind a switch between eager and compiled."""
+        """Return the model to train: ``model`` behind a switch between eager and compiled."""
         if self.cfg.name == "off":
             return model
         self.model = model
@@ -156,14 +157,15 @@ class Jit(PerStep):
         return self.compiled(*args, **kwargs)
 
     def begin(self, step: int, turn: bool = True) -> bool:
-        """``turn`` is False while another strategy is still deciding (auto precision's range
-        probe, auto memory's trials): those steps do not count as stable."""
+        """Note whether the step is settled, and return ``turn``. ``turn`` is False while another
+        strategy is still deciding, in auto precision's range probe or auto memory's trials.
+        Those steps do not count as stable."""
         self._settled = turn
         return turn
 
     def step_done(self, step: int, seconds: float, settled: bool | None = None) -> None:
-        """After each optimizer step (``step`` is its 0-based index): decide what comes next.
-        ``settled``: as ``begin``'s ``turn`` (given, it stands for it)."""
+        """Decide what comes next, after each optimizer step. ``step`` is its 0-based index.
+        ``settled``, when given, stands for ``begin``'s ``turn``."""
         settled = self._settled if settled is None else settled
         sigs, self.step_sigs = tuple(self.step_sigs), []
         used, self.used_compiled = self.used_compiled, False
@@ -188,8 +190,8 @@ class Jit(PerStep):
 
     # ---- auto's decision: recalled, re-applied, or measured ---------------------------
     def _recall(self) -> None:
-        """At the first settled step: a recalled decision (cached, or replayed) gives the step
-        times to decide from without timing, at the step a measuring run would compile."""
+        """Recall a decision at the first settled step. A recalled decision, cached or replayed, gives
+        the step times to decide from without timing, at the step a measuring run would compile."""
         record, source = self.decisions.recall("jit") if self.decisions is not None else (None, "")
         if record is not None:
             self.cached, self.cached_source = record, source
@@ -249,8 +251,8 @@ class Jit(PerStep):
             self._keep(step, "compiled", None)
 
     def _trial_too_dear(self, left: float) -> bool:
-        """CPU auto, nothing measured before: whether a trial would cost more than
-        ``max_trial_share`` of the ``left`` eager seconds (then it stays eager, and says so).
+        """Tell whether a trial would cost more than ``max_trial_share`` of the ``left`` eager
+        seconds, for CPU auto with nothing measured before. Then it stays eager, and says so.
         The estimate and ``left`` come from the model and the eager step time, so a run that
         recalls the step time decides as the run that measured it did."""
         share = self.cfg.max_trial_share
@@ -277,8 +279,8 @@ class Jit(PerStep):
             logger.info(f"{why}; compiling {when} (torch.compile {self.cfg.backend}, mode {self.cfg.mode})")
 
     def _judge(self) -> None:
-        """CPU auto: keep compiled only if it is faster than eager by ``min_speedup``: a speed-up
-        within the noise of a few timed steps is not worth a compiled graph's recompiles."""
+        """Keep compiled, under CPU auto, only if it is faster than eager by ``min_speedup``. A
+        speed-up within the noise of a few timed steps is not worth a compiled graph's recompiles."""
         compiled = all_reduce_max([statistics.median(self.compiled_times)], self.dist)[0]
         speedup = self.eager_step / compiled
         faster = speedup >= self.cfg.min_speedup
@@ -293,8 +295,8 @@ class Jit(PerStep):
             )
 
     def recover(self, exc: BaseException) -> bool:
-        """After an exception in a step: if compiled code ran in it, go eager for good and let
-        the step be redone (True); otherwise it is not ours (False)."""
+        """Handle an exception in a step. If compiled code ran in it, go eager for good and return
+        True, so that the step is redone. Otherwise the exception is not ours: return False."""
         if not self.used_compiled or self.state == "off":
             return False
         self.used_compiled, self.step_sigs, self.state = False, [], "off"
@@ -305,24 +307,25 @@ class Jit(PerStep):
 
     @property
     def timing(self) -> bool:
-        """Whether step times feed a decision now (then a CUDA step is synchronized to be timed)."""
+        """Tell whether step times feed a decision now. A CUDA step is then synchronized to be timed."""
         return self.state in ("eager", "trial") and self.cfg.name == "auto"
 
     @property
     def trying(self) -> bool:
-        """Whether this step is a compiled trial step (redone as decided: ``fwk/components/trials.py``)."""
+        """Tell whether this step is a compiled trial step, redone as decided (``fwk/components/trials.py``)."""
         return self.state == "trial"
 
     def rewind(self, before: dict[str, Any]) -> None:
-        """Steps since ``before`` are redone; what was decided holds (compiled, or eager)."""
+        """Forget this step's calls, since the steps since ``before`` are redone. What was decided
+        holds, compiled or eager."""
         self.step_sigs, self.used_compiled = [], False
 
     def summary(self) -> dict[str, Any]:
         return {"jit": self.state if self.cfg.name != "off" else "off"}
 
     def state_dict(self) -> dict[str, Any]:
-        """auto's decision so far, so that a resumed run keeps it rather than deciding anew
-        from its own step times (compiled and eager steps differ in the last bits)."""
+        """Return auto's decision so far, so that a resumed run keeps it rather than deciding anew
+        from its own step times. Compiled and eager steps differ in the last bits."""
         return {"state": self.state, "eager_step": getattr(self, "eager_step", 0.0), "decision": self.record}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

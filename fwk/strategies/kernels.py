@@ -1,15 +1,15 @@
 """Kernels: config group ``kernels`` (read here and nowhere else).
 
-``auto`` uses fwk's Triton kernels (``fwk/kernels``) on CUDA and plain PyTorch elsewhere;
-``triton`` always (on CPU only under ``TRITON_INTERPRET=1``); ``torch`` never. With the
-kernels on:
-- every ``nn.LayerNorm`` / ``nn.RMSNorm`` of the model computes with the Triton kernels
-  (the module's class is swapped in place: same parameters, same state_dict keys);
+``auto`` uses fwk's Triton kernels (``fwk/kernels``) on CUDA and plain PyTorch elsewhere.
+``triton`` always uses them, on CPU only under ``TRITON_INTERPRET=1``, and ``torch`` never. With
+the kernels on:
+- every ``nn.LayerNorm`` / ``nn.RMSNorm`` of the model computes with the Triton kernels.
+  The module's class is swapped in place, with the same parameters and state_dict keys.
 - a model whose forward takes ``targets`` (the GPT) gets the chunked linear
-  cross-entropy as its ``head_loss``: the full logits are never materialised in training;
+  cross-entropy as its ``head_loss``, so the full logits are never materialised in training.
 - the optimizer's step is fused (``fused`` to ``build_optimizer``: Triton Lion).
 The modules it swaps are what precision's ``keep_fp32`` patterns and memory's
-checkpointing match (``parallelize.py`` applies it first for that reason).
+checkpointing match, and ``parallelize.py`` applies it first for that reason.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _importable() -> bool:
 
 
 def check_available(cfg: KernelsConfig, device: torch.device) -> None:
-    """Pre-flight: kernels=triton needs Triton, and a GPU or the interpreter."""
+    """Check before any work that kernels=triton has Triton, and a GPU or the interpreter."""
     if cfg.name != "triton":
         return
     if not _importable():

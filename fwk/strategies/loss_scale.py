@@ -1,8 +1,8 @@
 """fp16's dynamic loss scaling (``torch.amp.GradScaler``) and the steps it skipped.
 
-Made once fp16 may run (asked for, auto's choice, or auto's trial: ``fit``). A step with
-inf/NaN gradients is skipped by the scaler and counted; the count and the scaler's state are
-part of precision's checkpoint state, so resume is exact.
+``fit`` makes the scaler once fp16 may run: asked for, auto's choice, or auto's trial. A step
+with inf/NaN gradients is skipped by the scaler and counted. The count and the scaler's state
+are part of precision's checkpoint state, so resume is exact.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class LossScale:
         self.scaler.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """The scaler's step: skipped (and counted) when the gradients hold inf/NaN."""
+        """Take the scaler's step. It is skipped, and counted, when the gradients hold inf/NaN."""
         assert self.scaler is not None
         before = self.value().clone()
         self.scaler.step(optimizer)
@@ -51,7 +51,7 @@ class LossScale:
         self.skipped += (self.value() < before).long()  # the scale backs off exactly on a skipped step
 
     def value(self) -> torch.Tensor:
-        """The current scale, as the device tensor (reading it needs no sync)."""
+        """Return the current scale as the device tensor. Reading it needs no sync."""
         assert self.scaler is not None
         scale = getattr(self.scaler, "_scale", None)
         return scale if isinstance(scale, torch.Tensor) else torch.tensor(self.scaler.get_scale())
@@ -60,7 +60,7 @@ class LossScale:
         return {"loss_scale": float(self.value()), "skipped_steps": int(self.skipped)} if self.fitted else {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Under precision's own keys (``skipped``, ``scaler``), as checkpoints hold them."""
+        """Return the state under precision's own keys, ``skipped`` and ``scaler``, as checkpoints hold them."""
         return {"skipped": int(self.skipped), "scaler": self.scaler.state_dict() if self.scaler is not None else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -2,16 +2,16 @@
 
 - ``none``: autograd keeps every activation until backward.
 - ``checkpoint``: non-reentrant activation checkpointing of every ``every``-th block
-  (ResNet bottlenecks, GPT blocks, or the module names in ``modules``); recomputed in
+  (ResNet bottlenecks, GPT blocks, or the module names in ``modules``), recomputed in
   backward. Gradients are bit-identical to ``none``.
 - ``offload``: saved activations are copied to host memory during forward and back for
   backward (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
 - ``microbatch``: each rank's batch is split into ``micro_batches`` pieces whose
-  gradients are accumulated (see ``step.py``); DDP syncs only on the last.
-- ``auto``: on CUDA (or on CPU when ``budget_gb`` is set), once precision has decided, the
-  next steps are run under each candidate plan, measured, and the fastest plan that fits
-  the budget is kept; an out-of-memory step is redone with twice the micro-batches. The
-  choice is cached per machine and model (``decisions.py``): a later run (or a replay)
+  gradients are accumulated (see ``step.py``). DDP syncs only on the last.
+- ``auto``: on CUDA, or on CPU when ``budget_gb`` is set, once precision has decided, the
+  next steps are run under each candidate plan and measured. The fastest plan that fits
+  the budget is kept, and an out-of-memory step is redone with twice the micro-batches. The
+  choice is cached per machine and model (``decisions.py``). A later run, or a replay,
   switches to it when its turn comes, without trials. A measuring run does the same: the
   loop redoes the trial steps under the chosen plan (``fwk/components/trials.py``).
 
@@ -64,8 +64,8 @@ class MemoryPlan:
 
 @contextlib.contextmanager
 def _keep_norm_stats(module: nn.Module) -> Iterator[None]:
-    """Around a recomputation: BatchNorm running stats are updated once, in the forward
-    pass, not again when backward recomputes the block."""
+    """Keep BatchNorm running stats around a recomputation, so that they are updated once, in
+    the forward pass, not again when backward recomputes the block."""
     norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
     saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None} for m in norms]
     try:
@@ -95,21 +95,21 @@ def _checkpointed(module: nn.Module, plan: Callable[[], MemoryPlan], meter: Save
 
 
 def checkpoint_targets(model: nn.Module, cfg: MemoryConfig, patterns: list[str]) -> dict[str, nn.Module]:
-    """The modules to checkpoint: those ``patterns`` name, else the model's blocks; every k-th."""
+    """Return the modules to checkpoint: every ``every``-th of those ``patterns`` name, else of the model's blocks."""
     found = outermost(match(model, patterns, "memory.modules")) if patterns else dict(blocks(model))
     return {n: m for i, (n, m) in enumerate(found.items()) if i % cfg.every == 0}
 
 
 def _tried(plan: MemoryPlan, peak: float, seconds: float, budget: float) -> str:
-    """One trial as the memory=auto decision reports it."""
+    """Describe one trial as the memory=auto decision reports it."""
     if math.isinf(peak):
         return f"{plan.describe()} out of memory"
     return f"{plan.describe()} {peak / GB:.3g} GB {seconds * 1000:.0f} ms{'' if peak <= budget else ' (over)'}"
 
 
 def check_model(cfg: MemoryConfig, model: nn.Module, typed: Collection[str] = ()) -> None:
-    """Pre-flight: ``modules`` patterns the user typed match (UserError naming the closest names
-    if not); a recipe's default patterns apply where they match (``modules.fitting``)."""
+    """Check before any work that the ``modules`` patterns the user typed match. A UserError names
+    the closest names if not. A recipe's default patterns apply where they match (``modules.fitting``)."""
     if cfg.name in MODULES and "memory.modules" in typed:
         checkpoint_targets(model, cfg, cfg.modules)
 
@@ -123,7 +123,7 @@ class Memory(PerStep):
         decisions: Decisions | None = None,
         max_steps: int | None = None,
     ) -> None:
-        """``max_steps``: the run's length; auto times no plans that the run would end amid."""
+        """Set up the memory strategy. ``max_steps`` is the run's length: auto times no plans the run would end amid."""
         self.cfg, self.dist, self.per_rank_batch, self.decisions = cfg, dist, per_rank_batch, decisions
         self.max_steps = max_steps
         self.step = 0
@@ -142,7 +142,7 @@ class Memory(PerStep):
         if cfg.name == "auto" and cuda and not self.budget:
             free, _ = torch.cuda.mem_get_info(dist.device)
             self.budget = free + torch.cuda.memory_reserved(dist.device)  # what this process holds is ours too
-        # auto's trials: plan -> (peak bytes, seconds); None once decided (or never deciding)
+        # auto's trials, plan -> (peak bytes, seconds). None once decided, or when it never decides
         self.trials: dict[MemoryPlan, tuple[float, float]] | None = {} if cfg.name == "auto" and self.budget else None
         self.candidates = [MemoryPlan(), MemoryPlan(micro_batches=2), MemoryPlan(checkpoint=True)] + (
             [MemoryPlan(offload=True)] if cuda else []
@@ -152,7 +152,7 @@ class Memory(PerStep):
         self.targets: list[str] = []
 
     def apply(self, model: nn.Module) -> nn.Module:
-        """Install the (switchable) checkpoint wrappers on the plain model."""
+        """Install the switchable checkpoint wrappers on the plain model."""
         self.meter.leave_out(model)
         if self.cfg.name in ("checkpoint", "auto"):
             patterns, left_out = fitting(model, self.cfg.modules, "memory.modules")
@@ -168,7 +168,7 @@ class Memory(PerStep):
         return model
 
     def reshaped(self, model: nn.Module) -> None:
-        """A method replaced the plain model's parameters (prune_gradually): the meter leaves the new ones out."""
+        """Leave the new parameters out of the meter after a method (prune_gradually) replaced the plain model's."""
         self.meter.leave_out(model)
 
     def _target_text(self) -> str:
@@ -177,8 +177,9 @@ class Memory(PerStep):
 
     # ---- per step -----------------------------------------------------------------
     def begin(self, step: int, turn: bool = True) -> bool:
-        """Before each step; ``turn``: the decisions before memory's are made (precision's),
-        so auto may recall its decision, or time this step. The next may decide once memory has."""
+        """Start a step. ``turn`` says that the decisions before memory's, precision's, are made,
+        so auto may recall its decision or time this step. Return whether the next may decide:
+        only once memory has."""
         self.step, self._turn = step, turn
         if turn and self.trials is not None and not self._recalled:
             self._recalled = True
@@ -187,9 +188,9 @@ class Memory(PerStep):
         return turn and not self.measuring
 
     def _too_short(self, step: int) -> None:
-        """A run that would end amid auto's trial steps (a warm-up, then one per plan) keeps
-        the plain plan untimed: a trial step is redone, and a run that ends in its trials
-        logs none of its steps."""
+        """Keep the plain plan untimed in a run that would end amid auto's trial steps, a warm-up
+        and then one per plan. A trial step is redone, and a run that ends in its trials logs
+        none of its steps."""
         needed = 1 + len(self.candidates)
         if self.trials is None or self.max_steps is None or step + needed <= self.max_steps:
             return
@@ -215,7 +216,7 @@ class Memory(PerStep):
             logger.info(f"memory=auto chose {self.plan.describe()} ({how})")
 
     def around_piece(self) -> contextlib.AbstractContextManager:
-        """Around forward and backward of one micro-batch: offload, or the meter while auto measures."""
+        """Return what wraps forward and backward of one micro-batch: offload, or the meter while auto measures."""
         offload = (
             torch.autograd.graph.save_on_cpu(pin_memory=self.dist.device.type == "cuda") if self.plan.offload else None
         )
@@ -229,18 +230,19 @@ class Memory(PerStep):
 
     @property
     def trying(self) -> bool:
-        """Whether this step runs a trial plan (its turn has come): the loop redoes it."""
+        """Tell whether this step runs a trial plan, now that its turn has come. The loop redoes it."""
         return self.measuring and self._turn
 
     def rewind(self, before: dict[str, Any]) -> None:
-        """Steps since ``before`` (this object's state then) are redone: under the chosen plan
-        once decided; else (another decision's trial) under the plan of then."""
+        """Prepare to redo the steps since ``before``, this object's state then. Once memory has
+        decided, they run under the chosen plan. Otherwise, in another decision's trial, they run
+        under the plan of then."""
         if self.trials is not None:
             self.plan = MemoryPlan(**before["plan"])
 
     @contextlib.contextmanager
     def around_step(self) -> Iterator[None]:
-        """Around one whole step: while auto decides (its turn), time it and record its peak memory."""
+        """Time one whole step and record its peak memory while auto decides, in its turn."""
         if not self.measuring or not self._turn:
             yield
             return
@@ -276,7 +278,7 @@ class Memory(PerStep):
             return
         fits = {p: t for p, t in self.trials.items() if t[0] <= self.budget}
         if not fits:  # nothing fits: checkpoint with ever more micro-batches
-            # the least memory; among plans that ran out of it, the one of the most micro-batches
+            # the least memory. Among plans that ran out of it, the one of the most micro-batches
             smallest = min(self.trials, key=lambda p: (self.trials[p][0], -p.micro_batches))
             more = replace(smallest, checkpoint=True, micro_batches=smallest.micro_batches * 2)
             while more in self.trials:  # never a plan tried already: each round halves the micro-batch
@@ -316,7 +318,7 @@ class Memory(PerStep):
         }
 
     def retry_after_oom(self, step: int) -> None:
-        """After an out-of-memory step: free, double the micro-batches (auto), or raise."""
+        """Free memory after an out-of-memory step, then double the micro-batches under auto, or raise."""
         gc.collect()
         if self.dist.device.type == "cuda":
             torch.cuda.empty_cache()

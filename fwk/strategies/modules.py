@@ -1,9 +1,10 @@
 """Find modules by pattern, and wrap a module's forward without changing its state_dict.
 
-Used by the precision strategy (``keep_fp32``, ``final_fp32``) and the memory strategy
-(which blocks to checkpoint). Patterns are globs on ``named_modules()`` names
-(``blocks.*.ln_1``) or on type names (``LayerNorm``; ``*Norm``: every norm of a Hugging Face
-model, LlamaRMSNorm and LayerNorm alike), or a type's first or last module (``last:Linear``).
+The precision strategy uses it for ``keep_fp32`` and ``final_fp32``, and the memory strategy
+to pick which blocks to checkpoint. Patterns are globs on ``named_modules()`` names
+(``blocks.*.ln_1``) or on type names, such as ``LayerNorm``, or ``*Norm`` for every norm of a
+Hugging Face model, LlamaRMSNorm and LayerNorm alike. A pattern may also name a type's first or
+last module (``last:Linear``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from fwk.errors import UserError
 
 
 def _hits(named: list[tuple[str, nn.Module]], pattern: str) -> list[tuple[str, nn.Module]]:
-    """The modules one pattern names: ``last:TYPE`` / ``first:TYPE`` is the last / first
-    module of that type in model order (``last:Linear``: a classifier or LM head, whatever
-    its name); otherwise a glob on the module's name, or on its type's name."""
+    """Return the modules one pattern names. ``last:TYPE`` / ``first:TYPE`` is the last / first
+    module of that type in model order: ``last:Linear`` is a classifier or LM head, whatever
+    its name. Any other pattern is a glob on the module's name, or on its type's name."""
     place, sep, kind = pattern.partition(":")
     if sep and place in ("first", "last"):
         of_type = [(n, m) for n, m in named if type(m).__name__ == kind]
@@ -36,7 +37,7 @@ def _named(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def match(model: nn.Module, patterns: list[str], key: str) -> dict[str, nn.Module]:
-    """Modules (name -> module, in model order) matched by any pattern.
+    """Return the modules that any pattern matches, as name -> module in model order.
 
     A pattern that matches nothing is a UserError naming the closest module names: use
     ``fitting`` first for patterns that are defaults rather than the user's own.
@@ -58,7 +59,7 @@ def match(model: nn.Module, patterns: list[str], key: str) -> dict[str, nn.Modul
 
 
 def fitting(model: nn.Module, patterns: list[str], key: str) -> tuple[list[str], str | None]:
-    """(the patterns that match a module of ``model``, the one line on those left out, if any).
+    """Return the patterns that match a module of ``model``, and the one line on those left out, if any.
 
     For a recipe's defaults (``keep_fp32: [last:Linear]``): they apply where they match, so a
     recipe works with the user's own model. A pattern the user typed is checked strictly
@@ -77,7 +78,7 @@ def fitting(model: nn.Module, patterns: list[str], key: str) -> tuple[list[str],
 
 
 def outermost(modules: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """Drop modules nested inside another one of the set (wrapping the outer one covers them)."""
+    """Drop modules nested inside another one of the set, since wrapping the outer one covers them."""
     names = sorted(modules)
     keep = {n for n in names if not any(n.startswith(o + ".") for o in names if o != n)}
     return {n: m for n, m in modules.items() if n in keep}
@@ -93,7 +94,7 @@ def wrap_forward(module: nn.Module, wrapper: Callable[[Callable[..., Any]], Call
 
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's repeated blocks, in order: entries of a ModuleList/Sequential whose
+    """Return the model's repeated blocks, in order: entries of a ModuleList/Sequential whose
     entries are all of one class with submodules (ResNet bottlenecks, GPT blocks).
 
     A model without such a list (a small CNN) gets its top-level children that hold
@@ -113,6 +114,6 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def last_linear(model: nn.Module) -> list[str]:
-    """The name of the model's last ``nn.Linear`` (its head, mostly), or none."""
+    """Return the name of the model's last ``nn.Linear``, mostly its head, or none."""
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     return linears[-1:]

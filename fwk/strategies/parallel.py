@@ -1,12 +1,12 @@
 """Data parallelism along the mesh's data dimension: config group ``parallel``.
 
-``wrap`` is called by ``parallelize.py`` after tensor and pipeline parallelism; the process
-group and the mesh are ``fwk.distributed``'s. One process trains alone; ``dp_replicate``
-alone replicates the model with DDP (``ddp.py`` times and adapts its communication);
-``dp_shard`` shards it with FSDP2 (``fsdp.py``), HSDP with both. ``auto`` decides the data
-dimension from measured facts and says them in one line: parameters + gradients + optimizer
-state within ``auto_memory_share`` of the free memory of one device -> replicate; otherwise
-shard, inside each node when there are several.
+``parallelize.py`` calls ``wrap`` after tensor and pipeline parallelism. The process group
+and the mesh are ``fwk.distributed``'s. One process trains alone. ``dp_replicate`` alone
+replicates the model with DDP (``ddp.py`` times and adapts its communication), ``dp_shard``
+shards it with FSDP2 (``fsdp.py``), and HSDP uses both. ``auto`` decides the data dimension
+from measured facts and says them in one line. When parameters + gradients + optimizer state
+are within ``auto_memory_share`` of the free memory of one device, it replicates. Otherwise
+it shards, inside each node when there are several.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 def _free_device_bytes(device: torch.device) -> int:
-    """Free memory of one device: the GPU's, or this process's share of the host's."""
+    """Return the free memory of one device: the GPU's, or this process's share of the host's."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     with open("/proc/meminfo") as f:
@@ -40,17 +40,17 @@ def _free_device_bytes(device: torch.device) -> int:
 
 
 def training_bytes(model: nn.Module, optimizer_floats: float) -> int:
-    """Parameters + gradients + optimizer state of an unsharded model, in bytes.
+    """Return the bytes of an unsharded model's parameters, gradients and optimizer state.
 
-    ``optimizer_floats``: optimizer state elements per parameter element (AdamW 2, Lion 1).
+    ``optimizer_floats`` is the optimizer state's elements per parameter element: AdamW 2, Lion 1.
     """
     params = list(model.parameters())
     return int(sum(p.numel() * p.element_size() * (2 + optimizer_floats) for p in params))
 
 
 def decide(cfg: ParallelConfig, dist: Dist, model: nn.Module, optimizer_floats: float) -> tuple[Dims, str]:
-    """(the layout, the facts it was chosen from): the config's degrees, or for
-    ``parallel=auto`` its data dimension replicated or sharded by measured memory."""
+    """Return the layout and the facts it was chosen from. The layout is the config's degrees, or
+    for ``parallel=auto`` its data dimension replicated or sharded by measured memory."""
     dims = dist.layout
     if cfg.name != "auto" or dims.batch_degree == 1:
         return dims, ""
@@ -70,7 +70,7 @@ def decide(cfg: ParallelConfig, dist: Dist, model: nn.Module, optimizer_floats: 
 
 
 def preset(dims: Dims) -> str:
-    """The name of the data-parallel technique of a layout (for the log line)."""
+    """Return the name of the data-parallel technique of a layout, for the log line."""
     if dims.shards:
         return "hsdp" if dims.dp_replicate > 1 else "fsdp"
     return "ddp" if dims.dp_replicate > 1 else "none"
@@ -85,15 +85,14 @@ def wrap(
     dims: Dims,
     root: DeviceMesh | None,
 ) -> tuple[nn.Module, list[Callable[[], None]]]:
-    """(the model to train, what each step calls once its gradients are complete): data
-    parallelism around ``compiled`` (the JIT's wrapper of ``plain``) along ``dims``' data
-    dimension.
+    """Put data parallelism around ``compiled``, the JIT's wrapper of ``plain``, along ``dims``' data
+    dimension. Return the model to train and what each step calls once its gradients are complete.
 
-    DDP wraps ``compiled``; FSDP shards ``plain`` in place (over the data slice of ``root``,
-    whose other slices tensor parallel used), and the JIT's wrapper then calls the sharded
-    model. A model split by tensor or pipeline parallel and replicated (no ``dp_shard``)
-    averages its gradients over the replicas after backward. ``precision`` gives DDP and
-    FSDP their AMP dtype, and FSDP its fp32 islands."""
+    DDP wraps ``compiled``. FSDP shards ``plain`` in place, over the data slice of ``root`` whose
+    other slices tensor parallel used, and the JIT's wrapper then calls the sharded model. A
+    model split by tensor or pipeline parallel and replicated, with no ``dp_shard``, averages
+    its gradients over the replicas after backward. ``precision`` gives DDP and FSDP their AMP
+    dtype, and FSDP its fp32 islands."""
     if dims.batch_degree == 1:
         return compiled, []
     if not dims.shards and not dims.splits_model:
@@ -130,8 +129,8 @@ def wrap(
 
 
 def average_grads(model: nn.Module, group: tdist.ProcessGroup, replicas: int) -> None:
-    """Every gradient averaged over the replicas: one all-reduce of all of them, flattened
-    (the local shards of tensor-parallel parameters)."""
+    """Average every gradient over the replicas, in one all-reduce of all of them, flattened.
+    For tensor-parallel parameters those are the local shards."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in model.parameters()]
