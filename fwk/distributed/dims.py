@@ -115,7 +115,7 @@ def _mismatch(given: dict[str, int], world: int, product: int) -> str:
 
 
 def layout(p: Any, world: int) -> tuple[Dims | None, str]:
-    """Return (the degrees of a ``parallel`` config section, "") or (None, what is wrong).
+    """Return the degrees of a ``parallel`` config section and "", or None and what is wrong.
     ``parallel=auto`` gives the data dimension whatever the set degrees leave, replicated. The
     strategy may shard it."""
     degrees = {n: getattr(p, n) for n in NAMES}

@@ -50,6 +50,7 @@ class Method(ABC):
         self, optimizer: torch.optim.Optimizer, model: nn.Module, reshaped: Callable[[int | None], None]
     ) -> None:
         """Attach the method once the optimizer exists, with the plain model being trained and ``reshaped()``.
+
         A method that replaces parameters calls ``reshaped()`` afterwards with the steps taken, and it
         rebuilds what holds them. The steps are None on a resume, before the checkpoint loads."""
         return None  # a hook: only a method that changes the parameters' shapes needs them

@@ -156,8 +156,10 @@ def _strided_again(state: dict[str, Any], current: dict[str, Any]) -> None:
 
 
 def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Shard the whole tensors of an unsharded checkpoint into this rank's part. Such a checkpoint
-    holds ``Module.state_dict()`` and ``Optimizer.state_dict()``, as a run on one process writes them.
+    """Shard the whole tensors of an unsharded checkpoint into this rank's part.
+
+    Such a checkpoint holds ``Module.state_dict()`` and ``Optimizer.state_dict()``, as a run on one
+    process writes them.
 
     The optimizer's state is keyed by parameter index, in the order it was built over the
     same model's parameters. The names let ``set_state_dict`` place it."""

@@ -1,13 +1,13 @@
 """Pipeline parallelism: the model cut into stages over the ``pp`` slice of the mesh.
 
-The model family cuts itself (``pipeline_split(n)``: fwk's GPT by block, a user's model by
-the method it defines; Hugging Face models are not cut yet); every stage keeps the plain model's
+The model family cuts itself with ``pipeline_split(n)``: fwk's GPT by block, a user's model by
+the method it defines. Hugging Face models are not cut yet. Every stage keeps the plain model's
 parameter names, so a checkpoint reshards to any other layout. Rank ``r`` of the pipeline
-holds stages ``r, r + pp, ...`` (``parallel.pp_stages_per_rank`` of them), the layout of
+holds stages ``r, r + pp, ...``, ``parallel.pp_stages_per_rank`` of them, the layout of
 torch's looped schedules.
 
 A pipelined step is a step plan of its own: ``torch.distributed.pipelining``'s schedule runs
-every micro-batch's forward and backward, the loss on the last stage. The loss of each
+every micro-batch's forward and backward, and the loss on the last stage. The loss of each
 micro-batch is its summed cross-entropy divided once by the step's target count, with the
 schedule's own gradient scaling off, so gradients equal those of the mean loss over the
 whole step whatever the micro-batches and the accumulation (torchtitan #1733). The step's
@@ -43,8 +43,9 @@ Split = tuple[nn.Module, list[int], list[nn.Module], list[str]]
 
 
 def split(model: nn.Module, cfg: ParallelConfig, dims: Dims, rank: int) -> Split:
-    """(this rank's part of the model, its stage indices, its stage modules, the names of the
-    parameters the first and the last stage share: a head tied to the embedding)."""
+    """Cut the model into stages. Return this rank's part of the model, its stage indices, its stage
+    modules, and the names of the parameters the first and the last stage share, such as a head
+    tied to the embedding."""
     n_stages = dims.pp * cfg.pp_stages_per_rank
     cut = getattr(model, "pipeline_split", None)
     if cut is None:
@@ -88,12 +89,12 @@ class Pipeline:
 
     # ---- the step --------------------------------------------------------------------------
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """A micro-batch's summed cross-entropy, divided once by the step's target count."""
+        """Return a micro-batch's summed cross-entropy, divided once by the step's target count."""
         out = output.reshape(-1, output.size(-1)).float()
         return F.cross_entropy(out, target.reshape(-1), reduction="sum") * self._scale
 
     def schedule(self, device: torch.device) -> Any:
-        """Built at the first step, after every other strategy has wrapped the stages."""
+        """Return the schedule, built at the first step, after every other strategy has wrapped the stages."""
         if self._schedule is None:
             from torch.distributed import pipelining
             from torch.distributed.pipelining import schedules
@@ -110,8 +111,8 @@ class Pipeline:
         return self._schedule
 
     def piece(self, x: torch.Tensor, y: torch.Tensor, weight: float, device: torch.device) -> torch.Tensor:
-        """Forward and backward of one piece (``weight``: its share of the step's targets); the
-        piece's mean loss on every stage."""
+        """Run forward and backward of one piece, and return the piece's mean loss on every stage.
+        ``weight`` is the piece's share of the step's targets."""
         self._scale = weight / y.numel()
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
@@ -123,7 +124,7 @@ class Pipeline:
         return mean
 
     def grads_ready(self) -> None:
-        """The parameters the first and the last stage share (a tied head) get their summed gradient."""
+        """Give the parameters the first and the last stage share, such as a tied head, their summed gradient."""
         if self.tied is None or not (self.first or self.last):
             return
         for name in self.shared:
@@ -132,14 +133,14 @@ class Pipeline:
                 tdist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self.tied)
 
     def uncounted(self) -> list[torch.Tensor]:
-        """Parameters the gradient norm leaves out here: the last stage's copy of a shared one
-        (counted on the first stage's rank)."""
+        """Return the parameters the gradient norm leaves out here: the last stage's copy of a shared
+        one, which is counted on the first stage's rank."""
         if self.tied is None or self.first or not self.last:
             return []
         return [self.part.get_parameter(name) for name in self.shared]
 
     def _tied_group(self, root: DeviceMesh) -> tdist.ProcessGroup | None:
-        """The group of the first and the last stage's ranks of this pipeline, when the two
+        """Return the group of the first and the last stage's ranks of this pipeline, when the two
         share parameters and sit on different ranks."""
         first_rank, last_rank = 0, (self.n_stages - 1) % self.dims.pp
         if first_rank == last_rank or not self.shared:
@@ -155,13 +156,13 @@ class Pipeline:
 
     # ---- evaluation ------------------------------------------------------------------------
     def evaluated(self) -> Evaluated:
-        """What evaluation calls in place of the model."""
+        """Return what evaluation calls in place of the model."""
         return Evaluated(self)
 
     @torch.no_grad()
     def forward_only(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The stages' forward in order, activations sent from rank to rank: the logits on the
-        last stage's rank, None on the others (``fwk/engine/evaluate.py``)."""
+        """Run the stages' forward in order, sending activations from rank to rank. Return the logits
+        on the last stage's rank, and None on the others (``fwk/engine/evaluate.py``)."""
         hidden: torch.Tensor | None = x
         owner = lambda i: i % self.dims.pp  # noqa: E731
         for i in range(self.n_stages):

@@ -1,18 +1,18 @@
 """Numeric precision: config group ``precision`` (read here and nowhere else).
 
 - ``fp32``: no autocast.
-- ``bf16``: autocast to bfloat16; weights, gradients and optimizer state stay fp32.
+- ``bf16``: autocast to bfloat16. Weights, gradients and optimizer state stay fp32.
 - ``fp16``: autocast to float16 with dynamic loss scaling (``torch.amp.GradScaler``): a
   step with inf/NaN gradients is skipped and counted, and the scale backs off.
 - ``staged``: fp32 warm-up -> AMP -> final phase with ``final_fp32`` back in fp32.
-- ``auto``: measured (``auto_precision.py``): where fp16 may run, the first ``probe_steps``
-  record per-module value ranges (the modules near fp16's limit join ``keep_fp32``), then
+- ``auto``: measured (``auto_precision.py``). Where fp16 may run, the first ``probe_steps``
+  record per-module value ranges, and the modules near fp16's limit join ``keep_fp32``. Then
   the hardware's one reduced format is timed against fp32 and kept only if faster.
 
 ``keep_fp32`` modules run with autocast disabled and their inputs cast up to fp32.
-A step calls it through its per-step hooks (``fwk/strategies/per_step.py``): ``begin``,
-``around_forward`` (autocast), and fp16's loss scaling (``loss_scale.py``); the state (the
-scaler, auto's choice and ranges) is part of the checkpoint, and the phase follows from the
+A step calls precision through its per-step hooks (``fwk/strategies/per_step.py``): ``begin``,
+``around_forward`` (autocast), and fp16's loss scaling (``loss_scale.py``). The state, with the
+scaler and auto's choice and ranges, is part of the checkpoint, and the phase follows from the
 step, so resume is exact.
 """
 
@@ -49,9 +49,9 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_model(cfg: PrecisionConfig, model: nn.Module, device: torch.device, typed: Collection[str] = ()) -> None:
-    """Pre-flight: the module patterns the user typed (``typed``: keys such as
-    ``precision.keep_fp32``) match modules, and the device runs the asked format (UserError
-    if not). A recipe's default patterns apply where they match (``modules.fitting``)."""
+    """Check before any work that the module patterns the user typed match modules, and that the
+    device runs the asked format. ``typed`` holds keys such as ``precision.keep_fp32``, and a
+    UserError says what fails. A recipe's default patterns apply where they match (``modules.fitting``)."""
     for key, patterns in (("precision.keep_fp32", cfg.keep_fp32), ("precision.final_fp32", cfg.final_fp32)):
         if key in typed:
             match(model, patterns, key)
@@ -71,8 +71,9 @@ class Precision(PerStep):
         decisions: Decisions | None = None,
         deterministic: bool = False,
     ) -> None:
-        """``decisions``: where auto's decision is recalled from and kept (None: measured, not
-        cached); ``deterministic`` (train.deterministic): auto keeps the hardware's prior untimed."""
+        """Set up precision. ``decisions`` is where auto's decision is recalled from and kept, and
+        with None it is measured, not cached. Under ``deterministic`` (train.deterministic) auto
+        keeps the hardware's prior untimed."""
         self.cfg, self.dist, self.decisions = cfg, dist, decisions
         self.device_type = dist.device.type
         features = hardware.probe(dist.device)
@@ -90,7 +91,7 @@ class Precision(PerStep):
             self.format = cfg.name
         warmup = cfg.warmup_steps or round(cfg.warmup_frac * max_steps)
         final = round(cfg.final_frac * max_steps)
-        # (first step, phase) pairs; a step runs in the last phase whose start it has reached
+        # (first step, phase) pairs. A step runs in the last phase whose start it has reached
         self.phases = (
             [(0, "warmup"), (warmup, "main"), (max_steps - final, "final")] if cfg.name == "staged" else [(0, "main")]
         )
@@ -108,33 +109,34 @@ class Precision(PerStep):
 
     @property
     def fast(self) -> str | None:
-        """auto's reduced format worth timing (None: fp32 only, or not auto)."""
+        """Return auto's reduced format worth timing, or None for fp32 only and when not auto."""
         return self.auto.fast if self.auto is not None else None
 
     @property
     def trial_end(self) -> int:
-        """The first step after auto's trial (0 when there is none)."""
+        """Return the first step after auto's trial, or 0 when there is none."""
         return self.auto.trial_end if self.auto is not None else 0
 
     @property
     def decided(self) -> bool:
-        """Whether precision is settled: auto's range probe and trial are over (the next
-        decision, memory's, may then time its own steps)."""
+        """Tell whether precision is settled: auto's range probe and trial are over. The next
+        decision, memory's, may then time its own steps."""
         return self.probe_done and (self.auto is None or self.auto.record is not None)
 
     @property
     def timing(self) -> bool:
-        """Whether step times feed auto's decision now (a CUDA step is then synchronized)."""
+        """Tell whether step times feed auto's decision now. A CUDA step is then synchronized."""
         return self.auto is not None and self.auto.timing
 
     @property
     def trying(self) -> bool:
-        """Whether this step belongs to auto's trial (``fwk/components/trials.py`` redoes it)."""
+        """Tell whether this step belongs to auto's trial, which ``fwk/components/trials.py`` redoes."""
         return self.auto is not None and self.auto.trying
 
     def rewind(self, before: dict[str, Any]) -> None:
-        """Steps since ``before`` (this state then) are redone, keeping auto's decision: the
-        loss scale as it was, and the range probe again (a recalled run probes in its format)."""
+        """Prepare to redo the steps since ``before``, this state then, keeping auto's decision. The
+        loss scale goes back to what it was, and the range probe runs again, as a recalled run
+        probes in its format."""
         if self.auto is not None:
             self.auto.rewind()
         self.loss_scale.load_state_dict(before)
@@ -143,13 +145,13 @@ class Precision(PerStep):
             self._probe = RangeProbe(self._model)
 
     def step_done(self, step: int, seconds: float) -> None:
-        """After each optimizer step: auto's trial takes the step's time (and may decide)."""
+        """Hand auto's trial the step's time after each optimizer step. The trial may then decide."""
         line = self.auto.step_done(step, seconds) if self.auto is not None else None
         if line and self.dist.is_main:
             logger.info(line)
 
     def _fit_scaler(self) -> None:
-        """A loss scaler when fp16 may run: asked for, auto's choice, or on auto's trial."""
+        """Fit a loss scaler when fp16 may run: asked for, auto's choice, or on auto's trial."""
         choice = self.auto.choice if self.auto is not None else None
         if "fp16" in (self.format, self.fast, choice):
             self.loss_scale.fit()
@@ -190,14 +192,14 @@ class Precision(PerStep):
 
     @property
     def amp_possible(self) -> bool:
-        """Whether autocast may run in this run: an AMP format asked for, or one auto may choose."""
+        """Tell whether autocast may run in this run: an AMP format asked for, or one auto may choose."""
         return self.fast is not None if self.cfg.name == "auto" else self.format != "fp32"
 
     def _layout_at(self, step: int) -> bool:
-        """Whether ``step`` runs channels-last: ``channels_last=auto`` on conv nets under AMP.
-        Under auto that is a function of the step, as the format is: channels-last through
-        the trial (the AMP candidate's layout), then as the choice asks; so a cached,
-        resumed or replayed run has each step in the layout the first run gave it."""
+        """Tell whether ``step`` runs channels-last: ``channels_last=auto`` on conv nets under AMP.
+        Under auto that is a function of the step, as the format is. It is channels-last through
+        the trial, the AMP candidate's layout, then as the choice asks. So a cached, resumed or
+        replayed run has each step in the layout the first run gave it."""
         switch = self.cfg.channels_last.lower()
         if switch != "auto" or not self._convs:
             return switch == "true"
@@ -206,9 +208,9 @@ class Precision(PerStep):
         return self.auto.channels_last_at(step)
 
     def _relayout(self, step: int) -> None:
-        """auto: the layout of ``step``, when it differs from the last step's (at most at the
-        trial's end, and on resume): the weights are converted in place (the optimizer keeps
-        the same parameters), but not sharded ones, which FSDP keeps contiguous anyway."""
+        """Switch to the layout of ``step`` under auto, when it differs from the last step's. That
+        happens at most at the trial's end, and on resume. The weights are converted in place, so
+        the optimizer keeps the same parameters, but not sharded ones, which FSDP keeps contiguous anyway."""
         if self._model is None:
             return
         want = self._layout_at(step)
@@ -240,23 +242,23 @@ class Precision(PerStep):
 
     # ---- for sharded data parallelism ---------------------------------------------
     def sharded_param_dtype(self) -> torch.dtype | None:
-        """FSDP's mixed-precision parameter dtype: the AMP dtype asked for (bf16, fp16); None
-        (fp32 parameters, autocast alone) when the format may change (staged, auto), so that
-        the sharding never depends on the cache."""
+        """Return FSDP's mixed-precision parameter dtype: the AMP dtype asked for, bf16 or fp16. It
+        is None, for fp32 parameters and autocast alone, when the format may change (staged, auto),
+        so that the sharding never depends on the cache."""
         if self.format == "fp32" or self.cfg.name in ("staged", "auto"):
             return None
         return _DTYPES[self.format]
 
     def fp32_islands(self) -> list[nn.Module]:
-        """The modules kept in fp32 (``keep_fp32``, staged ``final_fp32``), outermost only."""
+        """Return the modules kept in fp32 (``keep_fp32``, staged ``final_fp32``), outermost only."""
         assert self._model is not None, "prepare() first"
         named = dict(self._model.named_modules())
         return [named[n] for n in sorted(self._kept)]
 
     # ---- per step -----------------------------------------------------------------
     def begin(self, step: int, turn: bool = True) -> bool:
-        """Called before each step: ends the range probe, sets auto's format for the step,
-        switches staged phases. Precision decides first; the next decision may once it has."""
+        """End the range probe, set auto's format for the step and switch staged phases, before each
+        step. Precision decides first, and the next decision may once it has."""
         if self.auto is not None:
             self.format = self.auto.format_at(step)
             self._relayout(step)
@@ -277,13 +279,13 @@ class Precision(PerStep):
 
     @property
     def amp_on(self) -> bool:
-        """Whether autocast runs now (not during fp32 warm-up, nor while auto probes fp16 ranges)."""
+        """Tell whether autocast runs now. It does not during fp32 warm-up, nor while auto probes fp16 ranges."""
         if self.format == "fp32" or self.phase == "warmup":
             return False
         return not (self.format == "fp16" and self._probe is not None)
 
     def compute_dtype(self) -> torch.dtype:
-        """The dtype the step's matmuls run in now: the autocast format while it is on, else fp32."""
+        """Return the dtype the step's matmuls run in now: the autocast format while it is on, else fp32."""
         return _DTYPES[self.format] if self.amp_on else torch.float32
 
     def autocast(self) -> AbstractContextManager:
@@ -300,19 +302,20 @@ class Precision(PerStep):
 
     @property
     def scaling(self) -> bool:
-        """Whether this step's loss is scaled (fp16; not auto's fp32 trial steps)."""
+        """Tell whether this step's loss is scaled: under fp16, but not in auto's fp32 trial steps."""
         return self.loss_scale.fitted and self.format == "fp16"
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.loss_scale.scale(loss) if self.scaling else loss
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Before the gradients are clipped: their true values (under fp16 they are scaled)."""
+        """Give the gradients their true values before they are clipped. Under fp16 they are scaled."""
         if self.scaling:
             self.loss_scale.unscale(optimizer)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Under fp16 the scaler steps: a step with inf/NaN gradients is skipped, and counted."""
+        """Let the scaler step under fp16, and say whether it did. A step with inf/NaN gradients is
+        skipped, and counted."""
         if self.scaling:
             self.loss_scale.step(optimizer)
         return self.scaling
@@ -333,7 +336,7 @@ class Precision(PerStep):
         self._ranges_said = True
 
     def _apply_ranges(self, announce: bool) -> None:
-        """Under fp16, modules whose values come near fp16's limit join keep_fp32."""
+        """Add to keep_fp32, under fp16, the modules whose values come near fp16's limit."""
         assert self._model is not None
         limit = FP16_MAX / self.cfg.fp16_headroom
         fp16 = "fp16" in (self.format, self.fast)

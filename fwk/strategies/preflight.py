@@ -18,11 +18,12 @@ from fwk.strategies import hardware, kernels, memory, precision
 
 
 def preflight(cfg: Any, typed: Collection[str] = ()) -> list[str]:
-    """Checks that need the model or the device, run before any run dir exists: the module
-    patterns of precision and memory that the user typed (``typed``: the keys of the
-    command's overrides) match, a ``_target_`` model and optimizer take the settings given,
-    the device runs the asked format and kernels. Returns the
-    lines to say before the run starts: an asked format that is slow on this device.
+    """Run the checks that need the model or the device, before any run dir exists.
+
+    They check that the module patterns of precision and memory that the user typed match,
+    that a ``_target_`` model and optimizer take the settings given, and that the device runs
+    the asked format and kernels. ``typed`` holds the keys of the command's overrides. Return
+    the lines to say before the run starts: an asked format that is slow on this device.
 
     The model is built on the meta device: its structure without allocating its weights.
     """

@@ -54,7 +54,7 @@ class RangeProbe:
         self._handles.clear()
 
     def read(self) -> dict[str, tuple[float, float]]:
-        """name -> (largest |activation|, largest |gradient|); 0.0 where none was seen."""
+        """Return name -> (largest |activation|, largest |gradient|), with 0.0 where none was seen."""
         zero = torch.zeros(())
         names = self.names
         act = torch.stack([self._act.get(n, zero).cpu() for n in names]) if names else zero
@@ -63,7 +63,10 @@ class RangeProbe:
 
 
 def describe(ranges: dict[str, tuple[float, float]], steps: int, hot: list[str], limit: float) -> str:
-    """``ranges over 10 steps: largest activation ... (module), largest gradient ...``."""
+    """Describe the ranges in one line.
+
+    The line reads ``ranges over 10 steps: largest activation ... (module), largest gradient ...``.
+    """
     act = max(ranges.items(), key=lambda kv: kv[1][0])
     grad = max(ranges.items(), key=lambda kv: kv[1][1])
     moved = f"; {len(hot)} module(s) above {limit:.0f} join keep_fp32: {', '.join(hot)}" if hot else ""

@@ -1,5 +1,7 @@
-"""What a step holds for backward on the training device, counted: memory=auto's measure
-of activation memory on a CPU (``memory.py``), where no allocator reports a peak."""
+"""A count of what a step holds for backward on the training device.
+
+It is memory=auto's measure of activation memory on a CPU (``memory.py``), where no allocator
+reports a peak."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import torch
 
 
 class SavedTensorMeter:
-    """Bytes held for backward on the training device: autograd's saved tensors (one count
-    per storage, after offload moved them) plus the inputs checkpointed blocks keep. The
-    model's own parameters and buffers, also saved by autograd, are not activations and
-    are left out (``ignore``)."""
+    """A meter of the bytes held for backward on the training device: autograd's saved tensors
+    plus the inputs checkpointed blocks keep.
+
+    Saved tensors count once per storage, after offload moved them. The model's own parameters
+    and buffers, also saved by autograd, are not activations and are left out (``ignore``)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -23,8 +26,8 @@ class SavedTensorMeter:
         self._seen: dict[int, int] = {}
 
     def leave_out(self, model: torch.nn.Module) -> None:
-        """Count nothing that ``model``'s parameters and buffers hold (called again when a
-        method replaced them)."""
+        """Count nothing that ``model``'s parameters and buffers hold. It is called again when a
+        method replaced them."""
         tensors = [*model.parameters(), *model.buffers()]
         local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # a DTensor's own shard
         self.ignore = {t.untyped_storage().data_ptr() for t in local}
@@ -39,7 +42,7 @@ class SavedTensorMeter:
                 self._seen[storage.data_ptr()] = storage.nbytes()
 
     def counting(self, inner: torch.autograd.graph.saved_tensors_hooks | None) -> contextlib.AbstractContextManager:
-        """Saved-tensor hooks that count what ``inner`` (offload, or none) keeps."""
+        """Return saved-tensor hooks that count what ``inner``, offload or none, keeps."""
         pack = inner.pack_hook if inner is not None else (lambda t: t)
         unpack = inner.unpack_hook if inner is not None else (lambda t: t)
 
@@ -60,6 +63,6 @@ class SavedTensorMeter:
         self._seen = {}
 
     def take(self) -> int:
-        """The largest count of one counting block (one micro-batch) since the last take."""
+        """Return the largest count of one counting block, one micro-batch, since the last take."""
         peak, self.peak = self.peak, 0
         return peak

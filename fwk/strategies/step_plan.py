@@ -1,15 +1,15 @@
 """How one optimizer step's global batch is split: the one object the loop and the step ask.
 
-A step takes ``accum_steps`` loader batches and cuts each into ``micro_batches`` pieces; each
+A step takes ``accum_steps`` loader batches and cuts each into ``micro_batches`` pieces. Each
 piece runs forward and backward, and the gradients add up (``fwk/engine/step.py``). What
 sets the two numbers:
 
-- ``accum_steps``: ``train.accum_steps``; times ``factor`` on a run resumed by fewer
-  processes than wrote it (each keeps its per-process batch and accumulates more, so the
-  global batch holds: ``fwk/distributed/resize.py``); doubled by DDP's communication adaptation
-  (``accumulate_more``), which its checkpoint state carries.
-- ``micro_batches``: memory's plan (memory=microbatch; memory=auto's trial plans and its
-  choice), and after an out-of-memory error memory's next plan: ``out_of_memory`` asks it,
+- ``accum_steps``: ``train.accum_steps``, times ``factor`` on a run resumed by fewer
+  processes than wrote it. Each keeps its per-process batch and accumulates more, so the
+  global batch holds (``fwk/distributed/resize.py``). DDP's communication adaptation doubles
+  it (``accumulate_more``), and its checkpoint state carries that.
+- ``micro_batches``: memory's plan, from memory=microbatch or memory=auto's trial plans and its
+  choice. After an out-of-memory error it is memory's next plan: ``out_of_memory`` asks for it,
   then the step is redone with the same batches.
 """
 
@@ -28,8 +28,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 @dataclass
 class Split:
-    """What a step does otherwise when the model is split over ranks (tensor, pipeline
-    parallel; ``fwk/strategies/parallelize.py`` makes it): nothing, by default."""
+    """What a step does otherwise when the model is split over ranks by tensor or pipeline parallel.
+
+    ``fwk/strategies/parallelize.py`` makes it. By default it does nothing."""
 
     # (inputs, targets, the piece's share of the step's targets, device) -> the piece's mean
     # loss, its backward done: a pipeline schedule's forward and backward
@@ -42,7 +43,7 @@ class Split:
 
 class StepPlan:
     def __init__(self, accum_steps: int, memory: Memory, factor: int = 1) -> None:
-        """``accum_steps``: the config's (``factor`` already in it)."""
+        """Hold ``accum_steps``, the config's, with ``factor`` already in it."""
         self.accum_steps, self.memory, self.factor = accum_steps, memory, factor
 
     @property
@@ -50,23 +51,23 @@ class StepPlan:
         return self.memory.plan.micro_batches
 
     def pieces(self, batches: list[Batch]) -> list[Batch]:
-        """The step's loader batches, each cut into the current number of micro-batches."""
+        """Return the step's loader batches, each cut into the current number of micro-batches."""
         n = self.micro_batches
         if n == 1:
             return list(batches)
         return [p for x, y in batches for p in zip(torch.tensor_split(x, n), torch.tensor_split(y, n), strict=False)]
 
     def out_of_memory(self, step: int) -> None:
-        """After a step that ran out of memory: memory's next plan, or a one-line error."""
+        """Move to memory's next plan after a step that ran out of memory, or raise a one-line error."""
         self.memory.retry_after_oom(step)
 
     def accumulate_more(self, limit: int) -> str | None:
-        """Double the accumulation, up to ``limit``: what changed, or None at the limit."""
+        """Double the accumulation, up to ``limit``, and return what changed, or None at the limit."""
         if self.accum_steps >= limit:
             return None
         before, self.accum_steps = self.accum_steps, min(self.accum_steps * 2, limit)
         return f"raised gradient accumulation {before} -> {self.accum_steps} steps"
 
     def resume(self, written: int) -> None:
-        """The accumulation a checkpoint recorded (its launch's, adapted), on this launch's processes."""
+        """Restore the accumulation a checkpoint recorded, its launch's as adapted, on this launch's processes."""
         self.accum_steps = written * self.factor

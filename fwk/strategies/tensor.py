@@ -1,12 +1,12 @@
 """Tensor parallelism: each layer's matrices split over the ``tp`` slice of the mesh.
 
-The model family brings its plan (``torch.distributed.tensor.parallel`` styles keyed by
-module names), beside the model: fwk's GPT (``fwk/models/gpt_parallel.py``), a Hugging Face
-model through its config's ``base_model_tp_plan`` (``fwk/models/hf_parallel.py``), a user's
-model through a ``tp_plan()`` method it defines. Convolutional models have none: their
+The model family brings its plan, beside the model: ``torch.distributed.tensor.parallel``
+styles keyed by module names. fwk's GPT has one (``fwk/models/gpt_parallel.py``), a Hugging
+Face model brings its config's ``base_model_tp_plan`` (``fwk/models/hf_parallel.py``), and a
+user's model a ``tp_plan()`` method it defines. Convolutional models have none: their
 channels gain nothing from it, and they are refused in one line.
 
-Applied by ``parallelize.py`` after the pipeline split and before activation checkpointing
+``parallelize.py`` applies it after the pipeline split and before activation checkpointing
 and data parallelism. A plan key that matches nothing only warns in torch, so every
 parameter the plan names is checked to have become a DTensor.
 """
