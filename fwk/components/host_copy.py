@@ -1,6 +1,5 @@
-"""Copies of training state kept in host memory. A trial's snapshot uses them
-(``fwk/components/trials.py``), and so does the NaN rollback
-(``fwk/components/diagnostics.py``)."""
+"""Copies of training state kept in host memory, for a trial's snapshot in
+``fwk/components/trials.py`` and for the NaN rollback in ``fwk/components/diagnostics.py``."""
 
 from __future__ import annotations
 
