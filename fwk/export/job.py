@@ -38,7 +38,7 @@ class Job:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        """Time the block as stage ``name``; the report lists the seconds."""
+        """Time the block as stage ``name``. The report lists the seconds."""
         t0 = time.perf_counter()
         yield
         self.seconds[name] = round(time.perf_counter() - t0, 3)
