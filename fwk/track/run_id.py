@@ -45,7 +45,8 @@ def _git(repo: Path, *args: str) -> str | None:
 
 
 def code_version() -> str:
-    """`git:<commit>` plus a hash of uncommitted changes, or `fwk <version>` outside a checkout."""
+    """Return `git:<commit>` plus a hash of uncommitted changes, or `fwk <version>` outside a
+    checkout."""
     repo = Path(fwk.__file__).resolve().parents[1]
     commit = _git(repo, "rev-parse", "HEAD") if (repo / ".git").exists() else None
     if not commit:
@@ -60,7 +61,8 @@ def code_version() -> str:
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
-    """The part of a resolved config that decides what a run computes (what its id hashes)."""
+    """Return the part of a resolved config that decides what a run computes, which is what its
+    id hashes."""
     hashed = {k: v for k, v in config.items() if k not in _NOT_HASHED}
     if isinstance(hashed.get("parallel"), dict):
         hashed["parallel"] = {k: v for k, v in hashed["parallel"].items() if k not in _NOT_HASHED_PARALLEL}
@@ -68,9 +70,12 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_id(config: dict[str, Any], code: str, data: str = "", salt: str = "") -> str:
-    """A 10-hex-digit hash of the resolved config (minus storage paths, tags, tracking and the
-    rendezvous location), code version, seed and the data's fingerprint; ``salt`` tells
-    apart runs of one config that are meant to be separate (a replay and its original)."""
+    """Hash the resolved config, code version, seed and the data's fingerprint into a
+    10-hex-digit run id.
+
+    The config leaves out storage paths, tags, tracking and the rendezvous location. ``salt``
+    tells apart runs of one config that are meant to be separate, such as a replay and its
+    original."""
     hashed = identity(config)
     fields: dict[str, Any] = {"config": hashed, "code": code, "seed": config.get("seed")}
     fields.update({k: v for k, v in (("data", data), ("salt", salt)) if v})
