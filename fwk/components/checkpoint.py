@@ -88,8 +88,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 _SHARDED = "sharded"
-# parts of the state each rank keeps in its own file too: a streamed set's position is the
-# rank's own (fwk/data/hf_stream.py); state.pt holds rank 0's, for another world size
+# Parts of the state each rank keeps in its own file too. A streamed set's position is the
+# rank's own (fwk/data/hf_stream.py), and state.pt holds rank 0's, for another world size.
 RANK_OWN = ("loader",)
 Template = Callable[[bool], dict[str, Any]]  # (optimizer state flat by name?) -> this rank's state to load into
 
@@ -118,9 +118,9 @@ class RewindPoint:
     def __init__(self, root: Path, dist: Dist, rewind_at: float, max_steps: int) -> None:
         self.root, self.dist = root, dist
         self.step = max(1, round(rewind_at * max_steps)) if rewind_at > 0 else None
-        # decided once, before training, by every rank alike: under HSDP rank 0 gathers the
+        # Decided once, before training, by every rank alike. Under HSDP rank 0 gathers the
         # weights with its shard group only and may write the file before a rank of another
-        # replica group reaches the step; that rank must not then skip the barrier below
+        # replica group reaches the step. That rank must not then skip the barrier below.
         self.done = self.path is None or self.path.exists()
 
     @property
@@ -273,8 +273,8 @@ class Checkpointer:
             return "manifest.json unreadable"
         written = manifest.get("world_size")
         sharded = bool(manifest.get("sharded", False))
-        # one process's whole tensors shard (FSDP, tensor parallel); a pipeline stage cannot
-        # tell which of them are its own from a state keyed by parameter index
+        # One process's whole tensors shard under FSDP and tensor parallel. A pipeline stage
+        # cannot tell which of them are its own from a state keyed by parameter index.
         if self.sharded and not sharded and (written != 1 or self.dist.layout.pp > 1):
             raise UserError(
                 f"checkpoint {path} is unsharded (parallel=ddp, or one process) but this run is "

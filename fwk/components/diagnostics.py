@@ -149,8 +149,8 @@ class Diagnostics:
         if self.precision.scaling:  # fp16: the scaler finds and skips inf/NaN gradients
             return True
         grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-        # one norm per gradient (a norm is finite iff every element is), checked together; not
-        # get_total_norm: its grouping by device and dtype costs more than the norms on a small model
+        # One norm per gradient, checked together: a norm is finite iff every element is. Not
+        # get_total_norm: its grouping by device and dtype costs more than the norms on a small model.
         return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
 
     def _spike(self, value: float) -> bool:

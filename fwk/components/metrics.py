@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class Window:
-    """Accumulates one log window: loss sum (on device), samples, step and data-wait time."""
+    """The sums of one log window: loss sum (on device), samples, step and data-wait time."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -70,8 +70,8 @@ class TensorBoard:
         from torch.utils.tensorboard import SummaryWriter
 
         # TensorBoard's reader drops the events at steps >= purge_step that earlier writers
-        # left: a run resumed from its checkpoint at ``step`` logs the steps after it again
-        # (metrics.jsonl is truncated likewise) and keeps the rows at ``step`` itself; a
+        # left. A run resumed from its checkpoint at ``step`` logs the steps after it again,
+        # as metrics.jsonl is truncated likewise, and keeps the rows at ``step`` itself. A
         # run that starts over from 0 replaces them all.
         self.writer = SummaryWriter(str(log_dir), purge_step=step + 1 if step else 0)
 

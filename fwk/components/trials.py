@@ -26,9 +26,10 @@ from fwk.components.resumable import Resumable
 
 logger = logging.getLogger(__name__)
 
-# checkpoint parts a trial leaves alone: the time spent (a trial's seconds are real), the data
-# position (the batches are replayed), what moves only at logged steps or evaluations (which
-# trial steps skip: the DDP monitor's adaptations, the best checkpoint), and what is derived
+# Checkpoint parts a trial leaves alone. The time spent stays, since a trial's seconds are real,
+# and the data position, since the batches are replayed. So does what moves only at logged steps
+# or evaluations, which trial steps skip: the DDP monitor's adaptations and the best checkpoint.
+# What is derived stays too.
 KEPT = frozenset({"clock", "loader", "comm", "best", "eval_weights"})
 
 

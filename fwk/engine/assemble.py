@@ -178,8 +178,8 @@ def _build(
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
-    # another process count may resume (fwk/distributed/resize.py); streamed data, whose order
-    # follows the process count, then resumes at the start of its next epoch (its loader says so)
+    # Another process count may resume (fwk/distributed/resize.py). Streamed data, whose order
+    # follows the process count, then resumes at the start of its next epoch, and its loader says so.
     written = written_batch_degree(run_dir.checkpoints)
     cfg, per_rank, accum_factor = _batch_split(cfg, dist, written)
     reporter = Reporter(run_dir.metrics, dist, cfg.train.max_steps, tracking)

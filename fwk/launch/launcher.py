@@ -90,9 +90,9 @@ def launch(
     that gave it."""
     first = {**(lineage or {}), "data": p.data}
     run = make_run_dir(p.run_dir.parent, p.run_id)
-    # Each machine's launcher opens the same shared run dir in a multi-node run: their guard
-    # is a lease in that dir; a run on one machine is locked there. A launch that is refused
-    # writes nothing.
+    # Each machine's launcher opens the same shared run dir in a multi-node run, and their
+    # guard is a lease in that dir. A run on one machine is locked there. A launch that is
+    # refused writes nothing.
     guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "")
     with guard as held:
         run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
@@ -111,8 +111,8 @@ def launch(
                 # torchrun's agent holds the lock too
                 keep = (held.fileno(),) if isinstance(held, RunLock) else ()
                 status = run_torchrun(p.argv, run.path / "logs", p.nproc_per_node, keep)
-            # a clean exit without a summary is a run stopped at a step boundary (Ctrl-C, SIGTERM);
-            # 128 + N: the launcher or torchrun's agent got signal N, and the run resumes from its checkpoint
+            # A clean exit without a summary is a run stopped at a step boundary by Ctrl-C or SIGTERM.
+            # 128 + N: the launcher or torchrun's agent got signal N, and the run resumes from its checkpoint.
             if status == 0:
                 outcome = "complete" if run.summary.is_file() else "interrupted"
             else:

@@ -87,9 +87,9 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int, keep_fds: 
     logger.info(f"{nproc_per_node} processes x {threads} threads (OMP_NUM_THREADS); logs: {log_dir}")
     with open(log_dir / "torchrun.log", "a") as torchrun_log:
         start = {p: p.stat().st_size for p in log_dir.glob("rank*.log")}
-        # torchrun ignores SIGUSR1 (SIG_IGN is inherited; the workers' training loops set their
-        # own handler): SLURM may signal every process of a job step, and by default USR1 would
-        # end torchrun and orphan its workers in the middle of their checkpoint.
+        # torchrun ignores SIGUSR1. SIG_IGN is inherited, and the workers' training loops set
+        # their own handler. SLURM may signal every process of a job step, and by default USR1
+        # would end torchrun and orphan its workers in the middle of their checkpoint.
         usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         try:
             proc = subprocess.Popen(
@@ -240,10 +240,10 @@ def failure_line(log_dir: Path, start: dict[Path, int]) -> str:
     if own is not None:
         return own
     report = _new_text(log_dir / "torchrun.log", start) if (log_dir / "torchrun.log").exists() else ""
-    # torchrun's last report lists every failed rank and names the first it observed; the
-    # others are usually ranks it stopped itself. But a rank that aborted (SIGABRT: its
-    # collective's peer vanished) is reacting to a peer that died in the same instant:
-    # when another rank failed otherwise, that one is the cause.
+    # torchrun's last report lists every failed rank and names the first it observed. The
+    # others are usually ranks it stopped itself. But a rank that aborted with SIGABRT, as its
+    # collective's peer vanished, is reacting to a peer that died in the same instant. When
+    # another rank failed otherwise, that one is the cause.
     report = report.rsplit("Failures:", 1)[-1]
     pattern = r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*exitcode\s*:\s*(-?\d+)"
     root = re.findall(pattern, report.rsplit("Root Cause (first observed failure)", 1)[-1])

@@ -60,7 +60,7 @@ class Refused(BadRequest):
 
 
 class _Routes:
-    """Hold the repository and the admin token that the routes read."""
+    """The routes, with the repository and the admin token that they read."""
 
     def __init__(self, repo: Repository, admin_token: str) -> None:
         self.repo = repo

@@ -68,7 +68,8 @@ class _Item:
 
 
 class Batcher:
-    """Merge submitted arrays (rows first) into batches of at most ``max_batch_size`` rows."""
+    """A batcher that merges submitted arrays, rows first, into batches of at most
+    ``max_batch_size`` rows."""
 
     def __init__(
         self,

@@ -14,16 +14,17 @@ from fwk.distributed.dims import LAYOUT
 # Folders whose content decides what a run computes; changes elsewhere (docs, tests) do not.
 _CODE_DIRS = ("fwk", "conf", "recipes")
 # Config keys that say where a run is stored, how it is labelled or where its results are
-# sent, not what it computes: the same training with other tags is the same run (it keeps
-# the tags of its first launch); with another tracking it is the same run, tracked as this
+# sent, not what it computes. The same training with other tags is the same run, and it keeps
+# the tags of its first launch. With another tracking it is the same run, tracked as this
 # launch says.
 _NOT_HASHED = ("paths", "tags", "tracking")
-# Parallel fields that say where and on how many processes a run computes, not what: a SLURM
-# job requeued onto other nodes gets another rendezvous host and must find its run again; with
-# rdzv_backend=static every node has its own node_rank but all share one run; and the same
-# training (train.batch_size is the global batch) on another process count is the same run,
-# which resumes there (fwk/distributed/resize.py). So is the same training under another layout:
-# the mesh splits the same global batch and the same model (checkpoints reshard between them).
+# Parallel fields that say where and on how many processes a run computes, not what. A SLURM
+# job requeued onto other nodes gets another rendezvous host and must find its run again. With
+# rdzv_backend=static every node has its own node_rank, but all share one run. The same
+# training on another process count is the same run, which resumes there
+# (fwk/distributed/resize.py), since train.batch_size is the global batch. So is the same
+# training under another layout: the mesh splits the same global batch and the same model, and
+# checkpoints reshard between them.
 _NOT_HASHED_PARALLEL = (
     "rdzv_endpoint",
     "node_rank",

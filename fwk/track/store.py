@@ -72,7 +72,7 @@ class RunDir:
 
     @property
     def orders(self) -> Path:
-        """The file of what this launch asks of its workers, such as ``--redecide`` or a
+        """Return the file of what this launch asks of its workers, such as ``--redecide`` or a
         replay's decisions. The launcher writes it on every launch, under the run's lock
         (``fwk/launch/launcher.py``)."""
         return self.path / "orders.json"

@@ -25,7 +25,7 @@ FORMATS = Registry("export format", package="fwk.export.formats")
 
 @dataclass(frozen=True)
 class Request:
-    """Hold what ``fwk export`` was asked, once the run ids and the words are checked."""
+    """What ``fwk export`` was asked, held once the run ids and the words are checked."""
 
     ids: list[str]  # the run id, or none for the newest complete run
     words: list[str]  # the overrides: export.KEY=VALUE and paths.runs=DIR
@@ -52,7 +52,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Backend(ABC):
-    """Say what ``fwk export --format NAME`` does. ``folder``: ``--output`` names a folder."""
+    """What ``fwk export --format NAME`` does. ``folder`` says that ``--output`` names a folder."""
 
     name: str = ""
     folder: bool = False
