@@ -47,9 +47,10 @@ def _root() -> None:
 
 
 def main() -> None:
-    """Console entry point: a user's mistake is one line on stderr and exit 2, not a traceback."""
-    # Hydra logs each `_target_` it fails to look up at ERROR, then raises; fwk reports the
-    # raised error (the build looks a target up twice: the line would come three times)
+    """Run the console entry point. A user's mistake is one line on stderr and exit 2, not a
+    traceback."""
+    # Hydra logs each `_target_` it fails to look up at ERROR, then raises, and fwk reports the
+    # raised error. The build looks a target up twice, so the line would come three times.
     logging.getLogger("hydra.utils").setLevel(logging.CRITICAL)
     show()  # fwk's report lines on stdout (a command that prints results there moves them)
     try:
@@ -64,7 +65,7 @@ def main() -> None:
 
 
 def leave(code: int | str | None) -> None:
-    """Exit with ``code``; a command that imported torch skips the interpreter's teardown.
+    """Exit with ``code``. A command that imported torch skips the interpreter's teardown.
 
     Freeing torch's modules and unloading its libraries takes ~0.4 s, ~1 s once TorchDynamo
     is in (every optimizer imports it), after the run is on disk: ``fwk train`` would return

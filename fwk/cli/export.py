@@ -1,4 +1,4 @@
-"""`fwk export`: a finished run -> a folded, quantized, verified ONNX model."""
+"""`fwk export`: turn a finished run into a folded, quantized, verified ONNX model."""
 
 from __future__ import annotations
 
@@ -72,7 +72,8 @@ def export(
 
 
 def _words(args: list[str] | None, fmt: str) -> tuple[list[str], list[str]]:
-    """Refuse unknown flags, several run ids and an unknown format; return the words and the run ids."""
+    """Refuse unknown flags, several run ids and an unknown format, and return the words and
+    the run ids."""
     from fwk.errors import UserError
     from fwk.export.formats import names
 

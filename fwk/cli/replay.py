@@ -90,8 +90,8 @@ def replay(
 
 
 def _reapply(original, redecide: bool) -> tuple[str, dict]:
-    """(the line to say, the orders that hand the original's decisions to the replay's
-    workers, or ask them to measure afresh)."""
+    """Return the line to say and the orders for the replay's workers. The orders hand them the
+    original's decisions, or ask them to measure afresh."""
     from fwk.track.replay import recorded_decisions
     from fwk.track.status import read_json
 

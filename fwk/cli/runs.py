@@ -1,4 +1,5 @@
-"""`fwk runs`: list, show, diff, plot and remove runs. Reads the run index and run dirs; imports no torch."""
+"""`fwk runs`: list, show, diff, plot and remove runs. It reads the run index and run dirs, and
+imports no torch."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def list_runs(
 
 
 def _files(run_path: Path) -> list[dict[str, Any]]:
-    """Top-level files with their sizes; folders as their file count and total size."""
+    """List the top-level files with their sizes, and folders with their file count and total size."""
     out = []
     for p in sorted(run_path.iterdir()):
         if p.name.startswith("."):
@@ -204,7 +205,9 @@ def show(
 
 
 def _launches_text(meta: dict[str, Any], env: dict[str, Any] | None) -> str:
-    """'2 (resumed at step 150); last on vm: NVIDIA H200, ...' from meta.json and env.json."""
+    """Describe the launches from meta.json and env.json.
+
+    A line reads '2 (resumed at step 150); last on vm: NVIDIA H200, ...'."""
     count = len(meta.get("launches") or [])
     runs = (env or {}).get("launches") or []
     resumed = [str(r.get("from_step")) for r in runs if r.get("from_step")]
@@ -319,7 +322,8 @@ def rm(
 
 
 def _plot_name(ids: list[str]) -> str:
-    """<id1>+<id2>+<id3>.png; more runs: the first id, the count and a hash of them all."""
+    """Name the plot <id1>+<id2>+<id3>.png. For more runs the name holds the first id, the
+    count and a hash of them all."""
     if len(ids) <= 3:
         return "+".join(ids) + ".png"
     import hashlib

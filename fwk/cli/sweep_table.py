@@ -9,7 +9,7 @@ from fwk.cli.output import console, echo_json, num
 
 
 def print_sweep(root: Path, sid: str) -> None:
-    """The table of `fwk runs --sweep ID` (what `fwk train -m` prints at its end)."""
+    """Print the table of `fwk runs --sweep ID`, which `fwk train -m` prints at its end."""
     from fwk.track.index import query
     from fwk.track.sweeps import find_sweep
 
@@ -19,7 +19,8 @@ def print_sweep(root: Path, sid: str) -> None:
 
 
 def show_sweep(record: dict[str, Any], rows: list[dict[str, Any]], as_json: bool, pending: bool) -> None:
-    """One row per run in the order of the combinations: a column per swept key, the metrics, ★ the best."""
+    """Show one row per run in the order of the combinations: a column per swept key, the
+    metrics, and ★ for the best."""
     from fwk.track.sweeps import sweep_rows, tie_breaker
 
     members, metric = sweep_rows(record, rows, pending)

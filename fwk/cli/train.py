@@ -58,7 +58,7 @@ def train(
 
 
 def _sweep(overrides: list[str], cfg: bool, dry_run: bool, orders: dict[str, bool]) -> None:
-    """`fwk train -m`: every combination is composed and checked before the first one runs."""
+    """Run `fwk train -m`. Every combination is composed and checked before the first one runs."""
     from fwk.launch.sweep import prepare, run_sweep
 
     sweep = prepare(overrides, checks=not cfg)

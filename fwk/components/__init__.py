@@ -1,4 +1,5 @@
-"""What a run has besides its model: checkpoints (``checkpoint``), the metrics rows and
-their log lines (``metrics``), the anomaly checks and NaN rollback (``diagnostics``), the
-reproducibility record (``reproduce``), and the TensorBoard/MLflow sinks (``sinks``).
-Each is a small object the loop calls; each gets only its own section of the config."""
+"""The parts of a run besides its model. Each is a small object the loop calls, and each gets
+only its own section of the config. They are the checkpoints in ``checkpoint``, the metrics
+rows and their log lines in ``metrics``, the anomaly checks and NaN rollback in
+``diagnostics``, the reproducibility record in ``reproduce`` and the TensorBoard and MLflow
+sinks in ``sinks``."""

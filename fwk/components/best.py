@@ -1,11 +1,11 @@
 """The best checkpoint by an evaluation metric (``checkpoint.best``), and early stopping.
 
-After each evaluation the keeper compares the metric with the best one it saved: a value
-better by at least ``min_improvement`` is saved at once (a full checkpoint, in
-``<run>/checkpoints-best/``, with ``best.json`` naming the metric, value and step); a
-smaller gain is saved once ``patience`` evaluations have passed without a save.
-``train.early_stop_patience`` ends the run after that many evaluations in a row with no
-new best. Its state is part of the run's checkpoint, so a resumed run ranks as before.
+After each evaluation the keeper compares the metric with the best one it saved. A value better
+by at least ``min_improvement`` is saved at once, as a full checkpoint in
+``<run>/checkpoints-best/`` with ``best.json`` naming the metric, value and step. A smaller
+gain is saved once ``patience`` evaluations have passed without a save.
+``train.early_stop_patience`` ends the run after that many evaluations in a row with no new
+best. Its state is part of the run's checkpoint, so a resumed run ranks as before.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ BEST_FILE = "best.json"
 
 
 def read_best(run_path: Path) -> dict[str, Any] | None:
-    """What the run's best checkpoint holds (metric, value, step, path), or None."""
+    """Return what the run's best checkpoint holds: its metric, value, step and path. Return
+    None when it has none."""
     try:
         best = json.loads((run_path / BEST_DIR / BEST_FILE).read_text())
     except (OSError, ValueError):
@@ -57,8 +58,8 @@ class BestKeeper:
         return value - than if self.maximize else than - value
 
     def after_eval(self, step: int, row: dict[str, Any], state: Callable[[], dict[str, Any]]) -> str | None:
-        """Rank this evaluation; save ``state()`` as the best checkpoint when it is one. A
-        collective when it saves (every rank sees the same row). Returns the line to say."""
+        """Rank this evaluation, and save ``state()`` as the best checkpoint when it is one.
+        Saving is a collective, and every rank sees the same row. Return the line to say."""
         if not self.active or self.metric not in row:
             return None
         value = float(row[self.metric])
@@ -80,7 +81,7 @@ class BestKeeper:
         return None
 
     def exhausted(self, patience: int) -> bool:
-        """``train.early_stop_patience`` evaluations in a row without a new best."""
+        """Tell whether ``train.early_stop_patience`` evaluations in a row passed without a new best."""
         return self.active and patience > 0 and self.since_best >= patience
 
     def state_dict(self) -> dict[str, Any]:

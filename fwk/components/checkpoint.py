@@ -59,7 +59,7 @@ def sha256_file(path: Path) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG a training step may draw from, as tensors and plain Python values."""
+    """Return every RNG a training step may draw from, as tensors and plain Python values."""
     np_state = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -88,14 +88,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 _SHARDED = "sharded"
-# parts of the state each rank keeps in its own file too: a streamed set's position is the
-# rank's own (fwk/data/hf_stream.py); state.pt holds rank 0's, for another world size
+# Parts of the state each rank keeps in its own file too. A streamed set's position is the
+# rank's own (fwk/data/hf_stream.py), and state.pt holds rank 0's, for another world size.
 RANK_OWN = ("loader",)
 Template = Callable[[bool], dict[str, Any]]  # (optimizer state flat by name?) -> this rank's state to load into
 
 
 def model_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The whole model's weights in a checkpoint dir of either layout, in one process."""
+    """Load the whole model's weights from a checkpoint dir of either layout, in one process."""
     if (path / _SHARDED).is_dir():
         import tempfile
 
@@ -118,9 +118,9 @@ class RewindPoint:
     def __init__(self, root: Path, dist: Dist, rewind_at: float, max_steps: int) -> None:
         self.root, self.dist = root, dist
         self.step = max(1, round(rewind_at * max_steps)) if rewind_at > 0 else None
-        # decided once, before training, by every rank alike: under HSDP rank 0 gathers the
+        # Decided once, before training, by every rank alike. Under HSDP rank 0 gathers the
         # weights with its shard group only and may write the file before a rank of another
-        # replica group reaches the step; that rank must not then skip the barrier below
+        # replica group reaches the step. That rank must not then skip the barrier below.
         self.done = self.path is None or self.path.exists()
 
     @property
@@ -128,7 +128,8 @@ class RewindPoint:
         return self.root / f"{_PREFIX}{self.step:08d}.pt" if self.step is not None else None
 
     def after(self, step: int, model: torch.nn.Module) -> None:
-        """Called after every step by every rank (gathering sharded weights is a collective)."""
+        """Save when due. Every rank calls it after every step, since gathering sharded weights
+        is a collective."""
         if step != self.step or self.done or self.path is None:
             return
         self.done = True
@@ -153,7 +154,8 @@ class Checkpointer:
         return self.root / f"{_PREFIX}{step:08d}"
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Collective: every rank calls it at the same step. Returns the checkpoint dir."""
+        """Save a checkpoint and return its dir. This is a collective: every rank calls it at
+        the same step."""
         final = self._final(step)
         tmp = self.root / f"{_TMP}{final.name}"
         try:
@@ -222,9 +224,9 @@ class Checkpointer:
         shutil.rmtree(aside, ignore_errors=True)
 
     def tidy(self) -> list[str]:
-        """Rank 0, before a run looks for its checkpoint: what a save cut short left behind.
-        An old copy moved aside whose new copy never arrived goes back in place; unfinished
-        copies (``.tmp-step-N``) are removed. Returns what was done, one phrase each."""
+        """Repair what a save cut short left behind. Rank 0 calls it before a run looks for its
+        checkpoint. An old copy moved aside whose new copy never arrived goes back in place.
+        Unfinished copies (``.tmp-step-N``) are removed. Return what was done, one phrase each."""
         done = []
         if not self.root.is_dir():
             return done
@@ -250,7 +252,7 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
     def all(self) -> list[Path]:
-        """Complete checkpoints (those with a manifest), oldest first."""
+        """List the complete checkpoints, those with a manifest, oldest first."""
         if not self.root.exists():
             return []
         done = [p for p in self.root.glob(f"{_PREFIX}*") if (p / "manifest.json").exists()]
@@ -261,7 +263,8 @@ class Checkpointer:
         return found[-1] if found else None
 
     def _damage(self, path: Path) -> str | None:
-        """What is wrong with a checkpoint's files, or None when every checksum holds.
+        """Say what is wrong with a checkpoint's files, or return None when every checksum
+        holds.
 
         Every rank checks every file, so all ranks reach the same verdict on a shared disk."""
         try:
@@ -270,8 +273,8 @@ class Checkpointer:
             return "manifest.json unreadable"
         written = manifest.get("world_size")
         sharded = bool(manifest.get("sharded", False))
-        # one process's whole tensors shard (FSDP, tensor parallel); a pipeline stage cannot
-        # tell which of them are its own from a state keyed by parameter index
+        # One process's whole tensors shard under FSDP and tensor parallel. A pipeline stage
+        # cannot tell which of them are its own from a state keyed by parameter index.
         if self.sharded and not sharded and (written != 1 or self.dist.layout.pp > 1):
             raise UserError(
                 f"checkpoint {path} is unsharded (parallel=ddp, or one process) but this run is "
@@ -288,9 +291,10 @@ class Checkpointer:
         return None
 
     def load(self, path: Path, template: Template | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """(state, this rank's RNG state), after checking every checksum; the state's data
-        position is this rank's own. The RNG state is None when another world size wrote it
-        (fwk/distributed/resize.py derives the rank's streams; the position is rank 0's).
+        """Check every checksum, then return the state and this rank's RNG state. The state's
+        data position is this rank's own. The RNG state is None when another world size wrote
+        it. Then fwk/distributed/resize.py derives the rank's streams, and the position is rank
+        0's.
 
         Sharded: ``template()`` gives this rank's model and optimizer state to load into."""
         damage = self._damage(path)
@@ -317,7 +321,8 @@ class Checkpointer:
         return state, rng
 
     def load_latest(self, template: Template | None = None) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
-        """The newest checkpoint that loads: (path, state, RNG), or None when there is none.
+        """Load the newest checkpoint that loads and return its path, state and RNG. Return
+        None when there is none.
 
         With ``on_corrupt=fallback`` a damaged newest checkpoint is skipped for the newest
         intact one, with one warning naming both; nothing is deleted. A restarted worker
@@ -347,7 +352,8 @@ class Checkpointer:
 
 # ---- model and optimizer state: whole tensors, or this rank's FSDP shards ---------------
 def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Model and optimizer state to checkpoint: full tensors, or this rank's shards (FSDP)."""
+    """Return the model and optimizer state to checkpoint. That is full tensors, or this rank's
+    shards under FSDP."""
     from fwk.strategies import fsdp  # torch.distributed.fsdp: imported by sharded runs only
 
     if fsdp.is_sharded(model):
@@ -356,11 +362,11 @@ def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
 
 
 def named_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict[str, Any]:
-    """Model and optimizer state keyed by parameter names: this rank's shards, or whole
-    tensors when the model is not sharded. What a sharded checkpoint loads into, on any
-    number of processes and any layout: torch.distributed.checkpoint reshards as it reads.
-    ``flat``: the optimizer state as one entry per parameter and value (what checkpoints
-    are written with, since pipeline stages hold different parameters); False for
+    """Return the model and optimizer state keyed by parameter names. That is this rank's
+    shards, or whole tensors when the model is not sharded. A sharded checkpoint loads into it
+    on any number of processes and any layout, since torch.distributed.checkpoint reshards as
+    it reads. ``flat`` keeps the optimizer state as one entry per parameter and value.
+    Checkpoints are written so, since pipeline stages hold different parameters. Pass False for
     checkpoints written before."""
     from fwk.strategies import fsdp
 
@@ -368,8 +374,9 @@ def named_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: 
 
 
 def _by_name(optimizer_state: dict[str, Any]) -> bool:
-    """True for an optimizer state keyed by parameter names (torch.distributed.checkpoint's
-    layouts, nested or flat), False for ``Optimizer.state_dict()``'s parameter indices."""
+    """Tell whether an optimizer state is keyed by parameter names, as in
+    torch.distributed.checkpoint's layouts, nested or flat. Return False for
+    ``Optimizer.state_dict()``'s parameter indices."""
     if is_flat(optimizer_state):
         return True
     groups = optimizer_state.get("param_groups") or [{}]
@@ -377,7 +384,8 @@ def _by_name(optimizer_state: dict[str, Any]) -> bool:
 
 
 def is_flat(optimizer_state: dict[str, Any]) -> bool:
-    """An optimizer state flattened by name ("state.NAME.exp_avg", "param_groups.NAME.lr")."""
+    """Tell whether an optimizer state is flattened by name ("state.NAME.exp_avg",
+    "param_groups.NAME.lr")."""
     return any(isinstance(k, str) and k.startswith(("state.", "param_groups.")) for k in optimizer_state)
 
 

@@ -1,4 +1,5 @@
-"""Diagnostics (the only reader of the ``diagnostics`` group): NaN/Inf, loss spikes, gradient norms.
+"""Checks for NaN/Inf, loss spikes and gradient norms during training. This module is the only
+reader of the ``diagnostics`` group.
 
 ``TrainStep`` calls ``check`` once per optimizer step, after the backward and before the
 optimizer, with the step's mean loss. It costs one host sync (the loss) and, with several
@@ -52,7 +53,8 @@ _HUGE = 1e4  # a weight beyond this has blown up (initialized weights are O(1))
 
 
 class TrainingDiverged(UserError):
-    """The loss or gradients went bad and diagnostics.on_nan (or max_rollbacks) says stop: exit 1."""
+    """An error that stops the run with exit 1: the loss or gradients went bad and
+    diagnostics.on_nan, or max_rollbacks, says stop."""
 
     exit_code = 1
 
@@ -78,7 +80,7 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
 
 @dataclass
 class Finding:
-    """Where a non-finite value first appeared in a re-run of the bad step."""
+    """A finding that says where a non-finite value first appeared in a re-run of the bad step."""
 
     module: str | None  # None: the re-run was finite (transient), or the batch itself was bad
     where: str  # "output", "gradient", "input" or "transient"
@@ -86,7 +88,8 @@ class Finding:
 
 
 def _groups(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """Top-level modules, a ModuleList's entries one by one (``blocks.0``, ``blocks.1``, ...)."""
+    """List the top-level modules, with a ModuleList's entries one by one (``blocks.0``,
+    ``blocks.1``, ...)."""
     for name, child in model.named_children():
         if isinstance(child, nn.ModuleList):
             for i, entry in enumerate(child):
@@ -116,9 +119,9 @@ class Diagnostics:
     # --- called by TrainStep ------------------------------------------------------------
 
     def check(self, step: int, loss: torch.Tensor, rerun: Callable[[], None], trial: bool = False) -> bool:
-        """True when the optimizer may step. Otherwise the bad step has been handled (or raises).
-        ``trial``: the step is a trial step (``fwk/components/trials.py``), redone later: it is no
-        rollback point."""
+        """Return True when the optimizer may step. Otherwise the bad step has been handled, or
+        this raises. Pass ``trial`` for a trial step (``fwk/components/trials.py``): it is
+        redone later, so it is no rollback point."""
         value = float(loss)  # the step's one host sync
         kind = 0.0
         if not math.isfinite(value) or not self._grads_finite():
@@ -138,16 +141,16 @@ class Diagnostics:
 
     @property
     def rolls_back(self) -> bool:
-        """Whether a bad step restores a snapshot: only then is one kept (a copy of the model
-        and the optimizer state in host memory)."""
+        """Tell whether a bad step restores a snapshot. Only then is one kept, a copy of the
+        model and the optimizer state in host memory."""
         return self.cfg.on_nan == "rollback"
 
     def _grads_finite(self) -> bool:
         if self.precision.scaling:  # fp16: the scaler finds and skips inf/NaN gradients
             return True
         grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-        # one norm per gradient (a norm is finite iff every element is), checked together; not
-        # get_total_norm: its grouping by device and dtype costs more than the norms on a small model
+        # One norm per gradient, checked together: a norm is finite iff every element is. Not
+        # get_total_norm: its grouping by device and dtype costs more than the norms on a small model.
         return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
 
     def _spike(self, value: float) -> bool:
@@ -229,9 +232,9 @@ class Diagnostics:
         return line
 
     def reshaped(self, steps_taken: int | None) -> None:
-        """A method replaced the parameters (prune_gradually): the snapshot no longer fits
-        them. Taken again now, after ``steps_taken`` steps (None: a resume, before the
-        checkpoint loads; the next good step takes it)."""
+        """Take the snapshot again after a method replaced the parameters, as prune_gradually
+        does: the old one no longer fits them. It is taken now, after ``steps_taken`` steps.
+        None means a resume, before the checkpoint loads, and then the next good step takes it."""
         self._snapshot = None
         if steps_taken is not None and self.rolls_back:
             self._take_snapshot(steps_taken)
@@ -245,7 +248,7 @@ class Diagnostics:
         self._snapshot = (step, host_copy_into(held, state))
 
     def _restore(self) -> int:
-        """Load the snapshot; returns the number of steps it had taken. The optimizer gets
+        """Load the snapshot and return the number of steps it had taken. The optimizer gets
         copies: its load_state_dict keeps the tensors it is given, and the snapshot must stay
         as taken for the next rollback."""
         assert self._snapshot is not None  # _handle stops a launch whose first step is bad

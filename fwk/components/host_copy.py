@@ -1,5 +1,5 @@
-"""Copies of training state kept in host memory: a trial's snapshot (``fwk/components/trials.py``)
-and the NaN rollback's (``fwk/components/diagnostics.py``)."""
+"""Copies of training state kept in host memory, for a trial's snapshot in
+``fwk/components/trials.py`` and for the NaN rollback in ``fwk/components/diagnostics.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 
 def host_copy(obj: Any) -> Any:
-    """A copy of a state dict that later steps cannot change: tensors on the host (shards
-    stay sharded, on their device: a copy there keeps their placement)."""
+    """Copy a state dict so that later steps cannot change it. Tensors go to the host. Shards
+    stay sharded on their device, since a copy there keeps their placement."""
     if isinstance(obj, torch.Tensor):
         if hasattr(obj, "to_local"):  # DTensor
             return obj.detach().clone()
@@ -24,9 +24,9 @@ def host_copy(obj: Any) -> Any:
 
 
 def host_copy_into(held: Any, obj: Any) -> Any:
-    """``host_copy(obj)`` written into ``held`` (an earlier host copy of the same kind of
-    state) where it fits: a host tensor of the same shape and dtype is overwritten in place,
-    so that refreshing a snapshot allocates no new memory; anything else is copied anew."""
+    """Write ``host_copy(obj)`` into ``held``, an earlier host copy of the same kind of state,
+    where it fits. A host tensor of the same shape and dtype is overwritten in place, so that
+    refreshing a snapshot allocates no new memory. Anything else is copied anew."""
     if isinstance(obj, torch.Tensor):
         fits = isinstance(held, torch.Tensor) and held.device.type == "cpu" and not hasattr(obj, "to_local")
         if fits and held.shape == obj.shape and held.dtype == obj.dtype and held is not obj:

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class Window:
-    """Accumulates one log window: loss sum (on device), samples, step and data-wait time."""
+    """The sums of one log window: loss sum (on device), samples, step and data-wait time."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -36,7 +36,8 @@ class Window:
         self.steps, self.data_wait, self.start = 0, 0.0, time.perf_counter()
 
     def state_dict(self) -> dict[str, Any]:
-        """What the window has summed (not when it began: its rate counts all time spent)."""
+        """Return what the window has summed. Its start time is left out, since its rate counts
+        all time spent."""
         return {"loss_sum": self.loss_sum.clone(), "finite": self.finite.clone(), "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -80,8 +81,8 @@ def _fmt(key: str, value: Any) -> str:
 
 
 class Reporter:
-    """Writes metrics.jsonl, forwards every row to the tracking sinks (TensorBoard, MLflow)
-    and shows progress; a no-op on ranks other than 0."""
+    """The rank-0 reporter. It writes metrics.jsonl, forwards every row to the tracking sinks
+    (TensorBoard, MLflow) and shows progress, and it does nothing on ranks other than 0."""
 
     def __init__(self, path: Path, dist: Dist, max_steps: int, tracking: Tracking | None = None) -> None:
         self.enabled = dist.is_main
@@ -90,7 +91,7 @@ class Reporter:
         self._bar = None
 
     def start(self, step: int) -> None:
-        """Open the tracking sinks and show the progress bar from ``step`` on (a TTY only):
+        """Open the tracking sinks and show the progress bar from ``step`` on, on a TTY only.
         fwk's report lines (``fwk/log.py``) print above it, through the same rich console."""
         if self.tracking is not None:
             self.tracking.start(step)

@@ -30,13 +30,13 @@ ENV_FILE = "env.json"
 
 
 def deterministic(on: bool) -> Callable[[], None]:
-    """Deterministic kernels and no cuDNN autotuning for one run; returns what puts the
-    process's previous settings back (``train()`` runs several times in one process: fwk
-    export's retraining, fwk profile). Call before CUDA is first used (cuBLAS reads its
-    workspace setting when it creates its handle). Off (the default): cuDNN times its
-    convolution algorithms per shape and keeps the fastest, as NVIDIA's performance guide
-    advises (CUDA runs are not bit-reproducible without ``on`` anyway: cuDNN's backward
-    kernels accumulate with atomics)."""
+    """Set deterministic kernels and no cuDNN autotuning for one run, and return what puts the
+    process's previous settings back. ``train()`` runs several times in one process, in fwk
+    export's retraining and in fwk profile. Call it before CUDA is first used, since cuBLAS
+    reads its workspace setting when it creates its handle. Off, the default, lets cuDNN time
+    its convolution algorithms per shape and keep the fastest, as NVIDIA's performance guide
+    advises. CUDA runs are not bit-reproducible without ``on`` anyway, because cuDNN's backward
+    kernels accumulate with atomics."""
     before = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -77,7 +77,7 @@ def _memory_gib() -> float | None:
 
 
 def machine(dist: Dist) -> dict[str, Any]:
-    """This node's hardware and the torch build and settings that change numerics."""
+    """Describe this node's hardware and the torch build and settings that change numerics."""
     out: dict[str, Any] = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -101,7 +101,7 @@ def machine(dist: Dist) -> dict[str, Any]:
 
 
 def describe(dataset: Any) -> str:
-    """A data set as text: its class, size and transform (the augmentation pipeline)."""
+    """Describe a data set as text: its class, size and transform, the augmentation pipeline."""
     text = f"{type(dataset).__name__}, {len(dataset):,} items"
     transform = getattr(dataset, "transform", None)
     if transform is not None:
@@ -119,8 +119,8 @@ def pipeline(data: DataBundle) -> dict[str, Any]:
 def record_launch(
     run: RunDir, dist: Dist, data: DataBundle, seed: int, step: int, decisions: dict[str, Any] | None = None
 ) -> None:
-    """Append this launch (from ``step``: 0, or where it resumed) to ``env.json`` (rank 0),
-    with the measured decisions made so far (``record_decisions`` adds later ones)."""
+    """Append this launch to ``env.json`` on rank 0, with the measured decisions made so far.
+    It starts at ``step``: 0, or where it resumed. ``record_decisions`` adds later decisions."""
     if not dist.is_main:
         return
     env = read_json(run.path / ENV_FILE) or {"launches": []}
@@ -140,7 +140,7 @@ def record_launch(
 
 
 def record_decisions(run: RunDir, decisions: dict[str, Any]) -> None:
-    """The decisions of this launch so far, into its ``env.json`` entry (rank 0 calls it).
+    """Write the decisions of this launch so far into its ``env.json`` entry. Rank 0 calls it.
     Before ``record_launch`` made the entry there is nothing to update: it takes them then."""
     env = read_json(run.path / ENV_FILE)
     if not env or not env.get("launches") or env["launches"][-1].get("pid") != os.getpid():

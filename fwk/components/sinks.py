@@ -1,15 +1,16 @@
-"""Where rank 0 sends its metrics besides metrics.jsonl (conf/tracking/; only this module reads it).
+"""The sinks where rank 0 sends its metrics besides metrics.jsonl. Only this module reads
+conf/tracking/.
 
-TensorBoard event files go to ``<run dir>/tensorboard/`` (``tensorboard --logdir runs``);
-with ``tracking=mlflow`` an MLflow tracking server gets one run per fwk run: the config as
-params, every metric with its step, and at the end config.yaml, summary.json, meta.json
-and a plot as artifacts. The Reporter forwards every row it logs; its finite numbers
-become the scalars ``train/<key>`` and ``eval/<key>``.
+TensorBoard event files go to ``<run dir>/tensorboard/`` (``tensorboard --logdir runs``). With
+``tracking=mlflow`` an MLflow tracking server gets one run per fwk run: the config as params,
+every metric with its step, and at the end config.yaml, summary.json, meta.json and a plot as
+artifacts. The Reporter forwards every row it logs, and its finite numbers become the scalars
+``train/<key>`` and ``eval/<key>``.
 
-A run's result is never lost to a tracking server: a server that cannot be reached stops
-the launch before any run dir exists (``check``, one line); an error mid-run is one warning
-line and training goes on without MLflow. TensorBoard writes local files, like metrics.jsonl:
-its errors are the run's and raise.
+A run's result is never lost to a tracking server. A server that cannot be reached stops the
+launch with one line before any run dir exists (``check``). An error mid-run is one warning
+line, and training goes on without MLflow. TensorBoard writes local files, like metrics.jsonl,
+so its errors are the run's and raise.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ _BATCH = 100  # MLflow's limit on params per log_batch request
 
 
 def scalars(row: dict[str, Any], kind: str) -> dict[str, float]:
-    """A logged row's finite numbers as ``<kind>/<key>`` scalars; text, flags and NaN are left out."""
+    """Turn a logged row's finite numbers into ``<kind>/<key>`` scalars. Text, flags and NaN
+    are left out."""
     return {
         f"{kind}/{key}": float(value)
         for key, value in row.items()
@@ -53,7 +55,8 @@ def scalars(row: dict[str, Any], kind: str) -> dict[str, float]:
 
 
 def params(config: dict[str, Any]) -> dict[str, str]:
-    """A config as MLflow params: ``{"optim.lr": "0.003", ...}``, values cut to MLflow's limit."""
+    """Turn a config into MLflow params, ``{"optim.lr": "0.003", ...}``, with values cut to
+    MLflow's limit."""
     return {
         key: (value if isinstance(value, str) else json.dumps(value))[:_PARAM_CHARS]
         for key, value in flatten(config).items()
@@ -61,14 +64,14 @@ def params(config: dict[str, Any]) -> dict[str, str]:
 
 
 class TensorBoard:
-    """Event files in ``log_dir``, written by TensorBoard's own writer (through torch's)."""
+    """A sink that writes event files in ``log_dir`` with TensorBoard's own writer, through torch's."""
 
     def __init__(self, log_dir: Path, step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # TensorBoard's reader drops the events at steps >= purge_step that earlier writers
-        # left: a run resumed from its checkpoint at ``step`` logs the steps after it again
-        # (metrics.jsonl is truncated likewise) and keeps the rows at ``step`` itself; a
+        # left. A run resumed from its checkpoint at ``step`` logs the steps after it again,
+        # as metrics.jsonl is truncated likewise, and keeps the rows at ``step`` itself. A
         # run that starts over from 0 replaces them all.
         self.writer = SummaryWriter(str(log_dir), purge_step=step + 1 if step else 0)
 
@@ -97,7 +100,8 @@ class MLflow:
         self.logged = self._last_step() if continued else -1
 
     def _continued(self) -> str | None:
-        """The MLflow run of an earlier launch of this fwk run on this server, set running again."""
+        """Find the MLflow run of an earlier launch of this fwk run on this server, and set it
+        running again."""
         try:
             kept = json.loads(self.state.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -171,7 +175,7 @@ class MLflow:
 
 
 class Tracking:
-    """The sinks the Reporter forwards its rows to; a no-op on every rank but 0."""
+    """The sinks the Reporter forwards its rows to. They do nothing on every rank but 0."""
 
     def __init__(self, cfg: TrackingConfig, run: RunDir, is_main: bool) -> None:
         self.cfg, self.run, self.enabled = cfg, run, is_main
@@ -179,7 +183,7 @@ class Tracking:
         self.mlflow: MLflow | None = None
 
     def start(self, step: int) -> None:
-        """Open the sinks, from ``step`` on (where a resumed run continues); before training."""
+        """Open the sinks before training, from ``step`` on, where a resumed run continues."""
         if not self.enabled:
             return
         if self.cfg.tensorboard:
@@ -199,7 +203,8 @@ class Tracking:
         self._to_mlflow(lambda m: m.log(step, values))
 
     def finish(self) -> None:
-        """The run is complete and summary.json written: its files go to MLflow as artifacts."""
+        """Send the run's files to MLflow as artifacts, once the run is complete and
+        summary.json is written."""
         if self.enabled and self.mlflow is not None:
             self._to_mlflow(lambda m: m.finish([*self._files(), *self._plot()]))
 
@@ -220,7 +225,7 @@ class Tracking:
         return [plot_runs([self.run], self.run.path / "plots" / "metrics.png")]
 
     def _to_mlflow(self, call: Callable[[MLflow], None]) -> None:
-        """Call MLflow; on any error warn once and go on without it: the run matters more."""
+        """Call MLflow, and on any error warn once and go on without it: the run matters more."""
         if self.mlflow is None:
             return
         try:
@@ -234,7 +239,8 @@ class Tracking:
 
 
 def check_server(cfg: TrackingConfig) -> None:
-    """Before any run dir exists: with MLflow on, its server answers (else one line on how to fix it)."""
+    """Check, before any run dir exists, that the MLflow server answers when MLflow is on. If
+    not, say in one line how to fix it."""
     if cfg.mlflow:
         with reaching(cfg.uri):
             _client(cfg.uri).search_experiments(max_results=1)
@@ -269,7 +275,7 @@ def reaching(uri: str) -> Iterator[None]:
 
 
 def _reason(exc: BaseException) -> str:
-    """The gist of a (long, nested) error from mlflow or requests, on one line."""
+    """Give the gist of a long, nested error from mlflow or requests on one line."""
     text = " ".join(str(exc).split())
     errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
     if errno:

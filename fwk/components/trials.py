@@ -26,9 +26,10 @@ from fwk.components.resumable import Resumable
 
 logger = logging.getLogger(__name__)
 
-# checkpoint parts a trial leaves alone: the time spent (a trial's seconds are real), the data
-# position (the batches are replayed), what moves only at logged steps or evaluations (which
-# trial steps skip: the DDP monitor's adaptations, the best checkpoint), and what is derived
+# Checkpoint parts a trial leaves alone. The time spent stays, since a trial's seconds are real,
+# and the data position, since the batches are replayed. So does what moves only at logged steps
+# or evaluations, which trial steps skip: the DDP monitor's adaptations and the best checkpoint.
+# What is derived stays too.
 KEPT = frozenset({"clock", "loader", "comm", "best", "eval_weights"})
 
 
@@ -66,7 +67,7 @@ class Replayable:
         self._start = copy.deepcopy(self.state_dict())
 
     def replay(self) -> None:
-        """Hand out what was recorded since ``record()`` again, before anything else; the
+        """Hand out what was recorded since ``record()`` again, before anything else. The
         position goes back to where the recording began."""
         assert self._recorded is not None, "record() first"
         self._queue.extendleft(reversed(self._recorded))
@@ -74,7 +75,7 @@ class Replayable:
         self._position = self._start if self._queue else None
 
     def stop(self) -> None:
-        """Keep what was recorded as handed out (a trial that could not be redone)."""
+        """Keep what was recorded as handed out, for a trial that could not be redone."""
         self._recorded = None
 
     def state_dict(self) -> Any:
@@ -85,7 +86,8 @@ class Replayable:
 
 
 class Trials:
-    """The snapshot of one trial: taken before its first step, restored after its decision."""
+    """The snapshot of one trial. It is taken before the trial's first step and restored after
+    its decision."""
 
     def __init__(
         self,
@@ -94,18 +96,21 @@ class Trials:
         batches: Replayable,
         counters: Iterable[Any],
     ) -> None:
-        """``counters``: the loop's own accumulators (e.g. the logging window), restored too."""
+        """Set up the trials. ``counters`` are the loop's own accumulators, such as the logging
+        window, and are restored too."""
         self.step_fn, self.resumable, self.batches = step_fn, resumable, batches
         self.counters = list(counters)
         self._held: tuple[int, dict[str, Any], dict[str, Any], list[Any], bool] | None = None
 
     @property
     def active(self) -> bool:
-        """Whether this step is a trial step (it will be redone): log, evaluate, save nothing."""
+        """Tell whether this step is a trial step, one that will be redone. Such a step logs,
+        evaluates and saves nothing."""
         return self._held is not None
 
     def before(self, step: int) -> None:
-        """Before ``step`` (after ``TrainStep.begin``): a strategy starts trying: snapshot."""
+        """Take the snapshot when a strategy starts trying. It is called before ``step``, after
+        ``TrainStep.begin``."""
         if self._held is None and self.step_fn.trying:
             # before the first step the optimizer has no state, and must have none again when
             # the trial is redone: torch.distributed.checkpoint's get_state_dict (FSDP) makes
@@ -117,8 +122,9 @@ class Trials:
             self.batches.record()
 
     def after(self, done: int) -> int | None:
-        """After a step (``done``: steps taken): once no strategy is trying any more, restore
-        the snapshot and return the step to go on from (the trial's first); None otherwise."""
+        """Restore the snapshot after a step once no strategy is trying any more, and return
+        the step to go on from, the trial's first. ``done`` is the number of steps taken.
+        Return None otherwise."""
         if self._held is None or self.step_fn.trying:
             return None
         step, state, rng, counters, fresh = self._held
@@ -141,8 +147,8 @@ class Trials:
         return step
 
     def abandon(self) -> int | None:
-        """The run ends with a trial still under way: its steps stand as computed. Returns the
-        trial's first step (None: no trial)."""
+        """Let a trial still under way stand as computed when the run ends. Return the trial's
+        first step, or None when there is no trial."""
         if self._held is None:
             return None
         step = self._held[0]

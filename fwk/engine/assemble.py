@@ -1,9 +1,9 @@
 """Everything a run has, built from its config and restored from its latest checkpoint.
 
-``build_run(cfg, run_dir)`` returns a ``Run``: the process group, the data, the model with
-its strategies applied, the optimizer and schedule, the methods and components, the step,
-the loaders, and every part a checkpoint holds, at the step the run stands at. The loop
-(``fwk.engine.trainer.train``) only runs it; ``finish`` summarises it.
+``build_run(cfg, run_dir)`` returns a ``Run``: the process group, the data, the model with its
+strategies applied, the optimizer and schedule, the methods and components, the step, the
+loaders, and every part a checkpoint holds, at the step the run stands at. The loop
+(``fwk.engine.trainer.train``) only runs it, and ``finish`` summarises it.
 
 A caller that changes the model before training (``fwk export`` trains its pruned model,
 ``fwk profile`` labels every module) builds it with ``fresh_model`` and passes it in.
@@ -72,9 +72,9 @@ class Progress:
 
 @dataclass
 class Run:
-    """One run in this process, built and restored: ``model`` is the plain model (what the
-    optimizer, evaluation and checkpoints use), ``trained`` the one each step calls (compiled,
-    DDP-wrapped)."""
+    """One run in this process, built and restored. ``model`` is the plain model that the
+    optimizer, evaluation and checkpoints use. ``trained`` is the one each step calls, compiled
+    or DDP-wrapped."""
 
     cfg: Config
     dir: RunDir
@@ -111,8 +111,8 @@ class Run:
         self.checkpoints.save(self.step, self.resumable.state_dict(self.step))
 
     def validate(self) -> dict[str, float]:
-        """The metrics of the weights the evaluation-weights sources give (ema: the average;
-        schedule-free: its averaged point), else of the trained ones."""
+        """Evaluate the weights the evaluation-weights sources give, else the trained ones, and
+        return the metrics. ema gives its average, and schedule-free its averaged point."""
         with ExitStack() as stack:
             model = self.model
             sources: tuple[EvalWeights, ...] = (self.averaged, self.methods)
@@ -125,15 +125,16 @@ class Run:
 
 
 def fresh_model(cfg: Config) -> nn.Module:
-    """The config's model as ``build_run`` would build it (same seed), for a caller that
-    changes it before training (``build_run(..., model=)``)."""
+    """Build the config's model as ``build_run`` would, with the same seed, for a caller that
+    changes it before training and passes it to ``build_run`` as ``model``."""
     seed_everything(cfg.seed)
     return build_model(cfg.model, build_data(cfg.data, seed=cfg.seed))
 
 
 def loader_plan(cfg: Config, data: Any, per_rank: int, dist: Dist, decisions: Decisions) -> LoaderPlan:
-    """loader=auto's plan: recalled (replay, cache) where it would be measured, else decided;
-    a measured plan is kept (rank 0's: the ranks of a node share its cores)."""
+    """Return loader=auto's plan. It is recalled from a replay or the cache where it would be
+    measured, and decided otherwise. A measured plan is kept, and it is rank 0's, since the
+    ranks of a node share its cores."""
     measured = measures(cfg.loader, data)
     record, source = decisions.recall("loader") if measured else (None, "")
     recalled = LoaderPlan(**record["plan"]) if record is not None else None
@@ -148,11 +149,12 @@ def loader_plan(cfg: Config, data: Any, per_rank: int, dist: Dist, decisions: De
 
 
 def build_run(cfg: Config, run_dir: RunDir, tracking: Tracking | None = None, model: nn.Module | None = None) -> Run:
-    """Everything the run has, at the step its latest checkpoint holds (step 0 for a new run).
+    """Build everything the run has, at the step its latest checkpoint holds, or at step 0 for
+    a new run.
 
-    ``tracking`` gets every logged row (the worker's TensorBoard and MLflow sinks; its caller
-    closes it). ``model``: the plain model to train instead of the config's freshly built
-    one (``fresh_model``); it must be the same on every launch, so that a resumed run
+    ``tracking`` gets every logged row: it holds the worker's TensorBoard and MLflow sinks, and
+    its caller closes it. ``model`` is the plain model to train instead of the config's freshly
+    built one (``fresh_model``). It must be the same on every launch, so that a resumed run
     matches its checkpoint."""
     started = time.perf_counter()
     undo = deterministic(cfg.train.deterministic)
@@ -176,8 +178,8 @@ def _build(
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = build_data(cfg.data, seed=cfg.seed)
-    # another process count may resume (fwk/distributed/resize.py); streamed data, whose order
-    # follows the process count, then resumes at the start of its next epoch (its loader says so)
+    # Another process count may resume (fwk/distributed/resize.py). Streamed data, whose order
+    # follows the process count, then resumes at the start of its next epoch, and its loader says so.
     written = written_batch_degree(run_dir.checkpoints)
     cfg, per_rank, accum_factor = _batch_split(cfg, dist, written)
     reporter = Reporter(run_dir.metrics, dist, cfg.train.max_steps, tracking)
@@ -289,8 +291,8 @@ def _loaders(cfg: Config, data: Any, per_rank: int, dist: Any, decisions: Any) -
 
 
 def _restore(run: Run) -> None:
-    """The run at its latest checkpoint (model, optimizer, every part, the RNG streams), or
-    seeded for its first step."""
+    """Restore the run at its latest checkpoint: model, optimizer, every part and the RNG
+    streams. Seed it for its first step when there is none."""
     dist = run.dist
     found = run.checkpoints.load_latest(template=run.resumable.template)
     if found is None:

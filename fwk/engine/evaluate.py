@@ -1,5 +1,5 @@
-"""Evaluation on this rank's validation shard, summed over ranks, of the weights the run's
-evaluation-weights sources give (``EvalWeights``)."""
+"""Evaluation of the weights the run's evaluation-weights sources give (``EvalWeights``), on
+this rank's validation shard and summed over ranks."""
 
 from __future__ import annotations
 
@@ -20,15 +20,17 @@ from fwk.strategies.precision import Precision
 
 class EvalWeights(Protocol):
     """Weights that evaluation, best checkpoints and ``fwk export`` use in place of the ones
-    being trained: a method's (ema's average) and an optimizer's (schedule-free's ``x``)."""
+    being trained. A method gives them, as ema gives its average, or an optimizer, as
+    schedule-free gives its ``x``."""
 
     def evaluated(self, model: nn.Module) -> AbstractContextManager[nn.Module]:
-        """For one evaluation: the module to evaluate in place of ``model``; training's weights after."""
+        """Give the module to evaluate in place of ``model`` for one evaluation, and put
+        training's weights back after."""
         ...
 
     @staticmethod
     def exported(state: dict[str, Any]) -> dict[str, Any] | None:
-        """The weights ``fwk export`` takes from a checkpoint's state, or None."""
+        """Return the weights ``fwk export`` takes from a checkpoint's state, or None."""
         ...
 
 
@@ -36,7 +38,7 @@ class EvalWeights(Protocol):
 def evaluate(
     model: nn.Module, loader: DataLoader, precision: Precision, task: str, dist: Dist, max_batches: int
 ) -> dict[str, float]:
-    """Mean loss per target (token or image), plus accuracy or perplexity.
+    """Return the mean loss per target, a token or an image, plus accuracy or perplexity.
 
     ``model`` is the unwrapped module (under pipeline parallel, the stages' forward: logits on
     the last stage, None before it): ranks may hold shards that differ by one batch,

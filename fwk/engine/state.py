@@ -55,7 +55,7 @@ class StopSignal:
             signal.signal(signum, self._previous[signum])  # a second Ctrl-C stops at once
 
     def agreed(self, dist: Dist) -> bool:
-        """True when any rank was asked to stop (a collective when distributed)."""
+        """Return True when any rank was asked to stop. With several processes this is a collective."""
         return all_reduce_sum([float(self.requested)], dist)[0] > 0
 
     def restore(self) -> None:

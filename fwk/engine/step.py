@@ -33,8 +33,9 @@ Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # (model
 
 
 def label(name: str) -> contextlib.AbstractContextManager:
-    """A ``record_function`` range while a profiler records, else nothing (a range costs
-    several microseconds even with no profiler: too much for a fast GPU step, four times)."""
+    """Open a ``record_function`` range while a profiler records, and do nothing otherwise. A
+    range costs several microseconds even with no profiler, which is too much for a fast GPU
+    step four times over."""
     return record_function(name) if torch._C._autograd._profiler_enabled() else contextlib.nullcontext()
 
 
@@ -51,9 +52,10 @@ class TrainStep:
         diagnostics: Diagnostics | None = None,
         split: Split | None = None,
     ) -> None:
-        """``strategies``: in the order they decide (``decisions.DECISION_ORDER``); ``plan``:
-        how the step's batches are split; ``model``: the model to train; ``split``: what a
-        layout that splits the model changes."""
+        """Set up the step. ``strategies`` come in the order they decide
+        (``decisions.DECISION_ORDER``). ``plan`` says how the step's batches are split,
+        ``model`` is the model to train, and ``split`` is what a layout that splits the model
+        changes."""
         self.model, self.optimizer, self.strategies, self.plan, self.loss = model, optimizer, strategies, plan, loss
         self.grad_clip, self.dist, self.diagnostics = grad_clip, dist, diagnostics
         self.split = split if split is not None else Split()
@@ -70,9 +72,9 @@ class TrainStep:
         self._begun: int | None = None
 
     def begin(self, step: int) -> None:
-        """Before the step: each strategy's setting for it, and whose turn it is to decide. The
-        loop calls it before drawing the step's batches (a trial's snapshot is taken then);
-        the step calls it itself when not."""
+        """Give each strategy its setting for the step, and say whose turn it is to decide. The
+        loop calls it before drawing the step's batches, and a trial's snapshot is taken then.
+        When the loop does not, the step calls it itself."""
         turn = True
         for strategy in self.strategies:  # one decision at a time; none counts another's trial steps
             turn = strategy.begin(step, turn)
@@ -80,13 +82,14 @@ class TrainStep:
 
     @property
     def trying(self) -> bool:
-        """Whether this step is a trial step: it runs a candidate a decision is timing, which a
-        run that recalled the decision would not run (``fwk/components/trials.py`` redoes it)."""
+        """Tell whether this step is a trial step. It runs a candidate a decision is timing,
+        which a run that recalled the decision would not run, so ``fwk/components/trials.py``
+        redoes it."""
         return any(s.trying for s in self.strategies)
 
     def __call__(self, step: int, batches: list[Batch]) -> torch.Tensor:
-        """Run the step; returns the detached mean loss. An OOM, or an error a strategy
-        recovers from (a failed compilation), redoes it with the same data."""
+        """Run the step and return the detached mean loss. An OOM, or an error a strategy
+        recovers from such as a failed compilation, redoes it with the same data."""
         if self._begun != step:
             self.begin(step)
         self._begun = None
@@ -158,8 +161,8 @@ class TrainStep:
         return loss_sum
 
     def _step_optimizer(self) -> None:
-        """Clip (the true gradients), then step: by a strategy that steps it itself (fp16's
-        scaler), else plainly."""
+        """Clip the true gradients, then step the optimizer. A strategy that steps it itself
+        does so, as fp16's scaler does, and otherwise it steps plainly."""
         if self.grad_clip > 0:
             for unscale in self._unscale:
                 unscale(self.optimizer)
@@ -172,7 +175,7 @@ class TrainStep:
             self.optimizer.step()
 
     def _rerun(self, pieces: list[Batch]) -> None:
-        """The step's forward and backward again, on the unwrapped model, for diagnostics' hooks."""
+        """Run the step's forward and backward again on the unwrapped model, for diagnostics' hooks."""
         model = self.diagnostics.model  # type: ignore[union-attr]  # only diagnostics calls it
         for x, y in pieces:
             x, y = x.to(self.dist.device), y.to(self.dist.device)

@@ -1,11 +1,12 @@
-"""The training loop: ``train(run)`` steps a built run (``fwk.engine.assemble.build_run``)
-to its end, logging, evaluating and saving as its config asks; ``finish(run)`` writes its
-summary.
+"""The training loop, from a built run to its summary.
 
-One optimizer step (accumulation, micro-batches, loss scaling) is ``TrainStep``; the
-strategies give their metrics, summary and checkpoint state as one; the DDP communication
-monitor adapts between steps. ``steps(run)`` is the loop itself, one optimizer step per
-item: ``fwk profile`` ends a profiler step after each.
+``train(run)`` steps a built run (``fwk.engine.assemble.build_run``) to its end, logging,
+evaluating and saving as its config asks, and ``finish(run)`` writes its summary.
+
+One optimizer step, with accumulation, micro-batches and loss scaling, is ``TrainStep``. The
+strategies give their metrics, summary and checkpoint state as one, and the DDP communication
+monitor adapts between steps. ``steps(run)`` is the loop itself, one optimizer step per item,
+and ``fwk profile`` ends a profiler step after each.
 """
 
 from __future__ import annotations
@@ -30,16 +31,16 @@ logger = logging.getLogger(__name__)
 
 
 def train(run: Run) -> dict[str, Any] | None:
-    """Train to ``train.max_steps`` (or its target, or an early stop); the summary, written,
-    when the run finished; None when a signal stopped it (its checkpoint saved)."""
+    """Train until ``train.max_steps``, the run's target or an early stop, and return the
+    summary it writes. Return None when a signal stopped the run. Its checkpoint is saved then."""
     for _ in steps(run):
         pass
     return finish(run) if run.progress.finished else None
 
 
 def steps(run: Run) -> Iterator[int]:
-    """The loop: yields the step count after each optimizer step the run keeps (a trial's
-    steps are redone, and not yielded)."""
+    """Run the loop, and yield the step count after each optimizer step the run keeps. A
+    trial's steps are redone, and not yielded."""
     cfg, dist, strategies, p = run.cfg, run.dist, run.strategies, run.progress
     _start(run)
     stop, window = StopSignal(), Window(dist.device)
@@ -96,7 +97,7 @@ def steps(run: Run) -> Iterator[int]:
 
 
 def _start(run: Run) -> None:
-    """The progress bar and the tracking sinks from the run's step on, and how it resumed."""
+    """Start the progress bar and the tracking sinks from the run's step on, and say how it resumed."""
     run.reporter.start(run.step)
     if run.resumed_from is None:
         return
@@ -111,8 +112,8 @@ def _start(run: Run) -> None:
 
 
 def _log(run: Run, window: Window, samples_per_step: int) -> None:
-    """A logged row: the window's loss and throughput, the strategies' and diagnostics'
-    columns; then the DDP monitor may adapt."""
+    """Log a row with the window's loss and throughput and the strategies' and diagnostics'
+    columns. Then the DDP monitor may adapt."""
     row = window.close(samples_per_step, run.dist)
     run.reporter.log(
         run.step,
@@ -129,8 +130,8 @@ def _log(run: Run, window: Window, samples_per_step: int) -> None:
 
 
 def _evaluate(run: Run) -> bool:
-    """Evaluate, log it, keep the best checkpoint; True when the run ends here (its target
-    reached, or no better evaluation in ``train.early_stop_patience``)."""
+    """Evaluate, log the result and keep the best checkpoint. Return True when the run ends
+    here: its target is reached, or no evaluation was better in ``train.early_stop_patience``."""
     cfg, step = run.cfg, run.step
     run.progress.final_eval = result = run.validate()
     run.reporter.log(step, {**result, "train_s": round(run.clock.seconds, 3)}, kind="eval")
@@ -151,7 +152,7 @@ def _evaluate(run: Run) -> bool:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """The finished run's summary; rank 0 writes it to ``summary.json``."""
+    """Return the finished run's summary. Rank 0 writes it to ``summary.json``."""
     p, dist, target = run.progress, run.dist, run.target
     summary = {
         "run_id": run.dir.id,
@@ -182,10 +183,10 @@ def finish(run: Run) -> dict[str, Any]:
 
 
 def peak_memory(dist: Dist) -> dict[str, float]:
-    """The peak allocated device memory in GiB since the run began, the largest of any rank
-    (CUDA; memory=auto resets the counter around each trial step while it decides, so a run
-    that decided late reports the peak since its last trial). On the CPU, which keeps no such
-    count, the largest resident set of any rank's process (libraries included)."""
+    """Return the peak allocated device memory in GiB since the run began, the largest of any
+    rank. On CUDA, memory=auto resets the counter around each trial step while it decides, so a
+    run that decided late reports the peak since its last trial. The CPU keeps no such count,
+    so there it is the largest resident set of any rank's process, libraries included."""
     if dist.device.type != "cuda":
         import resource
 
@@ -196,9 +197,9 @@ def peak_memory(dist: Dist) -> dict[str, float]:
 
 
 def state_gib(run: Run) -> float:
-    """Parameters and optimizer state held by one rank at the end (the gradients, as large as
-    the parameters, are freed after each step), in GiB, the largest of any rank: what
-    sharding and splitting the model divide (``bench/cpu/parallel.txt``)."""
+    """Return the parameters and optimizer state that one rank holds at the end, in GiB, the
+    largest of any rank. The gradients, as large as the parameters, are freed after each step.
+    This is what sharding and splitting the model divide (``bench/cpu/parallel.txt``)."""
 
     def local(t: torch.Tensor) -> int:
         t = t.to_local() if hasattr(t, "to_local") else t

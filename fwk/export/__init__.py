@@ -1,4 +1,5 @@
-"""`fwk export`: a trained run -> a folded, optimized, quantized ONNX model, verified stage by stage.
+"""`fwk export`: turn a trained run into a folded, optimized, quantized ONNX model, verified
+stage by stage.
 
 One module per stage, run in this order by ``pipeline.py``:
 

@@ -1,4 +1,4 @@
-"""Stage 1: fold every Conv->BatchNorm pair of the eval-mode model (fwk.export.fuse).
+"""Stage 1: fold every Conv->BatchNorm pair of the eval-mode model with fwk.export.fuse.
 
 A folded BatchNorm is one conv with a new weight and bias: the exported graph has no
 BatchNormalization nodes, and int8 quantization then calibrates the conv that really

@@ -41,7 +41,7 @@ def _fold_sequentials(model: nn.Module) -> int:
 
 
 def fold_conv_bn(model: nn.Module) -> nn.Module:
-    """An eval-mode copy of ``model`` with every foldable Conv->BatchNorm folded.
+    """Return an eval-mode copy of ``model`` with every foldable Conv->BatchNorm folded.
 
     The original is not touched. Train mode cannot be folded: BatchNorm then normalizes
     with the batch's own statistics.

@@ -19,7 +19,7 @@ from fwk.export.settings import PrunePlan
 
 @dataclass
 class Job:
-    """Hold one export's settings, its folders, and the seconds each stage took."""
+    """One export's settings, its folders, and the seconds each stage took."""
 
     source: Any  # fwk.export.source.Source: the run, its checkpoint's model and its data
     eid: str
@@ -38,7 +38,7 @@ class Job:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        """Time the block as stage ``name``; the report lists the seconds."""
+        """Time the block as stage ``name``. The report lists the seconds."""
         t0 = time.perf_counter()
         yield
         self.seconds[name] = round(time.perf_counter() - t0, 3)
@@ -46,7 +46,7 @@ class Job:
 
 @dataclass
 class Built:
-    """Keep what the stages made: models, files, notes, and the quality measured of each."""
+    """What the stages made: models, files, notes, and the quality measured of each."""
 
     model: Any  # the torch model that was exported: the pruned one, when pruned
     pruned: Any  # fwk.export.prune's result, or None

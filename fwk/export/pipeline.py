@@ -1,4 +1,5 @@
-"""The export pipeline: source -> prune -> fold -> ONNX -> optimize -> quantize -> verify -> report.
+"""The export pipeline, which runs source -> prune -> fold -> ONNX -> optimize -> quantize ->
+verify -> report.
 
 An export lives in ``runs/<run-id>/exports/<export-id>/``: the fp32 and the quantized
 ONNX files, ``export_report.json`` (which names the parent run and checkpoint) and
@@ -36,14 +37,15 @@ logger = logging.getLogger(__name__)
 
 
 class VerificationFailed(UserError):
-    """The export ran, but a stage lost more than the limit: exit 1, artifacts kept."""
+    """An error for an export that ran but lost more than the limit in a stage. It exits 1 and
+    keeps the artifacts."""
 
     exit_code = 1
 
 
 def check_output(output: Path | None, overwrite: bool, folder: bool = False) -> None:
-    """Refuse an --output that exists (unless --overwrite) or cannot be written, before any work;
-    ``folder``: the output is a folder (--format hf), else a file."""
+    """Refuse an --output that exists, unless --overwrite is given, or that cannot be written,
+    before any work. ``folder`` says the output is a folder (--format hf) and not a file."""
     if output is None:
         return
     if output.is_dir() and not folder:
@@ -146,7 +148,7 @@ def _calibration(job: Job) -> Iterator[Any]:
 
 
 def _quantize(job: Job, built: Built) -> None:
-    """Write ``--quantize``'s model beside the fp32 one; it becomes the final model."""
+    """Write ``--quantize``'s model beside the fp32 one. It becomes the final model."""
     from fwk.export import quantize as quant
 
     if job.quantize == "none":
@@ -229,14 +231,14 @@ def _qat(job: Job, built: Built, runners: dict[str, Callable[..., Any]], threads
 
 
 def _measured(q: Any) -> dict[str, float]:
-    """A verify.Quality as the fields of a report stage that rep.drop reads."""
+    """Turn a verify.Quality into the fields of a report stage that rep.drop reads."""
     return {"val_loss": q.loss, "val_acc": q.metric}
 
 
 def made(run: RunDir, final_dir: Path, name: str) -> dict[str, Any] | None:
-    """The report (file ``name``) of the export already made at ``final_dir``, said in a line;
-    None when there is none yet. Exports appear whole (renamed from a temp dir): a dir without
-    its report was edited by hand, a UserError."""
+    """Return the report of the export already made at ``final_dir``, read from file ``name``
+    and said in a line. Return None when there is none yet. Exports appear whole, renamed from
+    a temp dir, so a dir without its report was edited by hand: that is a UserError."""
     if (final_dir / name).is_file():
         report = json.loads((final_dir / name).read_text())
         logger.info(f"export {final_dir.name} of run {run.id} already exists ({report['created']}); showing its report")
@@ -268,7 +270,8 @@ def run_export(
     show: Callable[[Any], None],
     qat_steps: int | str = 0,
 ) -> dict[str, Any]:
-    """Export ``run`` (or show its existing export); raise VerificationFailed when a stage lost too much."""
+    """Export ``run``, or show its existing export. Raise VerificationFailed when a stage lost
+    too much."""
     from fwk.components.best import BEST_DIR, read_best
     from fwk.export.source import check_exportable, load
 

@@ -1,4 +1,4 @@
-"""Stage 1: structured pruning with torch-pruning, retrained through the engine.
+"""Stage 1: prune whole structures with torch-pruning, and retrain through the engine.
 
 Whole channels (conv filters, hidden units) and whole attention heads are removed, so the
 pruned model is a smaller dense model that every runtime speeds up, unlike zeroed weights.
@@ -58,9 +58,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Rebuild:
-    """The run's freshly built model -> the pruned one with ``weights``: what the engine trains
-    (``retrain``). ``weights`` fit either the pruned model (``pruned=True``) or the
-    original one, whose tensors the replayed history then slices (lottery-ticket rewinding)."""
+    """Turn the run's freshly built model into the pruned one with ``weights``, which the
+    engine trains (``retrain``).
+
+    ``weights`` fit either the pruned model (``pruned=True``) or the original one. For the
+    original, the replayed history slices its tensors, as lottery-ticket rewinding needs."""
 
     history: History
     weights: dict[str, torch.Tensor]
@@ -90,14 +92,15 @@ class Pruned:
 
 
 def example_input(source: Source) -> torch.Tensor:
-    """One validation sample as a batch of one: what torch-pruning traces the model with."""
+    """Return one validation sample as a batch of one, for torch-pruning to trace the model with."""
     from fwk.export.to_onnx import example_input
 
     return example_input(source.data.val)[:1]
 
 
 def rewind_weights(source: Source) -> tuple[Path, dict[str, torch.Tensor]]:
-    """The run's rewind weights (``runs/<id>/rewind/step-N.pt``); one line when it has none."""
+    """Load the run's rewind weights from ``runs/<id>/rewind/step-N.pt``. Say in one line when
+    it has none."""
     folder = source.run.path / "rewind"
     found = sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
     if not found:
@@ -113,7 +116,8 @@ def rewind_weights(source: Source) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def _taylor_grads(source: Source, batches: int, batch_size: int) -> Callable[[nn.Module], None]:
-    """Gradients of the training loss on a few training batches (Taylor importance needs them)."""
+    """Compute the gradients of the training loss on a few training batches, since Taylor
+    importance needs them."""
     import torch.nn.functional as F
 
     from fwk.export.source import training_sample
@@ -133,7 +137,8 @@ def _taylor_grads(source: Source, batches: int, batch_size: int) -> Callable[[nn
 
 
 def prune(source: Source, plan: PrunePlan, cfg: ExportConfig, out: Path) -> Pruned:
-    """``plan.rounds`` rounds of prune -> rewind (lottery ticket) or keep (fine-tune) -> retrain.
+    """Run ``plan.rounds`` rounds of prune, then rewind or keep, then retrain. A lottery ticket
+    rewinds, and a fine-tune keeps the weights.
 
     Writes ``out/pruning_history.json`` and one run dir per round under ``out/rounds/``.
     """

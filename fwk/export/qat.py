@@ -49,12 +49,13 @@ _TINY = float(np.finfo(np.float32).tiny)  # below it ORT gives up on the range: 
 
 
 def weight_qrange(reduce: bool) -> tuple[int, int]:
-    """ORT's symmetric int8 weight range: [-127, 127], or [-64, 64] with reduce_range."""
+    """Return ORT's symmetric int8 weight range: [-127, 127], or [-64, 64] with reduce_range."""
     return (-64, 64) if reduce else (-127, 127)
 
 
 def weight_scales(w: torch.Tensor, per_channel: bool, reduce: bool) -> torch.Tensor:
-    """Scale of each output channel (axis 0), or a (1,) tensor per tensor: ORT's compute_scale_zp."""
+    """Compute the scale of each output channel along axis 0, or one (1,) tensor per tensor, as
+    ORT's compute_scale_zp does."""
     qmin, qmax = weight_qrange(reduce)
     flat = w.detach().reshape(w.shape[0], -1) if per_channel else w.detach().reshape(1, -1)
     absmax = flat.abs().amax(dim=1).double()  # float64, then float32: as ORT computes it
@@ -63,7 +64,8 @@ def weight_scales(w: torch.Tensor, per_channel: bool, reduce: bool) -> torch.Ten
 
 
 def act_scale_zp(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, zero point) of an asymmetric int8 tensor whose values span [lo, hi]: ORT's formula."""
+    """Return the scale and zero point of an asymmetric int8 tensor whose values span [lo, hi],
+    by ORT's formula."""
     lo64 = torch.clamp(lo.detach().double(), max=0.0)
     hi64 = torch.clamp(hi.detach().double(), min=0.0)
     scale = ((hi64 - lo64) / (ACT_QMAX - ACT_QMIN)).float()
@@ -82,7 +84,8 @@ def fake_quant_weight(w: torch.Tensor, per_channel: bool, reduce: bool) -> torch
 
 
 class ActRange(nn.Module):
-    """Per-tensor int8 fake quantization with an observed range: moving average in train mode, frozen in eval."""
+    """Per-tensor int8 fake quantization with an observed range. The range is a moving average
+    in train mode and frozen in eval mode."""
 
     def __init__(self, momentum: float) -> None:
         super().__init__()
@@ -121,7 +124,8 @@ def _weight(m: QConv2d | QLinear) -> torch.Tensor:
 
 
 class QConv2d(nn.Conv2d):
-    """nn.Conv2d (same parameter names) that computes with fake-quantized input and weight."""
+    """An nn.Conv2d, with the same parameter names, that computes with fake-quantized input and
+    weight."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = _weight(self)
@@ -129,7 +133,8 @@ class QConv2d(nn.Conv2d):
 
 
 class QLinear(nn.Linear):
-    """nn.Linear (same parameter names) that computes with fake-quantized input and weight."""
+    """An nn.Linear, with the same parameter names, that computes with fake-quantized input and
+    weight."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = _weight(self)
@@ -151,7 +156,7 @@ def _quantize_output(model: nn.Module, args: tuple, output: torch.Tensor) -> tor
 
 
 def prepare(folded: nn.Module, per_channel: bool, reduce: bool, momentum: float) -> nn.Module:
-    """A copy of the folded model with every Conv2d/Linear fake-quantized and its output too."""
+    """Copy the folded model with every Conv2d/Linear fake-quantized, and its output too."""
     model = copy.deepcopy(folded)
     for name, m in list(model.named_modules()):
         if type(m) in _SWAP:
@@ -171,7 +176,8 @@ def _ranges(model: nn.Module) -> Iterable[ActRange]:
 
 @torch.no_grad()
 def calibrate(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
-    """Every range = min/max over ``batches`` of the float model (PTQ's MinMax calibration)."""
+    """Set every range to the min/max over ``batches`` of the float model, as PTQ's MinMax
+    calibration does."""
     model.eval()
     for r in _ranges(model):
         r.calibrating = True
@@ -192,7 +198,7 @@ class Learned:
 
 
 def to_float(qat: nn.Module) -> Learned:
-    """The float model QAT trained (plain Conv2d/Linear) and the ranges it learned."""
+    """Return the float model QAT trained, with plain Conv2d/Linear, and the ranges it learned."""
     model = copy.deepcopy(qat).eval()
     model._forward_hooks.clear()
     out = getattr(model, OUTPUT)
@@ -209,7 +215,8 @@ def to_float(qat: nn.Module) -> Learned:
 
 
 def overrides(onnx_path: Path, learned: Learned, output_name: str) -> dict[str, list[dict[str, np.ndarray]]]:
-    """ORT TensorQuantOverrides: {tensor name: [{rmin, rmax}]} for every Conv/Gemm input and the output.
+    """Build ORT TensorQuantOverrides, {tensor name: [{rmin, rmax}]}, for every Conv/Gemm input
+    and the output.
 
     A Conv/Gemm's weight initializer carries its torch module's name (``features.0.weight``);
     a tensor read by several (a ResNet block's input: conv1 and the downsample) gets the
@@ -236,7 +243,8 @@ def overrides(onnx_path: Path, learned: Learned, output_name: str) -> dict[str, 
 
 
 def decide_steps(asked: int | str, ptq_drop: float, max_drop: float, run_steps: int, frac: float) -> tuple[int, str]:
-    """(QAT steps, why): ``auto`` trains ``frac`` of the run's steps only when PTQ lost more than the limit."""
+    """Return the number of QAT steps and why. ``auto`` trains ``frac`` of the run's steps, and
+    only when PTQ lost more than the limit."""
     if asked != "auto":
         return int(asked), f"--qat-steps {asked}"
     if ptq_drop <= max_drop:
@@ -267,7 +275,8 @@ def train_and_quantize(
     out: Path,
     log: Path,
 ) -> Trained:
-    """QAT of ``folded`` through the engine for ``steps`` steps -> ``out/int8-qat.onnx`` with the learned ranges."""
+    """Train ``folded`` with QAT through the engine for ``steps`` steps, and write
+    ``out/int8-qat.onnx`` with the learned ranges."""
     from fwk.export import optimize, to_onnx
     from fwk.export import quantize as quant
     from fwk.export.retrain import retrain, retrain_config

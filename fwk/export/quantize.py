@@ -59,7 +59,8 @@ def _pre_process(src: Path, dst: Path, notes: list[str]) -> Path:
 
 
 def reduce_range(choice: str, cpu: dict[str, bool | str]) -> tuple[bool, str]:
-    """(7-bit weights?, why): ``auto`` turns them on for x86 CPUs without VNNI or AMX.
+    """Decide whether to use 7-bit weights, and say why. ``auto`` turns them on for x86 CPUs
+    without VNNI or AMX.
 
     There onnxruntime multiplies u8 activations by s8 weights with VPMADDUBSW, which adds
     two products into an int16 and saturates; weights in [-64, 63] cannot overflow it. On
@@ -82,7 +83,8 @@ def static_int8(
     reduce: bool,
     ranges: dict[str, list[dict[str, np.ndarray]]] | None = None,
 ) -> Quantized:
-    """Static QDQ int8; ``ranges`` (ORT TensorQuantOverrides) replace calibrated ranges (QAT's learned ones)."""
+    """Quantize to static QDQ int8. ``ranges``, ORT TensorQuantOverrides such as QAT's learned
+    ones, replace the calibrated ranges."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     notes: list[str] = []

@@ -1,4 +1,5 @@
-"""Stage 6: the verdict, the recommendation, export_report.json and the table on screen.
+"""Stage 6: give the verdict and the recommendation, and write export_report.json and the table
+on screen.
 
 The accuracy drop of a stage is measured against torch fp32 (the checkpoint's model, in
 eval mode): in accuracy points for classification (98.7% -> 97.9% is 0.8), and for
@@ -147,7 +148,8 @@ def assemble(
 
 
 def drop(task: str, reference: dict[str, Any], stage: dict[str, Any]) -> float:
-    """Points of accuracy lost (classification) or percent of loss gained (lm); > 0 is worse."""
+    """Return the points of accuracy lost for classification, or the percent of loss gained for
+    lm. A value above 0 is worse."""
     if task == "lm":
         return (stage["val_loss"] - reference["val_loss"]) / reference["val_loss"] * 100.0
     return (reference["val_acc"] - stage["val_acc"]) * 100.0
@@ -158,7 +160,8 @@ def _fp32(stage: dict[str, Any]) -> bool:
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """{'passed': bool, 'stage': the first stage that failed or None, 'reason': one line}."""
+    """Give the verdict as {'passed': bool, 'stage': the first stage that failed or None,
+    'reason': one line}."""
     task, limit, rtol = report["task"], report["max_accuracy_drop"], report["settings"]["fp32_rtol"]
     stages = report["stages"]
     ref = stages[0]
@@ -192,7 +195,7 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def pruning(plan: PrunePlan, pruned: Any) -> dict[str, Any] | None:
-    """The pruning section of the report: sizes before and after, each round's retrain."""
+    """Build the pruning section of the report: sizes before and after, and each round's retrain."""
     if pruned is None:
         return None
     return {
@@ -212,7 +215,7 @@ def _metric_text(task: str, s: dict[str, Any]) -> str:
 
 
 def recommendation(report: dict[str, Any]) -> dict[str, Any]:
-    """Which artifact to deploy on this machine, and why: int8 is not faster on every CPU."""
+    """Say which artifact to deploy on this machine, and why: int8 is not faster on every CPU."""
     stages = {s["stage"]: s for s in report["stages"]}
     fp32 = stages[ONNX_FP32]
     final = report["stages"][-1]
@@ -326,7 +329,8 @@ def summary_lines(report: dict[str, Any], where: str) -> list[str]:
 
 
 def qat_summary(task: str, ptq: dict[str, Any], qat: dict[str, Any]) -> dict[str, Any]:
-    """PTQ vs QAT int8 side by side: their metric and QAT's gain (accuracy points, or % less loss)."""
+    """Put PTQ and QAT int8 side by side: their metric and QAT's gain, in accuracy points or %
+    less loss."""
     if task == "lm":
         return {"ptq_loss": ptq["val_loss"], "qat_loss": qat["val_loss"], "gain": ptq["drop"] - qat["drop"]}
     return {"ptq_acc": ptq["val_acc"], "qat_acc": qat["val_acc"], "gain": (qat["val_acc"] - ptq["val_acc"]) * 100}

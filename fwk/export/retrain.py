@@ -1,4 +1,4 @@
-"""Training inside ``fwk export``: a pruned (or fake-quantized) model retrained by the engine.
+"""Training inside ``fwk export``: the engine retrains a pruned or fake-quantized model.
 
 Lottery-ticket rounds, the fine-tune after one-shot pruning and quantization-aware
 training all train through ``fwk.engine.trainer.train``, with the run's own config (model,
@@ -34,12 +34,13 @@ logger = logging.getLogger(__name__)
 
 
 def steps_for(cfg: Config, frac: float) -> int:
-    """``frac`` of the run's steps, at least one."""
+    """Return ``frac`` of the run's steps, at least one."""
     return max(1, round(frac * cfg.train.max_steps))
 
 
 def retrain_config(cfg: Config, steps: int, lr_factor: float = 1.0) -> Config:
-    """The run's config, shortened to ``steps`` (warm-up scaled alike), one process, lr x ``lr_factor``."""
+    """Return the run's config for one process, shortened to ``steps`` with the warm-up scaled
+    alike, and with lr x ``lr_factor``."""
     replace = dataclasses.replace
     warmup = round(cfg.schedule.warmup_steps * steps / max(cfg.train.max_steps, 1))
     return replace(
@@ -59,7 +60,8 @@ def retrain(
     model: nn.Module,
     out: Path,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Train ``model`` with ``cfg`` into run dir ``out``; returns (final weights, summary)."""
+    """Train ``model`` with ``cfg`` into run dir ``out``, and return the final weights and the
+    summary."""
     from omegaconf import OmegaConf
 
     from fwk.components.checkpoint import model_weights

@@ -1,4 +1,4 @@
-"""The ``export`` config group: composed on its own (Hydra grammar), typed, range-checked."""
+"""The ``export`` config group, composed on its own with Hydra's grammar, typed and range-checked."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class PrunePlan:
 
     @classmethod
     def checked(cls, method: str, ratio: float, rounds: int | None) -> PrunePlan:
-        """The user's choices, before any work: one line per mistake. Lottery tickets default to 3 rounds."""
+        """Check the user's choices before any work, one line per mistake. Lottery tickets
+        default to 3 rounds."""
         if method not in METHODS:
             raise UserError(f"--prune={method} is not allowed: expected one of {', '.join(METHODS)}")
         if not 0.0 < ratio < 1.0:
@@ -44,7 +45,8 @@ def check_quantize(method: str) -> str:
 
 
 def check_qat_steps(value: str, quantize: str) -> int | str:
-    """--qat-steps: 0 (off), a number of steps, or ``auto`` (only when PTQ int8 loses too much)."""
+    """Check --qat-steps: 0 for off, a number of steps, or ``auto``, which trains only when PTQ
+    int8 loses too much."""
     text = value.strip().lower()
     if text != "auto" and not text.isdigit():
         raise UserError(
@@ -80,7 +82,8 @@ def _rules(c: ExportConfig) -> Iterator[tuple[bool, str, Any, str]]:
 
 
 def load_settings(overrides: list[str]) -> ExportConfig:
-    """conf/export/<option>.yaml with the user's overrides; UserError naming a bad key or value."""
+    """Compose conf/export/<option>.yaml with the user's overrides. Raise a UserError naming a
+    bad key or value."""
     from fwk.config.compose import compose_group
 
     cfg = ExportConfig(**compose_group("export", ExportConfig, overrides))

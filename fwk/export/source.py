@@ -1,4 +1,5 @@
-"""Stage 0: a finished run -> its config, its newest complete checkpoint, the eval-mode model.
+"""Stage 0: turn a finished run into its config, its newest complete checkpoint and the
+eval-mode model.
 
 The model is rebuilt with the engine's own builders from the run's stored config (never
 by composing Hydra again), on the CPU in fp32, and its weights come from
@@ -41,7 +42,8 @@ class Source:
 
 
 def train_command(run: RunDir) -> str:
-    """The command line that last launched the run (from meta.json), to tell the user how to resume."""
+    """Return the command line that last launched the run, from meta.json, to tell the user how
+    to resume."""
     try:
         argv = json.loads(run.meta.read_text())["launches"][-1]["argv"]
         return "fwk " + " ".join(argv[1:])
@@ -50,7 +52,7 @@ def train_command(run: RunDir) -> str:
 
 
 def checkpoints(run: RunDir) -> list[Path]:
-    """Complete checkpoints (those with a manifest), oldest first."""
+    """List the complete checkpoints, those with a manifest, oldest first."""
     if not run.checkpoints.is_dir():
         return []
     found = [p for p in run.checkpoints.iterdir() if _STEP.match(p.name) and (p / "manifest.json").is_file()]
@@ -58,8 +60,9 @@ def checkpoints(run: RunDir) -> list[Path]:
 
 
 def check_exportable(run: RunDir) -> Path:
-    """The checkpoint of a finished run to export: its best (``checkpoint.best``) when it
-    kept one, else its newest complete one; one line saying what is missing otherwise."""
+    """Pick the checkpoint of a finished run to export. That is its best one
+    (``checkpoint.best``) when it kept one, else its newest complete one. Say in one line what
+    is missing otherwise."""
     found = checkpoints(run)
     if not is_complete(run):
         where = f"newest checkpoint: {found[-1].name}" if found else "no checkpoint yet"
@@ -79,7 +82,8 @@ def check_exportable(run: RunDir) -> Path:
 
 
 def _saved_state(checkpoint: Path) -> dict[str, Any]:
-    """The checkpoint's ``state.pt`` (methods' and optimizer's state), or {} (a sharded one has the model apart)."""
+    """Read the checkpoint's ``state.pt``, with the methods' and optimizer's state. Return {}
+    for a sharded one, which keeps the model apart."""
     import torch
 
     state = checkpoint / "state.pt"
@@ -87,9 +91,10 @@ def _saved_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def exported_weights(checkpoint: Path, saved: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The weights to export: the moving average's when the run trained with methods=[ema],
-    the averaged point's with optim=adamw_schedulefree (evaluation used them too), else the
-    model's. ``saved``: the checkpoint's state, when the caller has read it already."""
+    """Return the weights to export. They are the moving average's when the run trained with
+    methods=[ema], the averaged point's with optim=adamw_schedulefree, since evaluation used
+    them too, and else the model's. ``saved`` is the checkpoint's state, when the caller has
+    read it already."""
     from fwk.components.checkpoint import model_weights
     from fwk.methods.base import Methods
     from fwk.optim.schedule_free import AveragedPoint
@@ -100,8 +105,8 @@ def exported_weights(checkpoint: Path, saved: dict[str, Any] | None = None) -> d
 
 
 def _pruned_in_training(model: Any, saved: dict[str, Any], data: Any) -> list:
-    """A run trained with methods=[prune_gradually]: its removals replayed on the fresh
-    model, which then takes the smaller weights; returns them (none: [])."""
+    """Replay a methods=[prune_gradually] run's removals on the fresh model, which then takes
+    the smaller weights. Return the removals, or [] when there are none."""
     from fwk.data.build import example_input
     from fwk.methods.prune_gradually import trained_history
     from fwk.models.pruning import replay
@@ -114,7 +119,7 @@ def _pruned_in_training(model: Any, saved: dict[str, Any], data: Any) -> list:
 
 
 def _check_checksums(path: Path) -> None:
-    """The model's files in the checkpoint match the sha256 its manifest recorded."""
+    """Check that the model's files in the checkpoint match the sha256 its manifest recorded."""
     from fwk.components.checkpoint import sha256_file
 
     manifest = json.loads((path / "manifest.json").read_text())
@@ -158,7 +163,7 @@ def load(run: RunDir) -> Source:
 
 
 def training_sample(source: Source, n: int) -> torch.utils.data.Dataset:
-    """``n`` training samples drawn with the run's seed: int8 calibration and Taylor ranking use them."""
+    """Draw ``n`` training samples with the run's seed. int8 calibration and Taylor ranking use them."""
     import torch
 
     order = torch.randperm(len(source.data.train), generator=torch.Generator().manual_seed(source.config.seed))

@@ -1,4 +1,4 @@
-"""Stage 2: the folded torch model -> one ONNX file, with the current (dynamo) exporter.
+"""Stage 2: export the folded torch model to one ONNX file with the current (dynamo) exporter.
 
 ``torch.export.export`` captures the graph first (non-strict: the model's Python runs,
 so an error points at the user's line), then ``torch.onnx.export`` translates the
@@ -64,7 +64,8 @@ def output_to(log: Path) -> Iterator[None]:
 
 
 def example_input(val: torch.utils.data.Dataset) -> torch.Tensor:
-    """Two validation samples, (2, ...): a batch of 1 would let torch.export fix the batch size."""
+    """Return two validation samples, (2, ...). A batch of 1 would let torch.export fix the
+    batch size."""
     xs = [val[i][0] for i in range(min(2, len(val)))]
     return torch.stack(xs * (2 if len(xs) == 1 else 1))
 
@@ -84,7 +85,7 @@ def _module_path(model: nn.Module, module: nn.Module) -> str:
 
 
 def _user_frame(exc: BaseException, model: nn.Module) -> str:
-    """Where in the model's own code the capture failed: `module (Class) at file:line: code`."""
+    """Say where in the model's own code the capture failed: `module (Class) at file:line: code`."""
     tb = exc.__traceback__
     for (frame, _), summary in reversed(list(zip(traceback.walk_tb(tb), traceback.extract_tb(tb), strict=True))):
         if summary.filename.startswith(_TORCH_DIR) or "<" in summary.filename:
@@ -120,7 +121,7 @@ def _name_dims(proto: object, task: str) -> dict[str, str]:
 
 
 def _op_and_module(exc: BaseException, program: torch.export.ExportedProgram) -> str:
-    """`operator aten.x (called in module m)` from the exporter's "No ONNX function found" error."""
+    """Read `operator aten.x (called in module m)` from the exporter's "No ONNX function found" error."""
     found = re.search(r"OpOverload\(op='([\w.]+)'", str(exc))
     if not found:
         return _first_line(exc)
@@ -142,7 +143,8 @@ def _log_traceback(log: Path) -> None:
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, task: str, path: Path, log: Path) -> Exported:
-    """Export ``model`` (eval mode) to ``path``; UserError naming the module or operator on failure."""
+    """Export ``model`` in eval mode to ``path``. On failure raise a UserError naming the
+    module or operator."""
     import onnx
 
     dynamic = _dynamic_shapes(example, task)

@@ -41,7 +41,7 @@ def torch_runner(model: nn.Module) -> Runner:
 
 
 def ort_session(path: Path, threads: int):  # -> onnxruntime.InferenceSession
-    """A fresh onnxruntime session on the CPU with ``threads`` intra-op threads."""
+    """Open a fresh onnxruntime session on the CPU with ``threads`` intra-op threads."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -62,12 +62,13 @@ def ort_runner(path: Path, threads: int) -> Runner:
 
 
 def default_threads() -> int:
-    """The cores this process may run on (its affinity mask), not the machine's count."""
+    """Return the number of cores this process may run on, from its affinity mask, not the
+    machine's count."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cpu_int8_features() -> dict[str, bool | str]:
-    """What decides int8 speed on this CPU: VNNI (int8 dot products), AVX512, AMX."""
+    """Return what decides int8 speed on this CPU: VNNI (int8 dot products), AVX512, AMX."""
     flag = lambda name: bool(getattr(torch.cpu, f"_is_{name}_supported", lambda: False)())  # noqa: E731
     return {
         "capability": torch.backends.cpu.get_cpu_capability(),
@@ -78,7 +79,8 @@ def cpu_int8_features() -> dict[str, bool | str]:
 
 
 def batches(data: Dataset, batch_size: int, limit: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(x, y) numpy batches in the data set's order; at most ``limit`` of them (0 = all)."""
+    """Yield (x, y) numpy batches in the data set's order, at most ``limit`` of them. A
+    ``limit`` of 0 means all."""
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
     for i, (x, y) in enumerate(loader):
         if limit and i >= limit:
@@ -121,7 +123,8 @@ def quality(
     data: Iterator[tuple[np.ndarray, np.ndarray]],
     task: str,
 ) -> dict[str, Quality]:
-    """Every runner on every batch; differences and agreement against ``runners[reference]``."""
+    """Run every runner on every batch, and measure differences and agreement against
+    ``runners[reference]``."""
     tallies = {name: _Tally() for name in runners}
     ref_max, samples = 0.0, 0
     for x, y in data:
@@ -167,7 +170,8 @@ def latency(
     iterations: int,
     rounds: int = 4,
 ) -> dict[str, dict[int, Latency]]:
-    """{runner: {batch size: Latency}}; torch runs with ``threads`` intra-op threads meanwhile."""
+    """Time every runner at each batch size, as {runner: {batch size: Latency}}. Meanwhile
+    torch runs with ``threads`` intra-op threads."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     rounds = max(1, min(rounds, iterations))
@@ -197,7 +201,7 @@ def latency(
 
 
 def latency_inputs(val: Dataset, batch_n: int) -> dict[int, np.ndarray]:
-    """Real validation samples at batch 1 and batch N (cycled when the set is smaller)."""
+    """Pick real validation samples at batch 1 and batch N, cycled when the set is smaller."""
     xs = [val[i % len(val)][0] for i in range(max(batch_n, 1))]
     full = torch.stack(xs).numpy()
     return {1: full[:1], batch_n: full} if batch_n > 1 else {1: full[:1]}

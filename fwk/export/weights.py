@@ -1,4 +1,5 @@
-"""`fwk export --format hf|safetensors`: a finished run's weights in the formats other tools read.
+"""`fwk export --format hf|safetensors`: write a finished run's weights in the formats other
+tools read.
 
 - ``safetensors``: ``model.safetensors``, the raw weights of any fwk model (state_dict names,
   tied tensors stored once), with the run id and step in its metadata.

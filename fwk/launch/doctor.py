@@ -33,7 +33,7 @@ def _available_memory() -> str:
 
 
 def report() -> list[tuple[str, str]]:
-    """(key, value) lines: versions, devices, CPU features, and what fwk's auto options pick."""
+    """List (key, value) lines: versions, devices, CPU features, and what fwk's auto options pick."""
     from fwk.config.schema import KernelsConfig
     from fwk.strategies import hardware
     from fwk.strategies.hardware import choose_format
@@ -77,7 +77,7 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, world: int, port: int, timeout: float, stall_rank: int, answers: mp.Queue) -> None:
-    """One process of the check: join, pass a monitored barrier, all-reduce, answer."""
+    """Run one process of the check: join, pass a monitored barrier, all-reduce and answer."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # gloo's own complaints: the parent reports in one line
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
@@ -108,7 +108,8 @@ def _rank(rank: int, world: int, port: int, timeout: float, stall_rank: int, ans
 
 
 def collectives(world: int, timeout: float, stall_rank: int = -1) -> tuple[list[int], float]:
-    """Start ``world`` processes; (ranks that did not answer in time, slowest answer in s)."""
+    """Start ``world`` processes, and return the ranks that did not answer in time and the
+    slowest answer in s."""
     ctx = mp.get_context("spawn")
     answers: mp.Queue = ctx.Queue()
     port = _free_port()

@@ -1,5 +1,6 @@
-"""From a resolved config to running workers: the plan (run id, run dir, torchrun or not),
-then the run dir opened and the workers run in this process or under torchrun."""
+"""From a resolved config to running workers. First comes the plan: run id, run dir, and
+whether torchrun runs it. Then the run dir is opened and the workers run in this process or
+under torchrun."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class LaunchPlan:
-    """What a launch will do; ``--dry-run`` prints it and stops."""
+    """What a launch will do. ``--dry-run`` prints it and stops."""
 
     run_id: str
     run_dir: Path
@@ -50,7 +51,7 @@ class LaunchPlan:
 
 
 def data_fingerprint(data: Any) -> dict[str, str]:
-    """What the run's data is, as a digest that enters the run id (see fwk/data/sources.py)."""
+    """Describe what the run's data is, as a digest that enters the run id (see fwk/data/sources.py)."""
     if hasattr(data, "fingerprint"):
         return data.fingerprint().to_dict()
     if getattr(data, "name", None) == "synthetic":
@@ -61,7 +62,8 @@ def data_fingerprint(data: Any) -> dict[str, str]:
 
 
 def plan(resolved: Resolved, salt: str = "") -> LaunchPlan:
-    """Where ``resolved`` runs and how; ``salt`` makes a run of the same config another run (a replay)."""
+    """Plan where ``resolved`` runs and how. ``salt`` makes a run of the same config another
+    run, as a replay is."""
     cfg = resolved.config
     code = code_version()
     data = data_fingerprint(cfg.data)
@@ -81,15 +83,16 @@ def launch(
     overrides: list[str] | None = None,
     orders: dict[str, Any] | None = None,
 ) -> tuple[int, RunDir]:
-    """Run the plan; returns (exit status, run dir). torchrun's status is passed through.
-    ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``); ``orders``
-    (``--redecide``, a replay's decisions) go to this launch's workers through the run dir,
-    written on every launch, so that none outlives the launch that gave it."""
+    """Run the plan, and return the exit status and the run dir. torchrun's status is passed
+    through. ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``).
+    ``orders``, such as ``--redecide`` or a replay's decisions, go to this launch's workers
+    through the run dir. They are written on every launch, so that none outlives the launch
+    that gave it."""
     first = {**(lineage or {}), "data": p.data}
     run = make_run_dir(p.run_dir.parent, p.run_id)
-    # Each machine's launcher opens the same shared run dir in a multi-node run: their guard
-    # is a lease in that dir; a run on one machine is locked there. A launch that is refused
-    # writes nothing.
+    # Each machine's launcher opens the same shared run dir in a multi-node run, and their
+    # guard is a lease in that dir. A run on one machine is locked there. A launch that is
+    # refused writes nothing.
     guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "")
     with guard as held:
         run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
@@ -108,8 +111,8 @@ def launch(
                 # torchrun's agent holds the lock too
                 keep = (held.fileno(),) if isinstance(held, RunLock) else ()
                 status = run_torchrun(p.argv, run.path / "logs", p.nproc_per_node, keep)
-            # a clean exit without a summary is a run stopped at a step boundary (Ctrl-C, SIGTERM);
-            # 128 + N: the launcher or torchrun's agent got signal N, and the run resumes from its checkpoint
+            # A clean exit without a summary is a run stopped at a step boundary by Ctrl-C or SIGTERM.
+            # 128 + N: the launcher or torchrun's agent got signal N, and the run resumes from its checkpoint.
             if status == 0:
                 outcome = "complete" if run.summary.is_file() else "interrupted"
             else:
@@ -123,7 +126,7 @@ def launch(
 
 
 def _record_end(run: RunDir, outcome: str, status: int) -> None:
-    """How the launch ended: in meta.json (the truth a rebuilt index reads) and the index."""
+    """Record how the launch ended in meta.json, the truth a rebuilt index reads, and in the index."""
     try:
         record_outcome(run, outcome, status)
     except OSError as exc:

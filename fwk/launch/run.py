@@ -1,7 +1,9 @@
 """The one launch path: resolved config -> checks -> plan -> already complete? -> preflight ->
-launch -> report. `fwk train`, every member of a sweep and `fwk replay` go through it;
-what differs between them (what they print and where, the lineage they record, whether
-the model checks already ran) is passed in.
+launch -> report.
+
+`fwk train`, every member of a sweep and `fwk replay` go through it. What differs between them
+is passed in: what they print and where, the lineage they record, and whether the model checks
+already ran.
 
 1. ``plan_run``: the cheap checks of what the run reads, then the plan (run id, run dir,
    in-process or torchrun). No torch import: ``--dry-run`` stops here.
@@ -38,7 +40,7 @@ class Job:
     orders: dict[str, Any] = field(default_factory=dict)  # to its workers: RunDir.orders (--redecide, a replay's)
 
     def summary(self) -> dict[str, Any] | None:
-        """The finished run's summary, or None: the one test of "already complete"."""
+        """Return the finished run's summary, or None. This is the one test of "already complete"."""
         return RunDir(self.plan.run_dir).read_summary()
 
 
@@ -51,19 +53,19 @@ class Result:
 
 
 def plan_run(resolved: Resolved, salt: str = "", checks: bool = True) -> LaunchPlan:
-    """Step 1: the cheap checks (unless ``checks`` is off: ``--cfg`` shows a config whose
-    data is not there yet), then the plan."""
+    """Run step 1: the cheap checks, then the plan. ``checks`` off skips the checks, since
+    ``--cfg`` shows a config whose data is not there yet."""
     if checks:
         check_inputs(resolved.config)
     return plan(resolved, salt)
 
 
 def preflight(job: Job) -> list[str]:
-    """The model and device checks, and the tracking server: before any run dir exists.
-    Imports torch (seconds) only for a run that will train and whose config asks something
-    of the model or the device (``fwk.config.asks``). Returns the lines to say first (a
-    recipe's settings left out for an option picked over it, an asked format that is slow
-    on this device)."""
+    """Check the model and the device, and reach the tracking server, before any run dir
+    exists. This imports torch, which takes seconds, only for a run that will train and whose
+    config asks something of the model or the device (``fwk.config.asks``). Return the lines to
+    say first. They name a recipe's settings left out for an option picked over it, and an
+    asked format that is slow on this device."""
     from fwk.components import sinks
     from fwk.config import recipes
     from fwk.config.asks import asks
@@ -86,9 +88,11 @@ def run(
     done: Callable[[dict[str, Any], RunDir], str] | None = None,
     checked: bool = False,
 ) -> Result:
-    """Step 2, saying its lines through the module logger; ``starting`` is said before a launch;
-    ``done(summary, run)`` words the already-complete line (default: ``already_complete``);
-    ``checked``: ``preflight(job)`` already ran (a sweep checks every member first)."""
+    """Run step 2, saying its lines through the module logger.
+
+    ``starting`` is said before a launch. ``done(summary, run)`` words the already-complete
+    line, by default with ``already_complete``. ``checked`` says that ``preflight(job)``
+    already ran, as a sweep checks every member first."""
     summary = job.summary()
     if summary is not None:
         run_dir = RunDir(job.plan.run_dir)

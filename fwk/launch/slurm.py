@@ -28,7 +28,7 @@ PREEMPTED_STATUS = 138
 
 
 def _key(override: str) -> str:
-    """The config key an override sets: `++parallel.nnodes=2` -> `parallel.nnodes`."""
+    """Return the config key an override sets: `++parallel.nnodes=2` -> `parallel.nnodes`."""
     return override.partition("=")[0].lstrip("+~")
 
 
@@ -40,7 +40,8 @@ def num_nodes(env: Mapping[str, str]) -> int:
 
 
 def gpus_per_node(env: Mapping[str, str]) -> int:
-    """GPUs allocated on this node: SLURM_GPUS_ON_NODE, else --gpus-per-node (`a100:4` -> 4)."""
+    """Count the GPUs allocated on this node: SLURM_GPUS_ON_NODE, else --gpus-per-node
+    (`a100:4` -> 4)."""
     on_node = env.get("SLURM_GPUS_ON_NODE")
     if on_node:
         return int(on_node)
@@ -51,7 +52,7 @@ def gpus_per_node(env: Mapping[str, str]) -> int:
 
 
 def first_host(nodelist: str) -> str:
-    """The first host of a SLURM node list (`node[03-05],gpu1` -> `node03`), by scontrol."""
+    """Return the first host of a SLURM node list (`node[03-05],gpu1` -> `node03`), by scontrol."""
     try:
         out = subprocess.run(
             ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30
@@ -66,7 +67,8 @@ def rdzv_port(env: Mapping[str, str]) -> int:
 
 
 def _allows(nnodes: str, allocated: int) -> bool:
-    """``parallel.nnodes`` as typed (``2``, or an elastic range ``1:2``) admits this allocation."""
+    """Tell whether ``parallel.nnodes`` as typed, ``2`` or an elastic range ``1:2``, admits
+    this allocation."""
     low, sep, high = nnodes.partition(":")
     try:
         return int(low) <= allocated <= int(high) if sep else int(nnodes) == allocated
@@ -75,7 +77,8 @@ def _allows(nnodes: str, allocated: int) -> bool:
 
 
 def overrides(env: Mapping[str, str], args: Sequence[str], host: Callable[[str], str] = first_host) -> list[str]:
-    """`fwk train` overrides for this allocation: nodes, processes per node, rendezvous.
+    """Give the `fwk train` overrides for this allocation: nodes, processes per node and
+    rendezvous.
 
     One process per GPU of a node (one per node on CPU); torchrun's c10d rendezvous on the
     first host of the allocation. A key the user gives in ``args`` wins, but for
@@ -99,7 +102,7 @@ def overrides(env: Mapping[str, str], args: Sequence[str], host: Callable[[str],
 
 
 def requeue_target(env: Mapping[str, str]) -> str:
-    """What `scontrol requeue` takes for this job: `<array job>_<task>` for an array task."""
+    """Return what `scontrol requeue` takes for this job: `<array job>_<task>` for an array task."""
     array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
     if array_job and task:
         return f"{array_job}_{task}"
@@ -109,7 +112,7 @@ def requeue_target(env: Mapping[str, str]) -> str:
 
 
 def _run_dir(args: Sequence[str]) -> Path:
-    """The run dir `fwk train ARGS` uses (the same composition as fwk/cli/train.py)."""
+    """Return the run dir `fwk train ARGS` uses, by the same composition as fwk/cli/train.py."""
     from fwk.config.resolve import resolve
     from fwk.launch.launcher import plan
 
@@ -127,7 +130,8 @@ def requeue(
     run_dir: Callable[[Sequence[str]], Path] = _run_dir,
     scontrol: Callable[[list[str]], int] = lambda argv: subprocess.run(argv).returncode,
 ) -> int:
-    """Requeue this job so that it resumes its run, unless the run is complete; the exit status."""
+    """Requeue this job so that it resumes its run, unless the run is complete, and return the
+    exit status."""
     from fwk.track.store import RunDir
 
     run = RunDir(run_dir(args))

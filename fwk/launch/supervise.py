@@ -44,7 +44,7 @@ PR_SET_PDEATHSIG = 1  # prctl(2) option: a signal for this process when its pare
 
 
 def _children_by_parent() -> dict[int, list[int]]:
-    """Every process's direct children, by parent pid, from /proc (Linux)."""
+    """Map every process to its direct children, by parent pid, from /proc (Linux)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -62,8 +62,8 @@ def _children(pid: int) -> list[int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """All of ``pid``'s descendants: also those in sessions of their own (fwk's launcher starts
-    torchrun in one, and torchrun its workers), which its process group misses."""
+    """List all of ``pid``'s descendants, also those in sessions of their own, which its
+    process group misses. fwk's launcher starts torchrun in one, and torchrun its workers."""
     children, found, todo = _children_by_parent(), [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -77,7 +77,7 @@ def threads_per_rank(nproc_per_node: int) -> int:
 
 
 def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int, keep_fds: tuple[int, ...] = ()) -> int:
-    """Run torchrun's command line; returns the exit status fwk should exit with.
+    """Run torchrun's command line, and return the exit status fwk should exit with.
 
     ``keep_fds`` stay open in torchrun's agent: the run lock's, so that the lock is held
     until the agent, which outlives its workers, has exited (fwk.track.store.RunLock)."""
@@ -87,9 +87,9 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int, keep_fds: 
     logger.info(f"{nproc_per_node} processes x {threads} threads (OMP_NUM_THREADS); logs: {log_dir}")
     with open(log_dir / "torchrun.log", "a") as torchrun_log:
         start = {p: p.stat().st_size for p in log_dir.glob("rank*.log")}
-        # torchrun ignores SIGUSR1 (SIG_IGN is inherited; the workers' training loops set their
-        # own handler): SLURM may signal every process of a job step, and by default USR1 would
-        # end torchrun and orphan its workers in the middle of their checkpoint.
+        # torchrun ignores SIGUSR1. SIG_IGN is inherited, and the workers' training loops set
+        # their own handler. SLURM may signal every process of a job step, and by default USR1
+        # would end torchrun and orphan its workers in the middle of their checkpoint.
         usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         try:
             proc = subprocess.Popen(
@@ -144,7 +144,8 @@ def run_torchrun(argv: list[str], log_dir: Path, nproc_per_node: int, keep_fds: 
 
 
 def workers_of(run_dir: Path) -> list[int]:
-    """Live worker processes of the run in ``run_dir`` (``python -m fwk.launch.worker <run_dir>``)."""
+    """List the live worker processes of the run in ``run_dir``
+    (``python -m fwk.launch.worker <run_dir>``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -161,7 +162,8 @@ def workers_of(run_dir: Path) -> list[int]:
 
 
 def _stop_workers(run_dir: Path, grace_s: float = 10.0) -> str:
-    """Wait for the run's workers to die with their agent (SIGKILL after ``grace_s``); what happened, for fwk's line."""
+    """Wait for the run's workers to die with their agent, and SIGKILL them after ``grace_s``.
+    Return what happened, for fwk's line."""
     deadline = time.monotonic() + grace_s
     while (left := workers_of(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -171,7 +173,8 @@ def _stop_workers(run_dir: Path, grace_s: float = 10.0) -> str:
 
 
 def _parent_death_signal(sig: int) -> bool:
-    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux); whether it took."""
+    """Ask the kernel to send ``sig`` to this process when its parent dies, on Linux. Return
+    whether it took."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
@@ -180,9 +183,10 @@ def _parent_death_signal(sig: int) -> bool:
 
 
 def _stop_with(launcher: int) -> Callable[[], None]:
-    """torchrun's agent, between fork and exec: SIGTERM when the launcher dies (SIGKILL, a
-    crash), which torchrun passes on to the workers, who save a checkpoint and exit as on
-    Ctrl-C; the agent holds the run lock until they have. A launcher already gone: exit."""
+    """Make torchrun's agent, between fork and exec, get SIGTERM when the launcher dies, by
+    SIGKILL or a crash. torchrun passes it on to the workers, who save a checkpoint and exit as
+    on Ctrl-C, and the agent holds the run lock until they have. When the launcher is already
+    gone, exit."""
 
     def preexec() -> None:
         if _parent_death_signal(signal.SIGTERM) and os.getppid() != launcher:
@@ -192,8 +196,9 @@ def _stop_with(launcher: int) -> Callable[[], None]:
 
 
 def die_with_agent() -> None:
-    """In a worker under fwk's torchrun: SIGKILL when the agent (the parent) dies, and exit at
-    once if it died already (the worker's parent is then no longer a child of the launcher)."""
+    """Make a worker under fwk's torchrun get SIGKILL when the agent, its parent, dies. Exit at
+    once if the agent died already: the worker's parent is then no longer a child of the
+    launcher."""
     launcher = os.environ.get(LAUNCHER_ENV)
     if launcher is None or not _parent_death_signal(signal.SIGKILL):
         return  # no parent-death signal here: the launcher's scan (_stop_workers) still ends the worker
@@ -213,14 +218,14 @@ def _kill(pid: int, sig: int) -> None:
 
 
 def _new_text(path: Path, start: dict[Path, int]) -> str:
-    """What this launch appended to a log."""
+    """Return what this launch appended to a log."""
     with open(path, errors="replace") as f:
         f.seek(start.get(path, 0))
         return f.read()
 
 
 def _user_error(log_dir: Path, start: dict[Path, int]) -> str | None:
-    """A worker's own one-line error of this launch (rank 0's first), if one wrote it."""
+    """Return a worker's own one-line error of this launch, rank 0's first, if one wrote it."""
     logs = sorted(log_dir.glob("rank*.log"), key=lambda p: int(p.stem[4:]))
     for log in logs:
         lines = [line for line in _new_text(log, start).splitlines() if line.startswith("fwk: error: ")]
@@ -230,15 +235,15 @@ def _user_error(log_dir: Path, start: dict[Path, int]) -> str | None:
 
 
 def failure_line(log_dir: Path, start: dict[Path, int]) -> str:
-    """One line on why the workers failed, from the logs of this launch."""
+    """Say in one line why the workers failed, from the logs of this launch."""
     own = _user_error(log_dir, start)
     if own is not None:
         return own
     report = _new_text(log_dir / "torchrun.log", start) if (log_dir / "torchrun.log").exists() else ""
-    # torchrun's last report lists every failed rank and names the first it observed; the
-    # others are usually ranks it stopped itself. But a rank that aborted (SIGABRT: its
-    # collective's peer vanished) is reacting to a peer that died in the same instant:
-    # when another rank failed otherwise, that one is the cause.
+    # torchrun's last report lists every failed rank and names the first it observed. The
+    # others are usually ranks it stopped itself. But a rank that aborted with SIGABRT, as its
+    # collective's peer vanished, is reacting to a peer that died in the same instant. When
+    # another rank failed otherwise, that one is the cause.
     report = report.rsplit("Failures:", 1)[-1]
     pattern = r"rank\s*:\s*(\d+)\s*\(local_rank[^)]*\)\s*exitcode\s*:\s*(-?\d+)"
     root = re.findall(pattern, report.rsplit("Root Cause (first observed failure)", 1)[-1])
@@ -255,7 +260,8 @@ def failure_line(log_dir: Path, start: dict[Path, int]) -> str:
 
 
 def redirect_worker_output(rank: int) -> None:
-    """In a worker started by run_torchrun: stderr (and stdout, but for rank 0) to its log file.
+    """In a worker started by run_torchrun, send its stderr, and its stdout but for rank 0, to
+    its log file.
 
     Done on the file descriptors, so C++ and library output is caught too.
     """

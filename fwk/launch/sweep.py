@@ -1,4 +1,4 @@
-"""`fwk train -m`: a sweep's runs, each composed and checked up front, then run one after another.
+"""`fwk train -m`: compose and check a sweep's runs up front, then run them one after another.
 
 Every member is an ordinary run (its own content-addressed run id and run dir), launched the
 way `fwk train` launches one run: in this process for one worker, through torchrun for
@@ -58,7 +58,7 @@ class Sweep:
         return f"sweep {self.id}: {runs} over {', '.join(self.keys) or 'no key'}"
 
     def describe(self) -> str:
-        """What `--dry-run` prints: the sweep, then each member's run id and launch line."""
+        """Return what `--dry-run` prints: the sweep, then each member's run id and launch line."""
         lines = [self.title()]
         for m in self.members:
             lines.append(self.header(m))
@@ -66,7 +66,7 @@ class Sweep:
         return "\n".join(lines)
 
     def configs(self) -> str:
-        """What `--cfg` prints: each member's resolved config, as YAML documents."""
+        """Return what `--cfg` prints: each member's resolved config, as YAML documents."""
         return "".join(
             f"---\n# sweep run {m.number}/{len(self.members)}: {m.combination.label()}\n{m.resolved.as_yaml}"
             for m in self.members
@@ -90,7 +90,8 @@ class Sweep:
 
 @contextmanager
 def _naming(number: int, total: int, combination: Combination) -> Iterator[None]:
-    """A user's mistake in one combination names it: the whole sweep fails on that one line."""
+    """Make a user's mistake in one combination name it, so that the whole sweep fails on that
+    one line."""
     try:
         yield
     except UserError as exc:
@@ -98,7 +99,7 @@ def _naming(number: int, total: int, combination: Combination) -> Iterator[None]
 
 
 def prepare(overrides: list[str], checks: bool = True) -> Sweep:
-    """Expand, compose, validate and plan every combination; nothing runs, nothing is written."""
+    """Expand, compose, validate and plan every combination. Nothing runs, and nothing is written."""
     keys, combinations = expand(overrides)
     members = []
     for number, combination in enumerate(combinations, 1):
@@ -110,7 +111,7 @@ def prepare(overrides: list[str], checks: bool = True) -> Sweep:
 
 
 def _check_distinct(members: list[Member]) -> None:
-    """Members are distinct runs under one runs root (the sweep's record lives there)."""
+    """Check that the members are distinct runs under one runs root, where the sweep's record lives."""
     roots = {m.plan.run_dir.parent for m in members}
     if len(roots) > 1:
         raise UserError(f"a sweep's runs share one runs root, not {len(roots)}; do not sweep paths.runs")
@@ -135,7 +136,7 @@ class Outcome:
         return 130 if self.stopped else 1 if self.failed else 0
 
     def last_line(self, sweep: Sweep) -> str | None:
-        """The closing line on stderr of a sweep that did not finish every run, else None."""
+        """Return the closing line on stderr of a sweep that did not finish every run, else None."""
         if self.stopped is not None:
             return (
                 f"fwk: sweep {sweep.id} stopped during run {self.stopped.number}/{len(sweep.members)}; "
@@ -148,8 +149,8 @@ class Outcome:
 
 
 def run_sweep(sweep: Sweep, orders: dict[str, Any] | None = None) -> Outcome:
-    """Run each member in turn; the model and device checks of every unfinished one come first.
-    ``orders``: to every member's workers (``--redecide``)."""
+    """Run each member in turn, after the model and device checks of every unfinished one.
+    ``orders`` go to every member's workers (``--redecide``)."""
     jobs = {m.number: m.job(sweep.id, orders) for m in sweep.members}
     for m in sweep.members:
         if jobs[m.number].summary() is None:  # torch is imported only when there is something to train

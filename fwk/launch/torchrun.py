@@ -13,7 +13,7 @@ ELASTIC_RESTARTS = 3
 
 
 def torchrun_argv(p: ParallelConfig, run_dir: Path, run_id: str) -> list[str]:
-    """``python -m torch.distributed.run ... -m fwk.launch.worker <run_dir>``.
+    """Build ``python -m torch.distributed.run ... -m fwk.launch.worker <run_dir>``.
 
     torchrun is started through this interpreter so that it runs in fwk's environment
     even when the ``torchrun`` script is not on PATH.

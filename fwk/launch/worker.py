@@ -1,4 +1,4 @@
-"""A worker: ``python -m fwk.launch.worker <run_dir>`` (what torchrun starts on every rank).
+"""A worker, ``python -m fwk.launch.worker <run_dir>``, which torchrun starts on every rank.
 
 It reads the resolved config from the run dir and never calls Hydra's composition.
 """
@@ -19,7 +19,7 @@ from fwk.track.store import RunDir
 
 
 def run_worker(run_dir: Path) -> int:
-    """Train the run in this process; 0 when finished or stopped cleanly."""
+    """Train the run in this process. Return 0 when it finished or stopped cleanly."""
     from fwk.components.sinks import Tracking
     from fwk.distributed.group import shutdown
     from fwk.engine.assemble import build_run

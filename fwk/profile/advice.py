@@ -33,7 +33,7 @@ class Advice:
 
 
 def signals(figs: dict[str, Any], settings: dict[str, Any], hardware: dict[str, Any]) -> dict[str, Any]:
-    """The numbers and settings the rules read."""
+    """Gather the numbers and settings the rules read."""
     shares = {r["part"]: r["share"] for r in figs["split"]["rows"]}
     return {
         "device": figs["device"],

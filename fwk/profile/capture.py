@@ -49,13 +49,13 @@ class Captured:
 
 
 class ModuleLabels:
-    """Opens a ``fwk.module: <name>`` profiler range around every module's forward."""
+    """A hook set that opens a ``fwk.module: <name>`` profiler range around every module's forward."""
 
     def __init__(self) -> None:
         self.types: dict[str, str] = {}
 
     def attach(self, model: nn.Module) -> nn.Module:
-        """Install the hooks (returns the model, to train)."""
+        """Install the hooks, and return the model to train."""
         from torch.profiler import record_function
 
         for qualified, module in model.named_modules():
@@ -80,9 +80,10 @@ class ModuleLabels:
 
 
 class EngineOutput(io.TextIOBase):
-    """The engine's stdout while profiling: every line into ``engine.log``; on screen, its
-    decisions (precision, memory, parallel, jit) but not its progress rows, whose loss and
-    accuracy after a few steps mean nothing here."""
+    """The engine's stdout while profiling. Every line goes into ``engine.log``.
+
+    On screen it shows the engine's decisions (precision, memory, parallel, jit) but not its
+    progress rows, whose loss and accuracy after a few steps mean nothing here."""
 
     _PROGRESS = re.compile(r"^step\s+\d+/\d+\s")
 
@@ -113,8 +114,8 @@ class EngineOutput(io.TextIOBase):
 
 
 def profile_config(cfg: Config, warmup: int, steps: int) -> tuple[Config, list[str]]:
-    """The run's config cut to ``warmup + steps`` steps in one process, without evaluation
-    or checkpoints to speak of; and notes on what differs from the real run."""
+    """Cut the run's config to ``warmup + steps`` steps in one process, without evaluation or
+    checkpoints to speak of. Return it with notes on what differs from the real run."""
     replace = dataclasses.replace
     total = warmup + steps
     notes = []
@@ -160,7 +161,7 @@ def _hardware(device: torch.device) -> dict[str, Any]:
 
 
 def capture(cfg: Config, warmup: int, steps: int, out: Path) -> Captured:
-    """Train ``warmup + steps`` steps of ``cfg`` under the profiler; the trace goes to ``out``."""
+    """Train ``warmup + steps`` steps of ``cfg`` under the profiler. The trace goes to ``out``."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from fwk.distributed.group import pick_device

@@ -131,7 +131,8 @@ class Trace:
         return i >= 0 and ts <= self.steps[i].end
 
     def phase_at(self, ts: float) -> str:
-        """The part of the step running at ``ts`` (any thread: CUDA runs backward on its own)."""
+        """Return the part of the step running at ``ts``, on any thread, since CUDA runs
+        backward on its own."""
         i = bisect.bisect_right(self._phase_starts, ts) - 1
         if i >= 0 and ts <= self._phases[i].end:
             return _PHASE_LABELS[self._phases[i].name]
@@ -145,13 +146,14 @@ class Trace:
         return [s for s in self.spans if s.cat == "cpu_op" and self.in_steps(s.start)]
 
     def cost(self, op: Span) -> float:
-        """An op's own time: its kernels' time on CUDA, its host self time on a CPU."""
+        """Return an op's own time: its kernels' time on CUDA, its host self time on a CPU."""
         return op.device_us if self.on_device else op.self_us
 
 
 # ---- operators ---------------------------------------------------------------------------
 def operators(trace: Trace) -> dict[str, Any]:
-    """Operators by own time, with shares and cumulative shares; k of n take 80%."""
+    """Rank the operators by own time, with shares and cumulative shares. Say how many of them,
+    k of n, take 80%."""
     rows: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "self_us": 0.0, "host_us": 0.0})
     for op in trace.ops():
         row = rows[op.name]
@@ -187,7 +189,8 @@ def _is_comm(s: Span) -> bool:
 
 
 def split(trace: Trace) -> dict[str, Any]:
-    """Each step's time in data wait, forward, backward, optimizer, communication, other.
+    """Split each step's time into data wait, forward, backward, optimizer, communication and
+    other.
 
     CPU: host wall time of the engine's labels, communication ops taken out of the part
     they ran in. CUDA: kernel time launched in each part (data: the host's wait for the
@@ -229,7 +232,7 @@ def split(trace: Trace) -> dict[str, Any]:
 
 # ---- modules -----------------------------------------------------------------------------
 def _module_of(span: Span) -> str | None:
-    """The innermost module range around ``span`` (or the span itself)."""
+    """Return the innermost module range around ``span``, or the span itself."""
     for s in [span, *span.ancestors()]:
         if s.name.startswith(MODULE_PREFIX):
             return s.name[len(MODULE_PREFIX) :]
@@ -237,7 +240,8 @@ def _module_of(span: Span) -> str | None:
 
 
 def _lineage(name: str) -> list[str]:
-    """``features.0`` -> ``[<model>, features, features.0]``."""
+    """Return the module names from the model down to ``name``: ``features.0`` ->
+    ``[<model>, features, features.0]``."""
     if name == ROOT:
         return [ROOT]
     parts = name.split(".")
@@ -245,12 +249,13 @@ def _lineage(name: str) -> list[str]:
 
 
 def called_modules(trace: Trace) -> set[str]:
-    """Modules whose forward ran: containers never called (``nn.ModuleList``) get no backward either."""
+    """Return the modules whose forward ran. Containers never called, such as
+    ``nn.ModuleList``, get no backward either."""
     return {s.name[len(MODULE_PREFIX) :] for s in trace.spans if s.name.startswith(MODULE_PREFIX)}
 
 
 def backward_modules(trace: Trace) -> dict[int, str]:
-    """Autograd sequence number -> the module whose forward ran the op with that number."""
+    """Map each autograd sequence number to the module whose forward ran the op with that number."""
     seq_module: dict[int, str] = {}
     for s in trace.spans:
         seq = s.args.get("Sequence number")
@@ -280,8 +285,9 @@ def _descendants(span: Span) -> list[Span]:
 
 
 def modules(trace: Trace, types: dict[str, str]) -> dict[str, Any]:
-    """Per module: forward time, backward time (its ops' gradients, and recomputation under
-    activation checkpointing), and the peak memory allocated while either ran."""
+    """Measure per module the forward time, the backward time and the peak memory allocated
+    while either ran. The backward time counts its ops' gradients, and recomputation under
+    activation checkpointing."""
     times: dict[str, dict[str, float]] = defaultdict(lambda: {"forward": 0.0, "backward": 0.0})
     windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
     seq_module = backward_modules(trace)
@@ -331,7 +337,7 @@ def modules(trace: Trace, types: dict[str, str]) -> dict[str, Any]:
 
 
 def memory(trace: Trace, device_memory_bytes: int) -> dict[str, Any]:
-    """Peak allocated memory over the recorded steps, against the device's memory."""
+    """Return the peak allocated memory over the recorded steps, against the device's memory."""
     device_type = 1 if any(dev == 1 for *_, dev in trace.memory) else 0
     _, totals = _peak(trace, device_type)
     peak = max(totals, default=0)
@@ -355,7 +361,8 @@ def _is_nchw(dims: list[int], strides: list[int]) -> bool:
 
 
 def compute_facts(trace: Trace) -> dict[str, float]:
-    """Shares of op time: conv/matmul in fp32 and in bf16, NCHW convs under AMP, calls under 20 µs."""
+    """Return shares of op time: conv/matmul in fp32 and in bf16, NCHW convs under AMP, and
+    calls under 20 µs."""
     ops = trace.ops()
     total = sum(trace.cost(op) for op in ops) or 1.0
     fp32 = bf16 = nchw_amp = 0.0

@@ -1,4 +1,5 @@
-"""Flame graphs as self-contained SVG: no script, no server; a tooltip per frame (``<title>``).
+"""Flame graphs as self-contained SVG, with no script and no server, and a tooltip per frame
+(``<title>``).
 
 Stacks come from the trace: the step, its part (``fwk.forward`` ...), the module hierarchy
 (``features`` -> ``features.0 Conv2d``; a backward op sits under the module whose forward
@@ -22,7 +23,8 @@ WIDTH, ROW, FONT = 1200, 17, 11
 
 
 def _frames(span: Span, trace: Trace, seq_module: dict[int, str], types: dict[str, str], called: set[str]) -> list[str]:
-    """The stack of ``span``, outermost first, with module names for module ranges and for backward ops."""
+    """Return the stack of ``span``, outermost first, with module names for module ranges and
+    for backward ops."""
     chain = [*reversed(span.ancestors()), span]
     frames: list[str] = []
     if not chain[0].name.startswith("ProfilerStep#"):  # another thread (CUDA's autograd thread): say where
@@ -42,7 +44,7 @@ def _frames(span: Span, trace: Trace, seq_module: dict[int, str], types: dict[st
 
 
 def time_stacks(trace: Trace, types: dict[str, str]) -> dict[Stack, float]:
-    """Microseconds per stack: host self time on a CPU, kernel time on CUDA."""
+    """Sum the microseconds per stack: host self time on a CPU, kernel time on CUDA."""
     seq_module, called = backward_modules(trace), called_modules(trace)
     stacks: dict[Stack, float] = {}
     for s in trace.spans:
@@ -56,7 +58,7 @@ def time_stacks(trace: Trace, types: dict[str, str]) -> dict[Stack, float]:
 
 
 def memory_stacks(trace: Trace, types: dict[str, str]) -> dict[Stack, float]:
-    """Bytes allocated per stack on the device that trained (CUDA if any, else CPU)."""
+    """Sum the bytes allocated per stack on the device that trained, CUDA if any, else CPU."""
     seq_module, called = backward_modules(trace), called_modules(trace)
     device_type = 1 if any(dev == 1 for *_, dev in trace.memory) else 0
     by_thread = {tid: sorted(spans, key=lambda s: s.start) for tid, spans in trace.threads.items()}
@@ -101,7 +103,7 @@ def _color(name: str) -> str:
 
 
 def svg(stacks: dict[Stack, float], title: str, unit: str) -> str:
-    """An icicle-style flame graph (the whole at the top, callees below) of ``stacks``."""
+    """Draw ``stacks`` as an icicle-style flame graph, with the whole at the top and callees below."""
     root = _tree(stacks)
     total = root["value"] or 1.0
     scale = WIDTH / total

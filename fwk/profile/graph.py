@@ -35,7 +35,7 @@ _SOURCE = re.compile(r"# (?:Topologically Sorted )?Source Nodes: \[(.*?)\], Orig
 
 
 def before_graph(model: nn.Module, x: torch.Tensor) -> list[dict[str, Any]]:
-    """The FX nodes TorchDynamo captures from ``model(x)`` (placeholders left out)."""
+    """List the FX nodes TorchDynamo captures from ``model(x)``, leaving out placeholders."""
     graphs: list[torch.fx.GraphModule] = []
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -59,14 +59,14 @@ def before_graph(model: nn.Module, x: torch.Tensor) -> list[dict[str, Any]]:
 
 
 def _module_name(dynamo_path: str) -> str:
-    """Dynamo's ``L['self'].features[0]`` -> ``features.0``."""
+    """Turn Dynamo's ``L['self'].features[0]`` into ``features.0``."""
     path = re.sub(r"^L\['self'\]\.?", "", dynamo_path)
     path = re.sub(r"\[(\d+)\]", r".\1", path).replace("._modules['", ".").replace("']", "")
     return path.strip(".")
 
 
 def after_kernels(code: str) -> list[dict[str, Any]]:
-    """The kernel and library calls, in order, of one generated module's ``call``."""
+    """List the kernel and library calls, in order, of one generated module's ``call``."""
     calls, pending = [], None
     for line in code.splitlines():
         source = _SOURCE.search(line)
@@ -88,7 +88,7 @@ def after_kernels(code: str) -> list[dict[str, Any]]:
 
 
 def folded_pairs(model: nn.Module) -> list[str]:
-    """The Conv->BatchNorm pairs that evaluation and export fold into one conv."""
+    """Find the Conv->BatchNorm pairs that evaluation and export fold into one conv."""
     from fwk.export.fuse import fold_conv_bn
 
     norms = {n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}

@@ -1,4 +1,4 @@
-"""The profile on screen (rich tables) and on disk (``profile.json``, flame graphs).
+"""The profile on screen, in rich tables, and on disk, in ``profile.json`` and flame graphs.
 
 Every figure printed is in ``profile.json``, under the same names.
 """
@@ -21,7 +21,7 @@ TOP_MODULES = 15
 
 
 def build(captured: Captured, settings: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Read the trace, write the flame graphs and profile.json; returns the figures."""
+    """Read the trace, write the flame graphs and profile.json, and return the figures."""
     trace = figures.Trace.load(captured.trace)
     figs: dict[str, Any] = {
         "device": captured.device,

@@ -46,7 +46,8 @@ def _error(message: str, status: int, headers: dict[str, str] | None = None) -> 
 
 
 async def _off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``: in a thread when ``big`` (the event loop keeps answering meanwhile), else here."""
+    """Call ``fn(*args)`` in a thread when ``big``, so that the event loop keeps answering
+    meanwhile, and here otherwise."""
     return await asyncio.to_thread(fn, *args) if big else fn(*args)
 
 
@@ -59,7 +60,7 @@ class Refused(BadRequest):
 
 
 class _Routes:
-    """Hold the repository and the admin token that the routes read."""
+    """The routes, with the repository and the admin token that they read."""
 
     def __init__(self, repo: Repository, admin_token: str) -> None:
         self.repo = repo
@@ -102,7 +103,8 @@ class _Routes:
         return b"".join(chunks)
 
     def check_admin(self, request: Request) -> None:
-        """promote/rollback: only with the token, and never from a web page of another origin."""
+        """Allow promote and rollback only with the token, and never from a web page of another
+        origin."""
         if not self.admin_token:
             off = "promote and rollback are off (serve.admin_token is empty); start with serve.admin_token=auto"
             raise BadRequest(off, 403)
@@ -260,8 +262,10 @@ class _Routes:
 
 
 def build(repo: Repository, admin_token: str = "") -> Front:
-    """The routed app behind its Front (health checks, refusals past serve.max_inflight);
-    ``admin_token``: what promote and rollback require (empty: they are off)."""
+    """Build the routed app behind its Front, which answers health checks and refuses requests
+    past serve.max_inflight.
+
+    ``admin_token`` is what promote and rollback require. When it is empty, they are off."""
     r = _Routes(repo, admin_token)
     routes = [
         Route("/v2", r.server_metadata),

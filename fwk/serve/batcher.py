@@ -1,4 +1,4 @@
-"""Adaptive batching: requests to one model version are merged into batches (pure asyncio).
+"""Adaptive batching, in pure asyncio: requests to one model version are merged into batches.
 
 A batch closes when it holds ``max_batch_size`` rows, or when its oldest request has
 waited ``delay_s(rows)``: at most ``max_delay_ms``, and (adaptive) at most the measured
@@ -36,11 +36,12 @@ _STOP = object()
 
 
 class Overloaded(Exception):
-    """The version's queue is full: the request was not queued (503, try again later)."""
+    """An error for a request the version's full queue did not take: answer 503, try again later."""
 
 
 class InputFailed(Exception):
-    """The model failed on this request's input, run alone, while the others of its batch ran."""
+    """An error for a request whose input the model failed on, run alone, while the others of
+    its batch ran."""
 
 
 @dataclass
@@ -67,7 +68,8 @@ class _Item:
 
 
 class Batcher:
-    """Merge submitted arrays (rows first) into batches of at most ``max_batch_size`` rows."""
+    """A batcher that merges submitted arrays, rows first, into batches of at most
+    ``max_batch_size`` rows."""
 
     def __init__(
         self,
@@ -81,9 +83,12 @@ class Batcher:
         max_queue_rows: int | None = None,
         handles: Callable[[], Any] | None = None,
     ) -> None:
-        """``max_queue_rows``: rows that may wait (None: no bound). ``handles``: makes the handle
-        of one run (onnxruntime's RunOptions), passed as ``run(x, handle)``; ``handle.terminate
-        = True`` from another thread stops that run (None: a run always ends by itself)."""
+        """Set up the batcher. ``max_queue_rows`` is the rows that may wait, and None means no
+        bound.
+
+        ``handles`` makes the handle of one run, onnxruntime's RunOptions, passed as
+        ``run(x, handle)``. Setting ``handle.terminate = True`` from another thread stops that
+        run. Without ``handles`` a run always ends by itself."""
         self._run, self._executor, self._slots, self._handles = run, executor, slots, handles
         self.max_batch_size, self.max_delay_s, self.adaptive = max_batch_size, max_delay_ms / 1000, adaptive
         self.max_queue_rows = max_queue_rows
@@ -111,7 +116,8 @@ class Batcher:
         return self.seconds[near] * rows / near
 
     def delay_s(self, rows: int) -> float:
-        """How long a batch of ``rows`` waits (from its oldest request) for more requests."""
+        """Return how long a batch of ``rows`` waits for more requests, counted from its oldest
+        request."""
         if not self.adaptive:
             return self.max_delay_s
         est = self.estimate_s(rows)
@@ -123,9 +129,9 @@ class Batcher:
             self._task = asyncio.get_running_loop().create_task(self._collect())
 
     async def submit(self, x: np.ndarray, high: bool = False) -> Result:
-        """``x``'s outputs, run in batches of at most ``max_batch_size`` rows (several for a
-        larger request, its parts' outputs joined back); ``Overloaded`` when its rows do not
-        fit the queue."""
+        """Run ``x`` in batches of at most ``max_batch_size`` rows and return its outputs. A
+        larger request runs as several, and its parts' outputs are joined back. Raise
+        ``Overloaded`` when its rows do not fit the queue."""
         if self._task is None or self._task.done():
             raise RuntimeError("the batcher is not running")
         rows = int(x.shape[0])
@@ -155,13 +161,14 @@ class Batcher:
         return await item.future
 
     def timed_run(self, x: np.ndarray, handle: Any = None) -> tuple[list[np.ndarray], float]:
-        """The blocking call, timed in the worker thread (the pool's queueing is not run time)."""
+        """Make the blocking call and time it in the worker thread, since the pool's queueing
+        is not run time."""
         t0 = time.perf_counter()
         out = self._run(x) if handle is None else self._run(x, handle)
         return out, time.perf_counter() - t0
 
     def _stopped_when_gone(self, batch: list[_Item]) -> Any:
-        """A handle for the batch's run, terminated as soon as none of its callers waits."""
+        """Make a handle for the batch's run, terminated as soon as none of its callers waits."""
         if self._handles is None:
             return None
         handle = self._handles()
@@ -184,7 +191,7 @@ class Batcher:
             await asyncio.gather(*self._running, return_exceptions=True)
 
     def _taken(self, item: Any) -> Any:
-        """An item off the queue: its rows no longer wait."""
+        """Count an item off the queue as no longer waiting, and return it."""
         if isinstance(item, _Item):
             self.queued_rows -= item.rows
         return item
@@ -257,7 +264,7 @@ class Batcher:
                 i.future.set_result(Result(mine, rows, len(batch), start - i.t, seconds))
 
     async def _one_by_one(self, batch: list[_Item], start: float) -> None:
-        """After a merged batch failed: run each of its requests alone (in the batch's slot)."""
+        """After a merged batch failed, run each of its requests alone, in the batch's slot."""
         loop, failed, ran = asyncio.get_running_loop(), [], 0
         for i in batch:
             if i.future.done():

@@ -37,7 +37,7 @@ def _reply(body: dict[str, Any], status: int, *extra: tuple[bytes, bytes]) -> tu
 
 
 class Front:
-    """``app`` behind the two cheap answers; ``ready()``: whether the models are warm."""
+    """``app`` behind the two cheap answers. ``ready()`` tells whether the models are warm."""
 
     def __init__(
         self, app: App, ready: Callable[[], bool], metrics: Metrics, max_inflight: int, body_timeout_s: float

@@ -34,7 +34,7 @@ def read(model_file: Path, name: str, rank: int) -> Limits:
     made_by = {out: node for node in graph.node for out in node.output}
 
     def source(tensor: str) -> Any:
-        """The node that computes ``tensor``, past nodes that only reshape or cast it."""
+        """Return the node that computes ``tensor``, past nodes that only reshape or cast it."""
         node = made_by.get(tensor)
         while node is not None and node.op_type in PASS_THROUGH:
             node = made_by.get(node.input[0])
@@ -48,7 +48,8 @@ def read(model_file: Path, name: str, rank: int) -> Limits:
         return int(shapes[data][0]) if data in shapes and len(shapes[data]) == 2 else None
 
     def dim_of(tensor: str) -> int | None:
-        """The input dimension ``tensor`` holds the size of (Shape(input)[k]), if it does."""
+        """Return the input dimension whose size ``tensor`` holds, as Shape(input)[k], if it
+        holds one."""
         node = source(tensor)
         if node is None or node.op_type != "Shape" or node.input[0] != name:
             return None

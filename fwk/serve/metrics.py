@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server (its own registry: two servers in one process don't mix)."""
+"""Prometheus metrics of one server. It has its own registry, so that two servers in one
+process don't mix."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ class Metrics:
         )
 
     def on_batch(self, model: str, version: str):
-        """The batcher's callback for one version: batch rows, requests merged, run seconds."""
+        """Return the batcher's callback for one version, which records batch rows, requests
+        merged and run seconds."""
         size, merged, infer = (
             self.batch_size.labels(model, version),
             self.batch_requests.labels(model, version),

@@ -1,4 +1,4 @@
-"""Exports on disk -> onnxruntime sessions with their input and output metadata.
+"""Exports on disk, loaded into onnxruntime sessions with their input and output metadata.
 
 An export is ``<runs root>/<run id>/exports/<export id>/`` holding ``export_report.json``;
 the report's ``final`` names the model file to serve (int8.onnx, fp32.onnx, ...). Export
@@ -56,7 +56,7 @@ class Export:
 
 
 def all_exports(root: Path) -> list[Export]:
-    """Every export under ``root`` with a readable report, oldest first."""
+    """List every export under ``root`` with a readable report, oldest first."""
     found = []
     for report in sorted(root.glob(f"*/exports/*/{REPORT}")):
         try:
@@ -79,7 +79,8 @@ def _servable(e: Export) -> Export:
 
 
 def find_export(root: Path, query: str | None) -> Export:
-    """The export ``query`` names: an export id, a run id (its newest export), or a unique prefix of one."""
+    """Find the export ``query`` names: an export id, a run id for its newest export, or a
+    unique prefix of one."""
     exports = all_exports(root)
     if not exports:
         raise UserError(
@@ -131,8 +132,10 @@ def _tensor(arg: Any) -> Tensor:
 
 @dataclass
 class Loaded:
-    """An export in an onnxruntime session: run(x) takes a batch (rows first) of the one input;
-    ``options``, from ``handle()``, lets another thread stop that run (``options.terminate = True``)."""
+    """An export loaded in an onnxruntime session.
+
+    run(x) takes a batch of the one input, rows first. ``options``, from ``handle()``, lets
+    another thread stop that run with ``options.terminate = True``."""
 
     export: Export
     session: Any
@@ -150,7 +153,7 @@ class Loaded:
 
 
 def load(export: Export, intra_op_threads: int) -> Loaded:
-    """An onnxruntime CPU session of the export's final model; refuses models it cannot batch."""
+    """Open an onnxruntime CPU session of the export's final model. Refuse models it cannot batch."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -171,7 +174,8 @@ def load(export: Export, intra_op_threads: int) -> Loaded:
 
 
 def example(tensor: Tensor, rows: int, seed: int = 0) -> Any:
-    """A batch of ``rows`` for warm-up: standard normal values (ints: small ones), free dims as 1."""
+    """Make a batch of ``rows`` for warm-up: standard normal values, small ones for ints, and
+    free dims as 1."""
     import numpy as np
 
     shape = (rows, *[d if d > 0 else 1 for d in tensor.shape[1:]])

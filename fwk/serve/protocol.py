@@ -44,7 +44,7 @@ def _wanted(t: Tensor) -> str:
 
 
 def split(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
-    """The JSON header as a dict, and the binary tensor bytes after it."""
+    """Split the body into the JSON header, as a dict, and the binary tensor bytes after it."""
     if header_length is None:
         head, rest = body, b""
     else:
@@ -67,7 +67,8 @@ def split(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes
 
 
 def client_id(req: dict[str, Any]) -> str | None:
-    """``parameters.client_id``: requests with the same id go to the same version (canary or stable)."""
+    """Return ``parameters.client_id``. Requests with the same id go to the same version,
+    canary or stable."""
     params = req.get("parameters")
     value = params.get("client_id") if isinstance(params, dict) else None
     return None if value is None else str(value)
@@ -85,9 +86,10 @@ def _params(where: dict[str, Any], what: str) -> dict[str, Any]:
 def parse(
     req: dict[str, Any], rest: bytes, model: str, want: Tensor, outputs: list[Tensor], max_rows: int | None = None
 ) -> InferRequest:
-    """Check a v2 infer request against the model's one input, before it joins a batch:
-    names, datatype, shape, size, and the values (finite floats; token ids the model has).
-    Returns the input as a numpy array. ``max_rows``: more rows is a 413 naming the limit."""
+    """Check a v2 infer request against the model's one input before it joins a batch, and
+    return the input as a numpy array. The check covers names, datatype, shape, size and the
+    values: floats must be finite, and token ids ones the model has. With ``max_rows``, more
+    rows is a 413 naming the limit."""
     inputs = req.get("inputs")
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) for i in inputs):
         raise BadRequest(f"'inputs' must be a list of tensors; model {model} takes one input {_wanted(want)}")
@@ -153,8 +155,8 @@ def parse(
 
 
 def _check_values(x: np.ndarray, want: Tensor) -> None:
-    """What the model cannot take and would fail (or poison its batch) on: NaN or Inf, and
-    token ids outside its embedding table."""
+    """Refuse what the model cannot take and would fail on, or poison its batch with: NaN or
+    Inf, and token ids outside its embedding table."""
     if x.dtype.kind == "f" and not np.isfinite(x).all():
         raise BadRequest(f"input '{want.name}' holds NaN or Inf values; send finite numbers")
     if want.ids is not None and x.size and (x.min() < 0 or x.max() >= want.ids):
@@ -165,7 +167,7 @@ def _check_values(x: np.ndarray, want: Tensor) -> None:
 def reply(
     model: str, version: str, request: InferRequest, tensors: list[Tensor], arrays: list[np.ndarray]
 ) -> tuple[bytes, dict[str, str]]:
-    """The response body and its extra headers: JSON, or a JSON header then binary outputs."""
+    """Write the response body and its extra headers: JSON, or a JSON header then binary outputs."""
     by_name = {t.name: (t, a) for t, a in zip(tensors, arrays, strict=True)}
     wanted = request.outputs if request.outputs is not None else [(t.name, False) for t in tensors]
     outs, blobs = [], []

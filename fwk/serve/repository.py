@@ -52,7 +52,7 @@ class Repository:
         self._slots: asyncio.Semaphore | None = None
 
     def at_start(self) -> list[tuple[str, str]]:
-        """(model, version) pairs loaded before the server is ready."""
+        """List the (model, version) pairs loaded before the server is ready."""
         pairs = []
         for model, router in self.routers.items():
             for v in self.versions[model]:
@@ -79,7 +79,7 @@ class Repository:
         self.ready = True
 
     async def get(self, model: str, version: str) -> Version:
-        """The version, loaded and warmed up (now, if it was not)."""
+        """Return the version, loaded and warmed up, now if it was not."""
         entry = self.versions[model][version]
         if entry.batcher is not None:
             return entry

@@ -29,7 +29,7 @@ _TRIAL_KEPT = 100_000  # auto-promote: samples kept per version (the stable one 
 
 
 class Window:
-    """The newest ``size`` requests of one version: (time, seconds, ok)."""
+    """The newest ``size`` requests of one version, as (time, seconds, ok)."""
 
     def __init__(self, size: int) -> None:
         self.rows: deque[tuple[float, float, bool]] = deque(maxlen=size)
@@ -46,15 +46,16 @@ def error_rate(rows: list[tuple[float, float, bool]]) -> float:
 
 
 def p_ms(rows: list[tuple[float, float, bool]], q: float) -> float | None:
-    """The ``q`` quantile of the answered requests' latencies, in ms; None without any."""
+    """Return the ``q`` quantile of the answered requests' latencies, in ms. Return None when
+    there are none."""
     good = [s for _, s, ok in rows if ok]
     return float(np.quantile(np.asarray(good), q) * 1000) if good else None
 
 
 @dataclass
 class VersionStats:
-    """Counters of one version since the server started, and its newest ``window`` requests
-    (the error rate and latencies are the window's)."""
+    """Counters of one version since the server started, and its newest ``window`` requests.
+    The error rate and latencies are the window's."""
 
     window: int = 2048
     requests: int = 0
@@ -83,7 +84,8 @@ class VersionStats:
 
 @dataclass(frozen=True)
 class AutoPromote:
-    """--auto-promote: decide after ``requests`` canary requests, within these bounds of the stable version."""
+    """The bounds of --auto-promote. It decides after ``requests`` canary requests, within
+    these bounds of the stable version."""
 
     requests: int
     max_error_delta: float
@@ -91,7 +93,7 @@ class AutoPromote:
 
 
 def sticky_share(model: str, client_id: str) -> float:
-    """A client's fixed point in [0, 1): below the canary share, it is a canary client."""
+    """Return a client's fixed point in [0, 1). Below the canary share, it is a canary client."""
     digest = hashlib.sha256(f"{model}\0{client_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
@@ -127,8 +129,8 @@ class Router:
     def record(
         self, version: str, seconds: float, ok: bool, routed: bool = True, t: float | None = None
     ) -> dict[str, Any] | None:
-        """Count an answered request; ``routed``: the router picked its version (the request
-        named none). With auto-promote, the decision it triggered (if any)."""
+        """Count an answered request. ``routed`` says the router picked its version, since the
+        request named none. With auto-promote, return the decision it triggered, if any."""
         t = time.monotonic() if t is None else t
         self.stats[version].add(seconds, ok, t)
         if self.auto is None or not routed or version not in (self.canary, self.stable):
@@ -140,7 +142,7 @@ class Router:
 
     def _decide(self) -> dict[str, Any] | None:
         """Promote or roll back once both versions have enough routed requests since the
-        canary's first one; None before."""
+        canary's first one. Return None before."""
         assert self.auto is not None and self.canary is not None and self.trial_from is not None
         new, old = self.trial[self.canary].since(self.trial_from), self.trial[self.stable].since(self.trial_from)
         answered = sum(ok for _, _, ok in old)
@@ -159,7 +161,7 @@ class Router:
         return self.promote(why) if err_ok and p99_ok else self.rollback(why)
 
     def promote(self, why: str = "asked") -> dict[str, Any]:
-        """The canary becomes the stable version; the old stable one stays loaded (by version)."""
+        """Make the canary the stable version. The old stable one stays loaded, reachable by version."""
         if self.canary is None:
             raise LookupError(f"model {self.model} has no canary to promote")
         decision = {"action": "promote", "from": self.stable, "to": self.canary, "why": why, "at": time.time()}
@@ -168,7 +170,7 @@ class Router:
         return decision
 
     def rollback(self, why: str = "asked") -> dict[str, Any]:
-        """Stop routing to the canary; it stays loaded (reachable by version)."""
+        """Stop routing to the canary. It stays loaded, reachable by version."""
         if self.canary is None:
             raise LookupError(f"model {self.model} has no canary to roll back")
         decision = {"action": "rollback", "from": self.canary, "to": self.stable, "why": why, "at": time.time()}

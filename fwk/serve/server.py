@@ -38,7 +38,8 @@ def plan(
     canary: str | None = None,
     auto_promote: bool = False,
 ) -> ServePlan:
-    """Resolve the ids (export ids, run ids, prefixes; none: the newest export) into models and versions."""
+    """Resolve the ids into models and versions. They are export ids, run ids or prefixes, and
+    none means the newest export."""
     listed = [find_export(root, q) for q in ids] if ids else [find_export(root, None)]
     new = find_export(root, canary) if canary else None
     recipes = sorted({e.recipe for e in listed + ([new] if new else [])})
@@ -78,7 +79,7 @@ def plan(
 
 
 def check_port(host: str, port: int) -> None:
-    """A taken port is the user's to fix: one line, before anything loads."""
+    """Refuse a taken port in one line, before anything loads, since it is the user's to fix."""
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,4 +1,5 @@
-"""The ``serve`` config group: its schema, composed on its own (Hydra grammar), typed, range-checked."""
+"""The ``serve`` config group: its schema, composed on its own with Hydra's grammar, typed and
+range-checked."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from fwk.registry import doc
 
 @dataclass
 class ServeConfig:
-    """`fwk serve` (conf/serve/): batching, warm-up, threads, canary rollout and request limits.
+    """The settings of `fwk serve` (conf/serve/): batching, warm-up, threads, canary rollout
+    and request limits.
 
     Not part of ``Config``: like ``export``, composed on its own (``serve=OPTION``,
     ``serve.KEY=VALUE``); only fwk/serve/ reads it.
@@ -87,7 +89,8 @@ def _rules(c: ServeConfig) -> Iterator[tuple[bool, str, Any, str]]:
 
 
 def load_settings(overrides: list[str]) -> ServeConfig:
-    """conf/serve/<option>.yaml with the user's overrides; UserError naming a bad key or value."""
+    """Compose conf/serve/<option>.yaml with the user's overrides. Raise a UserError naming a
+    bad key or value."""
     from fwk.config.compose import compose_group
 
     cfg = ServeConfig(**compose_group("serve", ServeConfig, overrides))
@@ -103,7 +106,7 @@ def check_settings(cfg: ServeConfig) -> ServeConfig:
 
 
 def inference_threads(cfg: ServeConfig) -> int:
-    """Batches run at once: serve.threads, else the cores this process may use."""
+    """Return how many batches run at once: serve.threads, else the cores this process may use."""
     import os
 
     if cfg.threads:

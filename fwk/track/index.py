@@ -66,7 +66,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _usable(con: sqlite3.Connection) -> str | None:
-    """None when the index is one we can use; else why not (to say so, then rebuild)."""
+    """Return None when the index is one we can use, and else why not, to say so and then rebuild it."""
     try:
         version = con.execute("PRAGMA user_version").fetchone()[0]
         if version == 0 and not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone():
@@ -81,7 +81,7 @@ def _usable(con: sqlite3.Connection) -> str | None:
 
 @contextlib.contextmanager
 def _rebuild_lock(root: Path) -> Iterator[None]:
-    """One process at a time replaces a bad index: two would delete each other's new one."""
+    """Let one process at a time replace a bad index, since two would delete each other's new one."""
     # on the runs root folder itself: no lock file beside the run dirs
     fd = os.open(root, os.O_RDONLY)
     try:
@@ -172,8 +172,8 @@ def _decode(row: sqlite3.Row) -> dict[str, Any]:
 
 
 def record(run: RunDir, status: str | None = None, **fields: Any) -> None:
-    """Upsert the run's row from its dir; ``status`` overrides what the dir says (the
-    launcher knows "running" and "failed" before the files can show it)."""
+    """Upsert the run's row from its dir. ``status`` overrides what the dir says, since the
+    launcher knows "running" and "failed" before the files can show it."""
     row = row_from_dir(run)
     if status is not None:
         row["status"] = status
@@ -208,7 +208,7 @@ def query(
     tags: list[str] | None = None,
     sweep: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The runs under ``root`` matching every filter given, newest first.
+    """Return the runs under ``root`` matching every filter given, newest first.
 
     The index is first squared with the run dirs: dirs it lacks are added, rows whose dir
     is gone are dropped, and rows that say "running" are checked against the lock (a

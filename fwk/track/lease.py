@@ -35,7 +35,7 @@ SETTLE = 1.0  # seconds a new holder waits, then reads the lease back: two launc
 
 
 def launch_key(rdzv_endpoint: str, env: Mapping[str, str]) -> str:
-    """What every machine of one launch shares and another launch of the run does not."""
+    """Return what every machine of one launch shares and another launch of the run does not."""
     job = env.get("SLURM_JOB_ID")
     return f"SLURM job {job}, rendezvous {rdzv_endpoint}" if job else f"rendezvous {rdzv_endpoint}"
 
@@ -49,7 +49,7 @@ def read(run_path: Path) -> dict[str, Any] | None:
 
 
 def fresh(run_path: Path, now: float | None = None) -> dict[str, Any] | None:
-    """The lease while it is renewed, else None."""
+    """Return the lease while it is renewed, else None."""
     lease = read(run_path)
     if lease is None or (now if now is not None else time.time()) - lease["renewed"] >= STALE_AFTER:
         return None
@@ -63,7 +63,7 @@ def describe(lease: dict[str, Any], now: float | None = None) -> str:
 
 class Lease:
     """Hold ``runs/<id>/lease.json`` for ``key`` while the block runs, renewing it every
-    ``INTERVAL`` seconds from a thread; removed at the end if still this launch's."""
+    ``INTERVAL`` seconds from a thread. At the end it is removed if it is still this launch's."""
 
     def __init__(self, run_path: Path, run_id: str, key: str) -> None:
         self.path, self.run_id, self.key = run_path, run_id, key

@@ -1,5 +1,7 @@
-"""Lineage: which run a run comes from (``parent`` and ``kind`` in its meta.json, set when it
-was created by `fwk replay` or a sweep) and which runs come from it. Torch-free."""
+"""Lineage: which run a run comes from, and which runs come from it. Torch-free.
+
+A run's meta.json names its origin in ``parent`` and ``kind``, set when `fwk replay` or a sweep
+created it."""
 
 from __future__ import annotations
 
@@ -11,14 +13,14 @@ from fwk.track.store import RunDir
 
 
 def origin(run: RunDir) -> tuple[str | None, str | None]:
-    """(parent id, kind) of a run, from its meta.json."""
+    """Return a run's parent id and kind, from its meta.json."""
     meta = read_json(run.meta) or {}
     return meta.get("parent"), meta.get("kind")
 
 
 def ancestors(run: RunDir) -> list[dict[str, Any]]:
-    """The chain from the oldest ancestor down to ``run``: [{id, kind, present}], oldest first.
-    A parent whose run dir was removed ends the chain (``present`` False)."""
+    """Return the chain from the oldest ancestor down to ``run`` as [{id, kind, present}],
+    oldest first. A parent whose run dir was removed ends the chain, with ``present`` False."""
     chain = [{"id": run.id, "kind": origin(run)[1], "present": True}]
     seen = {run.id}
     parent, _ = origin(run)
@@ -34,7 +36,7 @@ def ancestors(run: RunDir) -> list[dict[str, Any]]:
 
 
 def children(root: Path, rows: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
-    """Runs whose parent is ``run_id`` (from index rows), with their kind, oldest first."""
+    """List the runs whose parent is ``run_id``, from index rows, with their kind, oldest first."""
     out = []
     for row in sorted(rows, key=lambda r: (r.get("created") or 0, r["id"])):
         if row.get("parent") == run_id:
@@ -43,7 +45,9 @@ def children(root: Path, rows: list[dict[str, Any]], run_id: str) -> list[dict[s
 
 
 def chain_text(chain: list[dict[str, Any]]) -> str:
-    """'a1 -> b2 (replay) -> c3 (replay)'; a removed ancestor is marked."""
+    """Return the lineage chain as one line of text.
+
+    It reads 'a1 -> b2 (replay) -> c3 (replay)', and a removed ancestor is marked."""
     parts = []
     for link in chain:
         text = link["id"] + ("" if link["present"] else " (removed)")

@@ -15,12 +15,12 @@ from fwk.track.store import RunDir
 
 
 def runs_root() -> Path:
-    """Where runs live: $FWK_RUNS, else ./runs (the default of ``paths.runs``)."""
+    """Return where runs live: $FWK_RUNS, else ./runs, the default of ``paths.runs``."""
     return Path(os.environ.get("FWK_RUNS") or "runs")
 
 
 def all_runs(root: Path) -> list[RunDir]:
-    """Every run dir under ``root`` (a folder holding config.yaml), sorted by id."""
+    """List every run dir under ``root``, a folder holding config.yaml, sorted by id."""
     if not root.is_dir():
         return []
     return sorted((RunDir(p) for p in root.iterdir() if (p / "config.yaml").is_file()), key=lambda r: r.id)
@@ -31,13 +31,14 @@ def is_complete(run: RunDir) -> bool:
 
 
 def closest(query: str, ids: list[str], n: int = 3) -> list[str]:
-    """The ids most like ``query``: a mistyped or truncated id compared with each id's start."""
+    """Return the ids most like ``query``, comparing a mistyped or truncated id with each id's start."""
     ranked = sorted(ids, key=lambda i: -difflib.SequenceMatcher(None, query, i[: max(len(query), 1)]).ratio())
     return ranked[:n]
 
 
 def find_run(root: Path, query: str | None) -> RunDir:
-    """The run ``query`` names (id or unique prefix), or the newest complete run when None."""
+    """Find the run ``query`` names by id or unique prefix, or the newest complete run when it
+    is None."""
     runs = all_runs(root)
     if query is None:
         done = [r for r in runs if is_complete(r)]

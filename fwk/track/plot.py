@@ -1,6 +1,8 @@
-"""Loss and eval metrics over steps, training time or samples seen, several runs overlaid,
-as one PNG (`fwk runs plot --x step|time|samples`), each run's ``train.stop_at`` crossing
-marked: a fast recipe and a plain one compare where it matters, at the same wall time.
+"""Plot loss and eval metrics of several runs, overlaid, over steps, training time or samples
+seen, as one PNG (`fwk runs plot --x step|time|samples`).
+
+Each run's ``train.stop_at`` crossing is marked, so that a fast recipe and a plain one compare
+where it matters, at the same wall time.
 
 Reads metrics.jsonl only; no torch. matplotlib is imported inside ``draw`` (it takes a
 fraction of a second), and drawn through a bare Figure, which renders with Agg: no
@@ -25,7 +27,7 @@ TRAIN_LOSS = "loss"  # the train rows' key; the eval metrics are named by their 
 
 
 def _number(value: object) -> float | None:
-    """A finite float, or None: a NaN-skipped step logs a NaN loss, and a bool is no metric."""
+    """Return a finite float, or None. A NaN-skipped step logs a NaN loss, and a bool is no metric."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
@@ -45,8 +47,8 @@ def _x(row: dict, x: str, per_step: int) -> float | None:
 
 
 def series(run: RunDir, x: str = "step") -> Series:
-    """The train loss and every eval metric of ``run``, by ``x`` (step, time or samples),
-    non-finite values left out.
+    """Return the train loss and every eval metric of ``run`` by ``x``, which is step, time or
+    samples. Non-finite values are left out.
 
     A step logged twice (a resumed run that was killed between its checkpoint and its next
     log) keeps its last value; a half-written last line (a run still running) is skipped.
@@ -86,8 +88,8 @@ MAX_LABEL_KEYS = 3
 
 
 def differing(configs: list[dict]) -> list[str]:
-    """The flattened config keys whose values differ between ``configs`` (sorted, at most
-    MAX_LABEL_KEYS): what a legend says to tell the runs apart."""
+    """Return the flattened config keys whose values differ between ``configs``, sorted and at
+    most MAX_LABEL_KEYS. A legend names them to tell the runs apart."""
     from fwk.track.status import flatten
 
     flat = [flatten(c) for c in configs]
@@ -96,7 +98,7 @@ def differing(configs: list[dict]) -> list[str]:
 
 
 def label(run: RunDir, keys: list[str] = ()) -> str:
-    """The legend entry of a run: "id recipe key=value ... [tag, tag]"."""
+    """Return the legend entry of a run: "id recipe key=value ... [tag, tag]"."""
     from fwk.track.status import flatten, read_config
 
     config = read_config(run)
@@ -115,7 +117,8 @@ class Curves:
 
 
 def crossing(run: RunDir, x: str) -> float | None:
-    """Where ``run`` reached its ``train.stop_at`` target, on axis ``x`` (None: it did not)."""
+    """Return where ``run`` reached its ``train.stop_at`` target on axis ``x``, or None when it
+    did not."""
     from fwk.track.status import read_json
 
     target = (read_json(run.summary) or {}).get("target") or {}
@@ -134,7 +137,7 @@ def load(runs: list[RunDir], x: str = "step") -> list[Curves]:
 
 
 def metric_names(curves: list[Curves]) -> list[str]:
-    """The panels: train loss first, then each eval metric in the order the runs first log it."""
+    """List the panels: train loss first, then each eval metric in the order the runs first log it."""
     names = [name for c in curves for name in c.series]
     return sorted(dict.fromkeys(names), key=lambda name: name != TRAIN_LOSS)
 
@@ -146,7 +149,7 @@ def no_data(runs: list[RunDir]) -> str:
 
 
 def with_data(curves: list[Curves]) -> list[Curves]:
-    """The curves that have something to draw; a UserError naming the runs when none has."""
+    """Keep the curves that have something to draw. Raise a UserError naming the runs when none has."""
     have = [c for c in curves if c.series]
     if not have:
         raise UserError(f"{no_data([c.run for c in curves])}: nothing to plot until a run logs its first step")
@@ -154,19 +157,20 @@ def with_data(curves: list[Curves]) -> list[Curves]:
 
 
 def _grid(n: int) -> tuple[int, int]:
-    """(rows, cols) for n panels: one column up to 1, two up to 4, then three."""
+    """Return the rows and columns for n panels: one column up to 1, two up to 4, then three."""
     cols = 1 if n == 1 else 2 if n <= 4 else 3
     return math.ceil(n / cols), cols
 
 
 def _log_scale(values: list[float]) -> bool:
-    """A loss that spans two decades reads better on a log axis (the early steps flatten the rest)."""
+    """Tell whether a loss spans two decades, which reads better on a log axis: the early steps
+    flatten the rest."""
     return bool(values) and min(values) > 0 and max(values) / min(values) > 100
 
 
 def draw(curves: list[Curves], out: Path, x: str = "step") -> Path:
-    """Write the PNG of ``curves`` (each with some series) to ``out``; one colour per run, a
-    dashed line where a run reached its target."""
+    """Write the PNG of ``curves``, each with some series, to ``out``. Each run gets one
+    colour, and a dashed line marks where a run reached its target."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -206,8 +210,9 @@ def draw(curves: list[Curves], out: Path, x: str = "step") -> Path:
 
 
 def plot_runs(runs: list[RunDir], out: Path) -> Path:
-    """Write a PNG of train loss and eval metrics over steps for ``runs``, overlaid; return its path.
+    """Write a PNG of train loss and eval metrics over steps for ``runs``, overlaid, and return
+    its path.
 
-    Runs with no metrics rows yet are left out; a UserError when none of them has any.
+    Runs with no metrics rows yet are left out. Raise a UserError when none of them has any.
     """
     return draw(with_data(load(runs)), out)

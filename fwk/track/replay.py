@@ -31,7 +31,7 @@ def salt(original: RunDir) -> str:
 
 
 def _rows(run: RunDir) -> dict[tuple[str, int], dict[str, float]]:
-    """(kind, step) -> the numeric values of that metrics.jsonl row, timings left out."""
+    """Map each (kind, step) to the numeric values of that metrics.jsonl row, timings left out."""
     out: dict[tuple[str, int], dict[str, float]] = {}
     for row in run.metrics_rows():
         values = {
@@ -53,7 +53,7 @@ class Difference:
 
     @property
     def relative(self) -> float:
-        """|a - b| relative to max(1, |a|, |b|); inf when exactly one side is not finite."""
+        """Return |a - b| relative to max(1, |a|, |b|). It is inf when exactly one side is not finite."""
         if math.isnan(self.a) and math.isnan(self.b):
             return 0.0
         if not (math.isfinite(self.a) and math.isfinite(self.b)):
@@ -74,8 +74,8 @@ class Comparison:
 
     @property
     def identical(self) -> bool:
-        """Every value of every row the original logged is equal in the replay (a replay of
-        an unfinished run logs more rows: those are not compared)."""
+        """Tell whether every value of every row the original logged is equal in the replay. A
+        replay of an unfinished run logs more rows, and those are not compared."""
         return self.rows > 0 and self.differing == 0 and not self.only_a
 
     def within(self, tolerance: float) -> bool:
@@ -105,8 +105,9 @@ def compare(a: RunDir, b: RunDir) -> Comparison:
 
 
 def _commit(code: str) -> str | None:
-    """The commit of a code version `git:<commit>[+dirty.<hash>]`, else None: also when what
-    meta.json holds there is not a hex commit id (the file is text anyone may have edited)."""
+    """Return the commit of a code version `git:<commit>[+dirty.<hash>]`, else None. None is
+    also the answer when what meta.json holds there is not a hex commit id, since the file is
+    text anyone may have edited."""
     if not code.startswith("git:"):
         return None
     commit = code[4:].split("+", 1)[0]
@@ -114,7 +115,8 @@ def _commit(code: str) -> str | None:
 
 
 def check_code(recorded: str, current: str, force: bool) -> list[str]:
-    """Lines to print about the code; UserError when it differs and ``force`` is not set."""
+    """Return lines to print about the code. Raise a UserError when it differs and ``force`` is
+    not set."""
     if recorded == current:
         return []
     commit = _commit(recorded)
@@ -135,7 +137,7 @@ def check_code(recorded: str, current: str, force: bool) -> list[str]:
 
 
 def code_diff(commit: str) -> list[str]:
-    """`git diff --stat` of the code folders from ``commit`` (a hex id) to this work tree."""
+    """Return the `git diff --stat` of the code folders from ``commit``, a hex id, to this work tree."""
     if not COMMIT_ID.fullmatch(commit):  # never an option, a range or a ref: git would read it as one
         return [f"code diff unavailable: {commit[:40]!r} is not a commit id (4 to 64 hex digits)"]
     repo = Path(fwk.__file__).resolve().parents[1]
@@ -157,7 +159,8 @@ def code_diff(commit: str) -> list[str]:
 
 
 def check_data(recorded: dict[str, Any] | None, current: dict[str, str], force: bool) -> list[str]:
-    """Lines to print about the data; UserError when its fingerprint changed and not ``force``."""
+    """Return lines to print about the data. Raise a UserError when its fingerprint changed and
+    ``force`` is not set."""
     if not recorded or recorded.get("digest", "") == current["digest"]:
         return []
     message = (
@@ -170,8 +173,9 @@ def check_data(recorded: dict[str, Any] | None, current: dict[str, str], force: 
 
 
 def recorded_decisions(summary: dict[str, Any] | None, env: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """A run's measured decisions, to re-apply: summary.json's when it finished, else those
-    its launches recorded in env.json (a later launch's over an earlier one's)."""
+    """Return a run's measured decisions, to re-apply. They are summary.json's when it
+    finished, else those its launches recorded in env.json, a later launch's over an earlier
+    one's."""
     if summary and isinstance(summary.get("decisions"), dict):
         return summary["decisions"]
     out: dict[str, dict[str, Any]] = {}

@@ -14,16 +14,17 @@ from fwk.distributed.dims import LAYOUT
 # Folders whose content decides what a run computes; changes elsewhere (docs, tests) do not.
 _CODE_DIRS = ("fwk", "conf", "recipes")
 # Config keys that say where a run is stored, how it is labelled or where its results are
-# sent, not what it computes: the same training with other tags is the same run (it keeps
-# the tags of its first launch); with another tracking it is the same run, tracked as this
+# sent, not what it computes. The same training with other tags is the same run, and it keeps
+# the tags of its first launch. With another tracking it is the same run, tracked as this
 # launch says.
 _NOT_HASHED = ("paths", "tags", "tracking")
-# Parallel fields that say where and on how many processes a run computes, not what: a SLURM
-# job requeued onto other nodes gets another rendezvous host and must find its run again; with
-# rdzv_backend=static every node has its own node_rank but all share one run; and the same
-# training (train.batch_size is the global batch) on another process count is the same run,
-# which resumes there (fwk/distributed/resize.py). So is the same training under another layout:
-# the mesh splits the same global batch and the same model (checkpoints reshard between them).
+# Parallel fields that say where and on how many processes a run computes, not what. A SLURM
+# job requeued onto other nodes gets another rendezvous host and must find its run again. With
+# rdzv_backend=static every node has its own node_rank, but all share one run. The same
+# training on another process count is the same run, which resumes there
+# (fwk/distributed/resize.py), since train.batch_size is the global batch. So is the same
+# training under another layout: the mesh splits the same global batch and the same model, and
+# checkpoints reshard between them.
 _NOT_HASHED_PARALLEL = (
     "rdzv_endpoint",
     "node_rank",
@@ -45,7 +46,8 @@ def _git(repo: Path, *args: str) -> str | None:
 
 
 def code_version() -> str:
-    """`git:<commit>` plus a hash of uncommitted changes, or `fwk <version>` outside a checkout."""
+    """Return `git:<commit>` plus a hash of uncommitted changes, or `fwk <version>` outside a
+    checkout."""
     repo = Path(fwk.__file__).resolve().parents[1]
     commit = _git(repo, "rev-parse", "HEAD") if (repo / ".git").exists() else None
     if not commit:
@@ -60,7 +62,8 @@ def code_version() -> str:
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
-    """The part of a resolved config that decides what a run computes (what its id hashes)."""
+    """Return the part of a resolved config that decides what a run computes, which is what its
+    id hashes."""
     hashed = {k: v for k, v in config.items() if k not in _NOT_HASHED}
     if isinstance(hashed.get("parallel"), dict):
         hashed["parallel"] = {k: v for k, v in hashed["parallel"].items() if k not in _NOT_HASHED_PARALLEL}
@@ -68,9 +71,12 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_id(config: dict[str, Any], code: str, data: str = "", salt: str = "") -> str:
-    """A 10-hex-digit hash of the resolved config (minus storage paths, tags, tracking and the
-    rendezvous location), code version, seed and the data's fingerprint; ``salt`` tells
-    apart runs of one config that are meant to be separate (a replay and its original)."""
+    """Hash the resolved config, code version, seed and the data's fingerprint into a
+    10-hex-digit run id.
+
+    The config leaves out storage paths, tags, tracking and the rendezvous location. ``salt``
+    tells apart runs of one config that are meant to be separate, such as a replay and its
+    original."""
     hashed = identity(config)
     fields: dict[str, Any] = {"config": hashed, "code": code, "seed": config.get("seed")}
     fields.update({k: v for k, v in (("data", data), ("salt", salt)) if v})

@@ -24,7 +24,7 @@ STATUSES = ("running", "complete", "failed", "interrupted")
 
 
 def lock_holder(run: RunDir) -> bool:
-    """Whether a launcher holds the run's lock (see RunLock) right now.
+    """Tell whether a launcher holds the run's lock (see RunLock) right now.
 
     Linux: read /proc/locks, so that asking never takes the lock itself (a `fwk train`
     starting in that instant would otherwise be refused as "already running").
@@ -38,8 +38,8 @@ def lock_holder(run: RunDir) -> bool:
 
 
 def running(run: RunDir) -> str | None:
-    """Who runs it right now, or None: a launcher holding its lock on this machine, or the
-    fresh lease of a multi-node launch on any machine (fwk/track/lease.py)."""
+    """Return who runs it right now, or None. That is a launcher holding its lock on this
+    machine, or the fresh lease of a multi-node launch on any machine (fwk/track/lease.py)."""
     if lock_holder(run):
         return "a launcher on this machine"
     held = lease.fresh(run.path)
@@ -74,7 +74,7 @@ def read_config(run: RunDir) -> dict[str, Any]:
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    """Flatten {"a": {"b": 1}} into {"a.b": 1}. Lists stay values."""
     if not isinstance(tree, dict) or (prefix and not tree):
         return {prefix: tree}
     out: dict[str, Any] = {}
@@ -84,7 +84,8 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def last_train(run: RunDir) -> tuple[int | None, float | None]:
-    """(last logged step, last train loss) from the tail of metrics.jsonl, without reading it all."""
+    """Return the last logged step and the last train loss from the tail of metrics.jsonl,
+    without reading it all."""
     try:
         with open(run.metrics, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -117,9 +118,9 @@ def _parse_time(text: Any) -> float | None:
 
 
 def derive_status(run: RunDir, meta: dict[str, Any] | None = None) -> str:
-    """complete: summary.json; running: a launcher holds the lock, or a multi-node launch
-    its lease; failed: the launcher recorded a failed launch last in meta.json; interrupted:
-    anything else (stopped, killed)."""
+    """Derive the run's status. It is complete with a summary.json, and running when a launcher
+    holds the lock or a multi-node launch its lease. It is failed when the launcher recorded a
+    failed launch last in meta.json, and interrupted in any other case: stopped or killed."""
     if run.summary.is_file():
         return "complete"
     if running(run):
@@ -132,7 +133,7 @@ def derive_status(run: RunDir, meta: dict[str, Any] | None = None) -> str:
 
 
 def row_from_dir(run: RunDir) -> dict[str, Any]:
-    """The index row the run dir says, read from its files."""
+    """Build the index row the run dir says, read from its files."""
     config = read_config(run)
     meta = read_json(run.meta) or {}
     summary = read_json(run.summary)

@@ -22,7 +22,7 @@ from fwk.track.run_id import identity
 
 
 def cache_root() -> Path:
-    """fwk's per-user cache: ``$XDG_CACHE_HOME/fwk`` (default ``~/.cache/fwk``)."""
+    """Return fwk's per-user cache: ``$XDG_CACHE_HOME/fwk``, by default ``~/.cache/fwk``."""
     return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "fwk"
 
 
@@ -72,12 +72,14 @@ class RunDir:
 
     @property
     def orders(self) -> Path:
-        """What this launch asks of its workers (``--redecide``, a replay's decisions): written
-        by the launcher on every launch, under the run's lock (``fwk/launch/launcher.py``)."""
+        """Return the file of what this launch asks of its workers, such as ``--redecide`` or a
+        replay's decisions. The launcher writes it on every launch, under the run's lock
+        (``fwk/launch/launcher.py``)."""
         return self.path / "orders.json"
 
     def read_orders(self) -> dict[str, Any]:
-        """This launch's orders; none where the run dir has no such file (a run in a test's dir)."""
+        """Read this launch's orders. There are none where the run dir has no such file, as for
+        a run in a test's dir."""
         try:
             orders = json.loads(self.orders.read_text())
         except FileNotFoundError:
@@ -89,7 +91,7 @@ class RunDir:
         return orders if isinstance(orders, dict) else {}
 
     def read_summary(self) -> dict[str, Any] | None:
-        """The summary of a finished run, or None while it has not finished."""
+        """Return the summary of a finished run, or None while it has not finished."""
         try:
             return json.loads(self.summary.read_text())
         except FileNotFoundError:
@@ -104,8 +106,9 @@ class RunDir:
         yield from self._metrics()[0]
 
     def _metrics(self) -> tuple[list[dict[str, Any]], str]:
-        """(the rows of metrics.jsonl, its torn last line or ""): a run cut off mid-write (power
-        loss, a full disk) can leave half a line at the end, never in the middle."""
+        """Return the rows of metrics.jsonl and its torn last line, or "" when none is torn. A
+        run cut off mid-write, by power loss or a full disk, can leave half a line at the end,
+        never in the middle."""
         if not self.metrics.exists():
             return [], ""
         lines = [line for line in self.metrics.read_text(errors="replace").splitlines() if line.strip()]
@@ -123,8 +126,8 @@ class RunDir:
         return rows, ""
 
     def truncate_metrics(self, after_step: int) -> str | None:
-        """Drop rows logged after ``after_step`` (a resumed run logs them again) and a torn last
-        line; returns one line saying so when there was one."""
+        """Drop rows logged after ``after_step``, since a resumed run logs them again, and a
+        torn last line. Return one line saying so when there was one."""
         if not self.metrics.exists():
             return None
         rows, torn = self._metrics()
@@ -142,7 +145,7 @@ PACKAGES = ("fwk", "torch", "torchvision", "triton", "numpy", "scikit-learn", "h
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
-    """Python's and the installed ``packages``' versions (those installed)."""
+    """Return Python's version and those of the ``packages`` that are installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
@@ -155,8 +158,9 @@ def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
 
 
 def _same_run(stored_yaml: str, config_yaml: str) -> bool:
-    """Whether two resolved configs are one run: equal but for what the run id leaves out
-    (storage paths, tags, tracking, the rendezvous host of a job requeued onto other nodes)."""
+    """Tell whether two resolved configs are one run: equal but for what the run id leaves out.
+    That is storage paths, tags, tracking and the rendezvous host of a job requeued onto other
+    nodes."""
     if stored_yaml == config_yaml:
         return True
     try:
@@ -171,8 +175,8 @@ _AS_LAUNCHED_PARALLEL = ("nproc_per_node", "nnodes", *LAYOUT)
 
 
 def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:
-    """The stored config with this launch's ``tracking`` section and process counts, or None
-    when they agree.
+    """Return the stored config with this launch's ``tracking`` section and process counts, or
+    None when they agree.
 
     The run id leaves both out, so a run interrupted under one tracking resumes under
     another, and on another number of processes: the workers read config.yaml, and must send
@@ -194,7 +198,7 @@ def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:
 
 
 def make_run_dir(root: Path, run_id: str) -> RunDir:
-    """The run dir, created if new (empty: ``open_run`` fills it)."""
+    """Return the run dir, created if new. It is empty then, and ``open_run`` fills it."""
     run = RunDir(root / run_id)
     try:
         run.path.mkdir(parents=True, exist_ok=True)
@@ -251,7 +255,8 @@ def open_run(
 
 
 def flock_holders(path: Path) -> list[int] | None:
-    """The pids that hold a flock on ``path``, from /proc/locks (Linux); None where it cannot be read.
+    """Return the pids that hold a flock on ``path``, from /proc/locks on Linux. Return None
+    where it cannot be read.
 
     A line reads "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF" (a blocked waiter has
     "->" after "1:"); the pid is the process that took the lock.
@@ -279,7 +284,7 @@ def flock_holders(path: Path) -> list[int] | None:
 
 
 def _process(pid: int) -> str:
-    """``pid`` and its command line, for a one-line message."""
+    """Name ``pid`` and its command line, for a one-line message."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -288,8 +293,9 @@ def _process(pid: int) -> str:
 
 
 def _lock_users(path: Path) -> list[int]:
-    """Live processes that hold the flock on ``path``: the one that took it (/proc/locks), or,
-    once that one is gone, those that inherited it (torchrun's agent: its descriptor is open)."""
+    """List the live processes that hold the flock on ``path``. That is the one that took it,
+    from /proc/locks. Once that one is gone, it is those that inherited it, such as torchrun's
+    agent, whose descriptor is open."""
     alive = [pid for pid in flock_holders(path) or [] if Path(f"/proc/{pid}").exists()]
     if alive:
         return alive
@@ -326,7 +332,7 @@ class RunLock:
         return self
 
     def fileno(self) -> int:
-        """The locked descriptor: a process that inherits it holds the lock until it exits."""
+        """Return the locked descriptor. A process that inherits it holds the lock until it exits."""
         assert self._file is not None, "not entered"
         return self._file.fileno()
 

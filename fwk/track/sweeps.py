@@ -29,7 +29,7 @@ PRIMARY = (("val_acc", "max"), ("val_loss", "min"), ("val_ppl", "min"), ("loss",
 
 
 def sweep_id(run_ids: list[str]) -> str:
-    """10 hex digits of a hash of the sorted member run ids."""
+    """Hash the sorted member run ids into 10 hex digits."""
     return hashlib.sha256("\n".join(sorted(run_ids)).encode()).hexdigest()[:10]
 
 
@@ -38,7 +38,7 @@ def sweep_path(root: Path, sid: str) -> Path:
 
 
 def write_sweep(root: Path, record: dict[str, Any]) -> Path:
-    """Write (or rewrite) a sweep's record atomically; a rewrite keeps the first ``created``."""
+    """Write a sweep's record atomically, or rewrite it. A rewrite keeps the first ``created``."""
     path = sweep_path(root, record["sweep_id"])
     path.parent.mkdir(parents=True, exist_ok=True)
     old = read_json(path) or {}
@@ -48,7 +48,7 @@ def write_sweep(root: Path, record: dict[str, Any]) -> Path:
 
 
 def find_sweep(root: Path, query: str) -> dict[str, Any] | None:
-    """The record of the sweep ``query`` names (id or unique prefix), or None if none does."""
+    """Return the record of the sweep ``query`` names by id or unique prefix, or None if none does."""
     folder = Path(root) / SWEEPS_DIR
     ids = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
     matches = [i for i in ids if i == query] or [i for i in ids if i.startswith(query)]
@@ -65,7 +65,8 @@ def find_sweep(root: Path, query: str) -> dict[str, Any] | None:
 
 
 def primary_metric(rows: list[dict[str, Any]]) -> tuple[str, str] | None:
-    """(metric, "max"/"min") that ranks these runs: the first of PRIMARY that a complete run has."""
+    """Return the metric that ranks these runs and its mode, "max" or "min": the first of
+    PRIMARY that a complete run has."""
     for name, mode in PRIMARY:
         if _scored(rows, name):
             return name, mode
@@ -73,7 +74,7 @@ def primary_metric(rows: list[dict[str, Any]]) -> tuple[str, str] | None:
 
 
 def _scored(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    """The complete runs with a finite value of ``name`` (a NaN would rank at random)."""
+    """Return the complete runs with a finite value of ``name``, since a NaN would rank at random."""
     return [
         r
         for r in rows
@@ -84,14 +85,15 @@ def _scored(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 
 def tie_breaker(name: str) -> str | None:
-    """The metric that ranks runs equal on ``name`` (the next of PRIMARY), or None."""
+    """Return the metric that ranks runs equal on ``name``, the next of PRIMARY, or None."""
     names = [n for n, _ in PRIMARY]
     rest = names[names.index(name) + 1 :] if name in names else []
     return rest[0] if rest else None
 
 
 def best_run(rows: list[dict[str, Any]]) -> tuple[str | None, tuple[str, str] | None]:
-    """(id of the best complete run, (metric, mode)); (None, None) when no run has finished."""
+    """Return the id of the best complete run and the metric and mode that ranked it. Return
+    (None, None) when no run has finished."""
     metric = primary_metric(rows)
     if metric is None:
         return None, None
@@ -112,8 +114,8 @@ def best_run(rows: list[dict[str, Any]]) -> tuple[str | None, tuple[str, str] | 
 def sweep_rows(
     record: dict[str, Any], rows: list[dict[str, Any]], pending: bool = True
 ) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
-    """The sweep's runs among index ``rows``, in the order of its combinations, each with its
-    swept values and a ``best`` flag; then (metric, mode) that picked the best.
+    """Return the sweep's runs among index ``rows`` in the order of its combinations, each with
+    its swept values and a ``best`` flag. Then return the metric and mode that picked the best.
 
     Members are the runs the record lists, plus any whose meta.json names this sweep. With
     ``pending``, a listed member that has no run dir yet is a row of status "pending".
@@ -133,6 +135,7 @@ def sweep_rows(
 
 
 def _pending(run_id: str, values: dict[str, Any]) -> dict[str, Any]:
-    """The row of a member that has not started (no run dir yet), shaped like an index row."""
+    """Build the row of a member that has not started and has no run dir yet, shaped like an
+    index row."""
     empty = dict.fromkeys(("recipe", "step", "max_steps", "created", "updated", "parent", "sweep"))
     return {**empty, "id": run_id, "status": "pending", "metrics": {}, "tags": [], "swept": values}

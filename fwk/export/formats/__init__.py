@@ -1,11 +1,12 @@
-"""Export formats (``fwk export --format NAME``): one file each, found by the registry, which
-imports every module of this package. A format module names its format, says whether its
-output is a folder, and runs its export: ``onnx`` through the pruning, quantizing and
-verifying pipeline, the others (``Format``) by writing the run's weights, which fwk reloads
-and compares with the checkpoint's model. Format modules import torch only inside their functions, so that listing the
-names (``--help``, a wrong ``--format``) stays fast. A folder ``X/fwk/export/formats/`` on
-``sys.path`` (``PYTHONPATH=X``) adds its files to the package, so a format of your own needs
-no change to fwk."""
+"""Export formats for ``fwk export --format NAME``, one file each.
+
+The registry finds them and imports every module of this package. A format module names its
+format, says whether its output is a folder, and runs its export. ``onnx`` runs through the
+pruning, quantizing and verifying pipeline. The others (``Format``) write the run's weights,
+which fwk reloads and compares with the checkpoint's model. Format modules import torch only
+inside their functions, so that listing the names stays fast, for ``--help`` or a wrong
+``--format``. A folder ``X/fwk/export/formats/`` on ``sys.path`` (``PYTHONPATH=X``) adds its
+files to the package, so a format of your own needs no change to fwk."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ FORMATS = Registry("export format", package="fwk.export.formats")
 
 @dataclass(frozen=True)
 class Request:
-    """Hold what ``fwk export`` was asked, once the run ids and the words are checked."""
+    """What ``fwk export`` was asked, held once the run ids and the words are checked."""
 
     ids: list[str]  # the run id, or none for the newest complete run
     words: list[str]  # the overrides: export.KEY=VALUE and paths.runs=DIR
@@ -51,7 +52,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Backend(ABC):
-    """Say what ``fwk export --format NAME`` does. ``folder``: ``--output`` names a folder."""
+    """What ``fwk export --format NAME`` does. ``folder`` says that ``--output`` names a folder."""
 
     name: str = ""
     folder: bool = False
@@ -74,7 +75,8 @@ class Format(Backend):
 
     @abstractmethod
     def write(self, source: Any, out: Path) -> tuple[Any, list[str]]:
-        """Write the run's model into ``out``; return the model reloaded from it and the files written."""
+        """Write the run's model into ``out``, and return the model reloaded from it and the
+        files written."""
 
     def export(self, request: Request) -> None:
         from fwk.errors import UserError

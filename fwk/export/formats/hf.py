@@ -1,6 +1,8 @@
-"""``--format hf``: a ``model=hf`` run as the folder ``save_pretrained`` writes: ``config.json``,
-``generation_config.json`` for a generative model, ``model.safetensors`` (sharded above
-``SHARD``) and the tokenizer the run trained with, reloaded with ``AutoModelFor*``."""
+"""``--format hf``: write a ``model=hf`` run as the folder ``save_pretrained`` writes, reloaded
+with ``AutoModelFor*``.
+
+The folder holds ``config.json``, ``generation_config.json`` for a generative model,
+``model.safetensors``, sharded above ``SHARD``, and the tokenizer the run trained with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``--format onnx``: pruned, folded, quantized and verified by ``fwk.export.pipeline``."""
+"""``--format onnx``: a model pruned, folded, quantized and verified by ``fwk.export.pipeline``."""
 
 from __future__ import annotations
 

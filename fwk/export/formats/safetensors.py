@@ -1,6 +1,8 @@
-"""``--format safetensors``: ``model.safetensors``, the raw weights of any fwk model (state_dict
-names, tied tensors stored once), with the run id and step in its metadata, reloaded into a
-fresh model."""
+"""``--format safetensors``: write ``model.safetensors``, the raw weights of any fwk model,
+reloaded into a fresh model.
+
+The file keeps the state_dict names, stores tied tensors once, and has the run id and step in
+its metadata."""
 
 from __future__ import annotations
 
