@@ -12,8 +12,8 @@ def doctor(
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds each rank gets to answer (with --dist)."),
     stall_rank: int = typer.Option(-1, "--stall-rank", hidden=True, help="Test the check: this rank never answers."),
 ) -> None:
-    """Report the environment (torch, CUDA, NCCL, Triton, CPU features, memory) and what
-    fwk's auto options would pick here; with --dist N, check collectives across N processes."""
+    """Report the environment and what fwk's auto options would pick here: torch, CUDA,
+    NCCL, Triton, the CPU's features and memory. With --dist N, check collectives across N processes."""
     from fwk.errors import UserError
     from fwk.launch import doctor as checks
 

@@ -344,7 +344,7 @@ def plot(
         "step", "--x", help="The x axis: step, time (training seconds) or samples (seen); target crossings dashed."
     ),
 ) -> None:
-    """Plot train loss and each eval metric over steps for one or more runs, into a PNG; print its path."""
+    """Plot the train loss and each eval metric of one or more runs into a PNG, and print its path."""
     from fwk.track.lookup import find_run
     from fwk.track.plot import draw, load, metric_names, no_data, with_data
 
