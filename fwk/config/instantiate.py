@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fwk.config.locate import import_from_working_folder
 from fwk.errors import UserError
 
 
@@ -18,6 +19,7 @@ def instantiate(section: dict[str, Any], **kwargs: Any) -> Any:
     from hydra.utils import instantiate as build
 
     try:
+        import_from_working_folder(section["_target_"])
         return build(section, **kwargs)
     except Exception as exc:  # the user's class failed to import or construct
         cause = exc.__cause__ or exc
@@ -38,6 +40,7 @@ def model_arguments(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
     section = {k: v for k, v in section.items() if k != "init_from"}  # fwk's: loaded by build_model
     target = section["_target_"]
     try:
+        import_from_working_folder(target)
         signature = inspect.signature(get_object(target))
     except Exception:  # noqa: BLE001 - not importable or no signature: instantiate says what is wrong
         return section, []

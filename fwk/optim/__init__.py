@@ -216,10 +216,12 @@ def _own(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
     import torch
     from hydra.utils import get_object
 
+    from fwk.config.locate import import_from_working_folder
     from fwk.errors import UserError
 
     target, args = cfg["_target_"], {k: v for k, v in cfg.items() if k != "_target_"}
     try:
+        import_from_working_folder(target)
         cls = get_object(target)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to fix: one line
         raise UserError(f"optim._target_={target}: cannot import it ({type(exc).__name__}: {exc})") from None

@@ -1,7 +1,10 @@
 """End to end through the real `fwk train` command."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -279,3 +282,23 @@ def test_a_target_class_that_is_not_there_is_one_line(runs: Path) -> None:
         "Are you sure that 'NoSuchLayer' is importable from module 'torch.nn'?\n"
     )
     assert not runs.exists()
+
+
+def test_a_target_class_in_the_working_folder_trains_in_one_process(runs: Path, tmp_path: Path) -> None:
+    # torchrun's workers import from the working folder (``python -m``), and the ``fwk`` script,
+    # whose sys.path lacks it, must find the same file: run the script itself, not a fork
+    (tmp_path / "my_model.py").write_text(
+        "import torch.nn as nn\n\n\n"
+        "class Net(nn.Sequential):\n"
+        "    def __init__(self, num_classes: int = 10) -> None:\n"
+        "        super().__init__(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, num_classes))\n"
+    )
+    overrides = ["model._target_=my_model.Net", "train.max_steps=4", "train.eval_every=4"]
+    script = Path(sys.executable).with_name("fwk")
+    env = {**os.environ, "FWK_RUNS": str(runs)}
+    out = subprocess.run([script, "train", *overrides], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (summary,) = runs.glob("*/summary.json")
+    assert json.loads(summary.read_text())["final_step"] == 4
+    state = torch.load(next(runs.glob("*/checkpoints/step-*/state.pt")), weights_only=True)
+    assert state["model"]["1.weight"].shape == (16, 64)
