@@ -7,7 +7,7 @@ Every command that names a run (`fwk train`, a sweep member, `fwk replay`, `fwk 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fwk.config.schema import Config
@@ -20,13 +20,24 @@ class Resolved:
     config: Config
     as_dict: dict[str, Any]
     as_yaml: str
+    notes: list[str] = field(default_factory=list)  # what composing changed, said before a launch
 
 
 def resolve(overrides: list[str]) -> Resolved:
-    """Compose and validate the config of ``overrides`` (a user's mistake: UserError, one line)."""
+    """Compose and validate the config of ``overrides``. A user's mistake raises UserError with one line.
+
+    A learning rate follows an accumulation the user changed (fwk/config/accumulation.py).
+    """
+    from fwk.config import accumulation
     from fwk.config.compose import compose
 
-    return from_dict(compose(overrides))
+    composed = compose(overrides)
+    scaling = accumulation.scaling(composed, overrides, compose)
+    if scaling is not None:
+        composed["optim"]["lr"] = scaling.scaled_lr
+    resolved = from_dict(composed)
+    resolved.notes = [scaling.line()] if scaling is not None else []
+    return resolved
 
 
 def from_dict(config_dict: dict[str, Any]) -> Resolved:

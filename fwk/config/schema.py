@@ -46,6 +46,11 @@ class TrainConfig:
     log_every: int = doc(10, "log loss, lr, samples/s and data-wait fraction every N steps")
     grad_clip: float = doc(0.0, "clip the global gradient norm to this value; 0 = off")
     accum_steps: int = doc(1, "loader batches whose gradients are summed into one optimizer step (1 = none)")
+    accum_lr: str = doc(
+        "sqrt",
+        "with train.accum_steps set on the command line to other than the recipe's: sqrt scales optim.lr "
+        "by sqrt(new/recipe's), fixed keeps it (an optim.lr on the command line is never scaled)",
+    )
     device: str = doc("auto", "'auto' (cuda if available, else cpu), 'cpu' or 'cuda'")
     stop_at: str = doc(
         "",

@@ -208,6 +208,7 @@ def _checkpoint_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     rewind = c.checkpoint.rewind_at
     yield 0 <= rewind < 1, "checkpoint.rewind_at", rewind, "a share of train.max_steps in [0, 1) (0 = no rewind point)"
     yield t.accum_steps >= 1, "train.accum_steps", t.accum_steps, "an integer >= 1 (1 = no accumulation)"
+    yield t.accum_lr in ("sqrt", "fixed"), "train.accum_lr", t.accum_lr, "one of sqrt, fixed"
 
 
 def _jit_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
@@ -252,13 +253,13 @@ def _adapt_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield 0 < a.threshold < 1, "parallel.adapt.threshold", a.threshold, "a number in (0, 1)"
     yield a.windows >= 1, "parallel.adapt.windows", a.windows, "an integer >= 1"
     yield (
-        a.max_bucket_mb >= p.bucket_cap_mb,
+        not a.enabled or a.max_bucket_mb >= p.bucket_cap_mb,  # only the adaptation grows buckets
         "parallel.adapt.max_bucket_mb",
         a.max_bucket_mb,
         (f"a number >= parallel.bucket_cap_mb ({p.bucket_cap_mb:g})"),
     )
     yield (
-        a.max_accum_steps >= t.accum_steps,
+        not a.enabled or a.max_accum_steps >= t.accum_steps,
         "parallel.adapt.max_accum_steps",
         a.max_accum_steps,
         (f"an integer >= train.accum_steps ({t.accum_steps})"),

@@ -67,13 +67,14 @@ def preflight(job: Job) -> list[str]:
     say first. They name a recipe's settings left out for an option picked over it, and an
     asked format that is slow on this device."""
     from fwk.components import sinks
-    from fwk.config import recipes
+    from fwk.config import accumulation, recipes
     from fwk.config.asks import asks
     from fwk.config.grammar import resources_root, typed_keys
 
     left_out = recipes.dropped(job.overrides or [], resources_root())
     notes = [d.line() for d in left_out if d.by_user]  # a recipe's settings for an optimizer not in use
     config, typed = job.resolved.config, typed_keys(job.overrides or [])
+    notes += [*job.resolved.notes, *filter(None, [accumulation.warning(config.train.accum_steps)])]
     if asks(config, typed).anything:
         from fwk.strategies.preflight import preflight as check_model
 
