@@ -20,7 +20,8 @@ FOLDER/spec.json says what to train (``sides.plain_side`` writes it):
 - ``record``: also write the rows (``metrics.jsonl``, ``config.yaml``) for ``fwk runs plot``.
 
 It writes FOLDER/summary.json as fwk's worker does: ``first_step_at`` and ``target.at``
-(Unix times), ``target.train_time_s``, ``final_step`` and the last ``eval``.
+(Unix times), ``startup`` (the seconds of its phases: imports, data, model, optimizer, other),
+``target.train_time_s``, ``final_step`` and the last ``eval``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from torch.utils.data import DataLoader
 from benchmarks.plain_parts import evaluate, recompute_bn, schedule
 from fwk.data.registry import DATA
 from fwk.models import MODELS
+from fwk.track import startup
 
 
 def built(registry, section: dict):  # noqa: ANN001 - fwk's data or model registry
@@ -58,12 +60,16 @@ def optimizer(spec: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def main(folder: Path) -> None:
+    startup.mark("imports")  # the interpreter, torch and the model and data code
     spec = json.loads((folder / "spec.json").read_text())
     metric, target, device, amp = spec["metric"], spec["target"], spec["device"], spec.get("amp")
     torch.manual_seed(spec["seed"])
     data = DATA.get(spec["data"]["name"]).builder(built(DATA, spec["data"]), seed=spec["seed"])
+    startup.mark("data")
     model = MODELS.get(spec["model"]["name"]).builder(built(MODELS, spec["model"])).to(device)
+    startup.mark("model")
     opt = optimizer(spec["optim"], model)
+    startup.mark("optimizer")
     s = spec["schedule"]
     sched = schedule(opt, s["warmup_steps"], s["min_lr_ratio"], s["steps"])
     batch = spec["batch_size"]
@@ -105,7 +111,13 @@ def main(folder: Path) -> None:
                     break
             if step == spec["max_steps"]:
                 break
-    summary = {"first_step_at": first, "final_step": step, "eval": last, "target": hit or {"reached": False}}
+    summary = {
+        "first_step_at": first,
+        "startup": startup.phases(first),
+        "final_step": step,
+        "eval": last,
+        "target": hit or {"reached": False},
+    }
     (folder / "summary.json").write_text(json.dumps(summary))
     if spec["record"]:
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -4,7 +4,8 @@ A side is one process started by this one. Its figures are counted from the mome
 started (imports, data, model and every decision included), as a user's clock counts:
 
 - ``seconds``: start to the evaluation that reached the target (None: never reached);
-- ``startup``: start to the first training step;
+- ``startup``: start to the first training step, and ``phases``: where that time went, as
+  the side's summary.json says (fwk/track/startup.py);
 - ``train_s``: the side's own training seconds to the target;
 - ``peak_mb``: the peak proportional set size (PSS) of the process and its children (data
   workers, torchrun's worker), polled every 0.2 s: shared pages are counted once;
@@ -46,6 +47,7 @@ class Outcome:
     wall: float
     reached: bool
     run_dir: Path | None = None
+    phases: dict[str, float] | None = None  # summary.json's start-up phases, in seconds
 
 
 def stop_at(metric: str, target: float) -> str:
@@ -118,6 +120,7 @@ def _outcome(summary: dict, started: float, peak: float, wall: float, metric: st
     return Outcome(
         seconds=target["at"] - started if reached else None,
         startup=first - started if first else None,
+        phases=summary.get("startup"),
         train_s=target.get("train_time_s") if reached else None,
         steps=target.get("step") if reached else summary.get("final_step"),
         final=(summary.get("eval") or {}).get(metric),

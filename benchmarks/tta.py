@@ -216,17 +216,30 @@ def _rows(name: str, case: Case, got: dict[str, list[Outcome]], tuning: str, cur
         if plain != "plain (recipe)":
             rows.append(_ratio(name, what, cold, "plain (recipe)", got, "", about["plain (recipe)"]))
         rows.append(_ratio(name, what, cold, warm, got, "<= 1.05x", "a first run on this machine against a later one"))
-    startup = [(a.startup or 0) / (b.startup or 1) for a, b in zip(got["fwk cold"], got["plain (recipe)"], strict=True)]
-    rows.append(
-        ratio_row(
-            "tta", f"{name}: start-up, fwk cold / plain", startup,
-            Side("fwk cold", _med([r.startup for r in got["fwk cold"]]) or 0, "s"),
-            Side("plain", _med([r.startup for r in got["plain (recipe)"]]) or 0, "s"),
-            "fwk/plain seconds from process start to the first training step", "",
-            "fwk: the launcher (config, run dir, lock) and the worker (decisions, data, model) in one process",
-        )
-    )  # fmt: skip
+    rows.append(_startup_row(name, got["fwk cold"], got["plain (recipe)"]))
     return rows
+
+
+def _startup_row(name: str, fwk: list[Outcome], plain: list[Outcome]) -> Row:
+    """The start-up ratio, the difference in seconds, and each side's phases (medians)."""
+    ratios = [(a.startup or 0) / (b.startup or 1) for a, b in zip(fwk, plain, strict=True)]
+    gap = _med([(a.startup or 0) - (b.startup or 0) for a, b in zip(fwk, plain, strict=True)]) or 0.0
+    notes = (
+        f"fwk - plain: {gap:+.2f} s (bound: +0.5 s, {'met' if gap <= 0.5 else 'not met'}); "
+        f"fwk's phases: {_phases(fwk)}; plain's: {_phases(plain)}"
+    )
+    a, b = (
+        Side("fwk cold", _med([r.startup for r in fwk]) or 0, "s"),
+        Side("plain", _med([r.startup for r in plain]) or 0, "s"),
+    )
+    what = "fwk/plain seconds from process start to the first training step"
+    return ratio_row("tta", f"{name}: start-up, fwk cold / plain", ratios, a, b, what, "", notes)
+
+
+def _phases(runs: list[Outcome]) -> str:
+    """Each start-up phase's median seconds, in the order the first run lists them."""
+    names = list((runs[0].phases or {}) if runs else {})
+    return ", ".join(f"{n} {_med([(r.phases or {}).get(n) for r in runs]):.2f}" for n in names) or "not recorded"
 
 
 def rows(quick: bool, cases: list[str] | None = None) -> list:

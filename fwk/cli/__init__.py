@@ -19,6 +19,7 @@ from fwk.cli.serve import serve
 from fwk.cli.train import train
 from fwk.errors import UserError
 from fwk.log import show
+from fwk.track import startup
 
 app = typer.Typer(
     name="fwk",
@@ -53,6 +54,7 @@ def main() -> None:
     # raised error. The build looks a target up twice, so the line would come three times.
     logging.getLogger("hydra.utils").setLevel(logging.CRITICAL)
     show()  # fwk's report lines on stdout (a command that prints results there moves them)
+    startup.mark("python")
     try:
         app()
     except UserError as exc:

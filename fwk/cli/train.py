@@ -43,8 +43,10 @@ def train(
         return
     from fwk.config.resolve import resolve
     from fwk.launch.run import Job, plan_run, run
+    from fwk.track import startup
 
     r = resolve(list(overrides or []))
+    startup.mark("config")
     if cfg:
         typer.echo(r.as_yaml, nl=False)
         return

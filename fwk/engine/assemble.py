@@ -53,6 +53,7 @@ from fwk.optim.schedule_free import AveragedPoint
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.parallelize import Strategies
+from fwk.track import startup
 from fwk.track.store import RunDir
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ def _build(
     if dist.device.type == "cuda":  # this run's peak, not an earlier run's in the same process
         torch.cuda.reset_peak_memory_stats(dist.device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
-    data = build_data(cfg.data, seed=cfg.seed)
+    data = _ended("data", build_data(cfg.data, seed=cfg.seed))
     # Another process count may resume (fwk/distributed/resize.py). Streamed data, whose order
     # follows the process count, then resumes at the start of its next epoch, and its loader says so.
     written = written_batch_degree(run_dir.checkpoints)
@@ -187,11 +188,12 @@ def _build(
     decisions.on_change = lambda records: record_decisions(run_dir, records)
     strategies = Strategies(cfg, dist, per_rank, decisions, accum_factor)
     methods = Methods(cfg.methods, cfg.method, cfg.train.max_steps)
-    model = (model if model is not None else build_model(cfg.model, data, init=written is None)).to(dist.device)
+    built = model if model is not None else build_model(cfg.model, data, init=written is None)
+    model = _ended("model", built.to(dist.device))
     methods.prepare(model, data.task, example_input(data))
-    model, trained = strategies.apply(model, state_floats_per_param(cfg.optim))
+    model, trained = _ended("strategies", strategies.apply(model, state_floats_per_param(cfg.optim)))
     check_sharding(cfg.optim, is_sharded(model))
-    optimizer, scheduler, diagnostics = _optimizer(cfg, dist, model, strategies)
+    optimizer, scheduler, diagnostics = _ended("optimizer", _optimizer(cfg, dist, model, strategies))
 
     def reshaped(steps_taken: int | None) -> None:  # a method replaced parameters: what holds them follows
         strategies.reshaped()
@@ -203,7 +205,7 @@ def _build(
         trained, optimizer, strategies.per_step(), strategies.plan, loss, cfg.train.grad_clip, dist, diagnostics,
         strategies.split(),
     )  # fmt: skip
-    loader, val, calibrated = _loaders(cfg, data, per_rank, dist, decisions)
+    loader, val, calibrated = _ended("loaders", _loaders(cfg, data, per_rank, dist, decisions))
     sharded = is_sharded(model)
     bn_batches = getattr(cfg.optim, "bn_batches", 0)  # optim=adamw_schedulefree's x, else inactive
     averaged = AveragedPoint(optimizer, model, calibrated, bn_batches, strategies.precision.autocast)
@@ -241,8 +243,15 @@ def _build(
         started=started,
     )
     _restore(run)
+    startup.mark("checkpoint")
     record_launch(run_dir, dist, data, cfg.seed, run.step, decisions.records())
     return run
+
+
+def _ended(phase: str, value: Any) -> Any:
+    """Mark the start-up phase ``phase`` as ended now, and return ``value``, which it built."""
+    startup.mark(phase)
+    return value
 
 
 def _optimizer(cfg: Config, dist: Any, model: nn.Module, strategies: Strategies) -> tuple[Any, Any, Diagnostics]:

@@ -26,6 +26,7 @@ from fwk.distributed.group import Dist
 from fwk.engine.assemble import Run
 from fwk.engine.state import StopSignal
 from fwk.engine.step import label
+from fwk.track import startup
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ def finish(run: Run) -> dict[str, Any]:
         "eval": p.final_eval,
         "wall_time_s": time.perf_counter() - run.started,
         "first_step_at": p.first_step_at,
+        "startup": startup.phases(p.first_step_at),
         "train_time_s": p.train_time,
         "samples_per_s": p.samples / max(p.train_time, 1e-9),
         "data_wait": min(1.0, p.data_wait / max(p.train_time, 1e-9)),  # share of train time spent waiting for data

@@ -16,7 +16,7 @@ from fwk.config.layouts import describe as describe_layout
 from fwk.config.resolve import Resolved
 from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
-from fwk.track import index
+from fwk.track import index, startup
 from fwk.track.lease import Lease, launch_key
 from fwk.track.run_id import code_version, run_id
 from fwk.track.status import record_outcome
@@ -106,6 +106,7 @@ def launch(
             if p.argv is None:
                 from fwk.launch.worker import run_worker
 
+                startup.mark("launch")
                 status = run_worker(run.path)
             else:
                 # torchrun's agent holds the lock too

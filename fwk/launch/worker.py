@@ -15,6 +15,7 @@ from fwk.config.validate import to_typed
 from fwk.errors import UserError
 from fwk.launch.supervise import die_with_agent, redirect_worker_output
 from fwk.log import show
+from fwk.track import startup
 from fwk.track.store import RunDir
 
 
@@ -24,12 +25,15 @@ def run_worker(run_dir: Path) -> int:
     from fwk.distributed.group import shutdown
     from fwk.engine.assemble import build_run
     from fwk.engine.trainer import train
+    from fwk.track import startup
 
+    startup.mark("imports")
     redirect_worker_output(int(os.environ.get("RANK", "0")))  # under torchrun: into runs/<id>/logs/
     run = RunDir(Path(run_dir))
     cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
     is_main = os.environ.get("RANK", "0") == "0"
     tracking = Tracking(cfg.tracking, run, is_main)
+    startup.mark("tracking")
     clean = False
     try:
         summary = train(build_run(cfg, run, tracking))  # rank 0 writes summary.json
@@ -39,6 +43,7 @@ def run_worker(run_dir: Path) -> int:
     finally:
         tracking.close()
         shutdown(clean)
+        startup.restart()  # a sweep's next run in this process counts its start-up from here
     return 0
 
 
@@ -46,6 +51,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m fwk.launch.worker <run_dir>")
     die_with_agent()  # before anything else: a worker whose torchrun is gone must not train
+    startup.mark("python")
     show(rank=int(os.environ.get("RANK", "0")))  # rank 0's report lines, every rank's warnings
     try:
         code = run_worker(Path(sys.argv[1]))

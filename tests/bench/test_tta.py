@@ -14,7 +14,9 @@ TINY = ["recipe=digits_cnn", "train.max_steps=40", "train.eval_every=20", "check
 
 def _out(seconds: float | None, startup: float = 3.0, steps: int = 50, train_s: float = 1.0) -> Outcome:
     reached = seconds is not None
-    return Outcome(seconds, startup, train_s if reached else None, steps, 0.99, 700.0, (seconds or 30.0) + 0.5, reached)
+    phases = {"imports": startup - 1, "data": 1.0}
+    wall = (seconds or 30.0) + 0.5
+    return Outcome(seconds, startup, train_s if reached else None, steps, 0.99, 700.0, wall, reached, None, phases)
 
 
 def test_both_sides_run_as_timed_processes_and_a_warm_run_reuses_the_cold_runs_decisions(tmp_path: Path) -> None:
@@ -27,6 +29,10 @@ def test_both_sides_run_as_timed_processes_and_a_warm_run_reuses_the_cold_runs_d
         assert 0 < got.startup < got.seconds < got.wall  # process start -> first step -> target -> exit
         assert 0 < got.train_s < got.seconds and got.peak_mb > 50
     assert (plain.run_dir / "metrics.jsonl").read_text().count('"kind": "eval"') == 1
+    assert list(plain.phases) == ["imports", "data", "model", "optimizer", "other"]
+    assert list(cold.phases)[:3] == ["python", "config", "launch"] and "strategies" in cold.phases
+    for got in (plain, cold):  # the phases add up to the start-up the parent timed, less the fork and exec
+        assert -0.05 < got.startup - sum(got.phases.values()) < 0.5, got.phases  # ticks of 10 ms
     assert sorted((cache / "fwk" / "decisions").iterdir())  # the cold run filled the cache the warm one read
     warm_log = next(warm.run_dir.parent.glob("fwk.log")).read_text()
     assert "loader=auto" in warm_log and (cold.final, cold.steps) == (warm.final, warm.steps)
@@ -86,4 +92,8 @@ def test_rows_compare_each_fwk_side_cold_with_the_tuned_and_the_recipe_loop_and_
     assert rows["fwk cold / fwk warm"].median == pytest.approx((90 / 88 + 99 / 90) / 2)
     assert rows["fwk cold / fwk warm"].target == "<= 1.05x" and not rows["fwk cold / fwk warm"].met
     assert rows["start-up, fwk cold / plain"].median == pytest.approx(1.5)
+    assert rows["start-up, fwk cold / plain"].notes == (
+        "fwk - plain: +1.05 s (bound: +0.5 s, not met); "
+        "fwk's phases: imports 2.15, data 1.00; plain's: imports 1.10, data 1.00"
+    )
     assert json.dumps(rows["fwk cold / plain (recipe)"].__dict__, default=str)  # the harness writes rows as JSON

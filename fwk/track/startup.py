@@ -1,0 +1,58 @@
+"""Start-up phases: how long this process took from its start to each point before its first step.
+
+The launcher and the worker mark where each phase ends (``mark``), and the summary keeps
+the phases' seconds (``phases``), so that ``summary.json`` says where a run's start-up went:
+the interpreter and fwk's command line, the config, the run dir, the imports of torch and the
+engine, then the data, the model, the strategies, the optimizer, the loaders and the
+checkpoint. Under torchrun each worker is its own process and counts from its own start.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+_marks: list[tuple[str, float]] = []
+_origin: list[float] = []  # where the next run's start-up begins, once this process trained one
+
+
+def process_started() -> float:
+    """Return the Unix time at which this process started.
+
+    Linux gives a process's start in clock ticks since boot, which ``CLOCK_BOOTTIME`` counts
+    too. Without /proc the first mark stands in for it.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, counted after the name
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _marks[0][1] if _marks else time.time()
+
+
+def mark(phase: str) -> None:
+    """Note that ``phase`` ends now. The next phase starts here."""
+    _marks.append((phase, time.time()))
+
+
+def phases(until: float | None = None) -> dict[str, float]:
+    """Return each phase's seconds in the order they ran, from the process's start.
+
+    The time after the last mark and before ``until`` (the first step, as a Unix time) is
+    ``other``. A phase marked twice adds up.
+    """
+    out: dict[str, float] = {}
+    before = _origin[-1] if _origin else process_started()
+    for phase, at in _marks:
+        out[phase] = round(out.get(phase, 0.0) + max(0.0, at - before), 3)
+        before = at
+    if until is not None and until > before:
+        out["other"] = round(until - before, 3)
+    return out
+
+
+def restart() -> None:
+    """Start counting the next run's start-up now, in a process that trains several one after another."""
+    _marks.clear()
+    _origin[:] = [time.time()]
