@@ -20,7 +20,9 @@ over (a name taken gets -2, -3, ...), since every machine here is called ``vm``.
 also writes the table, as printed, to a text file whose first line is the command that
 made it (``$ .venv/bin/python -m benchmarks --only tta --txt bench/cpu/tta.txt``):
 bench/cpu/*.txt are the harness's own output, not edited by hand (the older ones name the
-script the harness was before it became this package).
+script the harness was before it became this package). A record that leaves out a group or
+a case, or has a failed group, ends with a line saying so, and is never written over a file
+that holds a whole record.
 """
 
 from __future__ import annotations
@@ -340,6 +342,43 @@ def command_line(argv: list[str]) -> str:
     return shlex.join([shown(sys.executable), *COMMAND[1:], *argv])
 
 
+PARTIAL = "Partial record"
+
+
+def partial(picked: list[tuple[str, list[str]]], rows: list[Row], quick: bool) -> str:
+    """Say what makes a run's record partial: the groups or cases it left out, the groups that
+    failed, smoke-test sizes. Return "" for a whole record."""
+    out = [g for g in GROUPS if g not in {group for group, _ in picked}]
+    some = [f"{group}:{'+'.join(cases)}" for group, cases in picked if cases]
+    failed_groups = sorted({r.group for r in rows if r.failed})
+    said = [
+        *([f"left out {', '.join(out)}"] if out else []),
+        *([f"only the cases {', '.join(some)}"] if some else []),
+        *([f"failed in {', '.join(failed_groups)}"] if failed_groups else []),
+        *(["--quick sizes"] if quick else []),
+    ]
+    return "; ".join(said)
+
+
+def holds_whole_record(path: Path) -> bool:
+    """Tell whether the --txt file at ``path`` holds a whole record: every group, none failed."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    first = text.partition("\n")[0]
+    return " --only" not in first and " --quick" not in first and PARTIAL not in text and "| failed |" not in text
+
+
+def refuse_partial(path: Path | None, what: str) -> None:
+    """Refuse to write a partial record over a whole one, in one line that says what is missing."""
+    if path is not None and what and holds_whole_record(path):
+        raise SystemExit(
+            f"--txt {shown(path)} holds a whole record, and this run's is partial ({what}): "
+            "write it to another file, or run every group"
+        )
+
+
 def write_txt(path: Path, command: str, text: str) -> None:
     """``text`` under a first line ``$ COMMAND``; it replaces the file (bench/cpu/ is kept in git,
     and the text names its JSON), through a temporary file so a reader never sees half of it."""
@@ -349,14 +388,16 @@ def write_txt(path: Path, command: str, text: str) -> None:
     tmp.replace(path)
 
 
-def report(rows: list[Row], info: dict, wall_s: float, quick: bool, path: Path) -> str:
-    """What the run prints to stdout, and what --txt keeps: the machine, the table, the legend."""
+def report(rows: list[Row], info: dict, wall_s: float, quick: bool, path: Path, partly: str = "") -> str:
+    """What the run prints to stdout, and what --txt keeps: the machine, the table, the legend,
+    and what a partial record left out (``partly``)."""
     return (
         f"fwk benchmarks{' (--quick: smoke-test sizes, not figures)' if quick else ''}: {info['cpu']}, "
         f"{info['cores']} cores, torch {info['torch']}, device {info['device']}; load average at start "
         f"{info['load_average'][0]:.2f}; {wall_s / 60:.1f} min\n\n"
         f"{table(rows)}\n\n"
-        f"A, B: each side's median; ratio: median of the per-rep ratios [min, max]. Results: {shown(path)}\n"
+        + (f"{PARTIAL}: {partly}.\n" if partly else "")
+        + f"A, B: each side's median; ratio: median of the per-rep ratios [min, max]. Results: {shown(path)}\n"
     )
 
 
@@ -381,6 +422,7 @@ def main(argv: list[str] | None = None) -> None:
         args.rows_to.write_text(json.dumps(run_group(args.group, args.quick, cases)))
         return
     picked = selection(args.only)
+    refuse_partial(args.txt, partial(picked, [], args.quick))  # before hours of work, not after
     info, started, rows = machine(), time.perf_counter(), []
     start_time = datetime.datetime.now()
     for group, cases in picked:
@@ -394,7 +436,9 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - started
     command = command_line(argv)
     path = write_json(rows, args.out, info, wall, args.quick, start_time, command)
-    text = report(rows, info, wall, args.quick, path)
+    partly = partial(picked, rows, args.quick)
+    text = report(rows, info, wall, args.quick, path, partly)
     print(text, end="")
     if args.txt:
+        refuse_partial(args.txt, partly)  # a group failed: the rows stay in the JSON file named above
         write_txt(args.txt, command, text)

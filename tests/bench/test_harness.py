@@ -152,3 +152,36 @@ def test_cpu_model_reads_cpuinfo_else_the_platform(tmp_path, monkeypatch):
     assert harness.cpu_model(tmp_path / "none") == "arm"
     assert harness.slug("Intel(R) Core(TM) i7-9750H CPU @ 2.60GHz") == "intel-core-i7-9750h"
     assert harness.slug("") == "unknown-cpu"
+
+
+def test_a_partial_run_says_what_it_left_out_and_never_replaces_a_whole_record(tmp_path, monkeypatch, capsys):
+    def fake_group(group, quick, budget, cases=None):
+        if group == "auto":
+            return [harness.failed(group, "auto", "over its budget of 420 s")]
+        return [ratio_row(group, "fake", [1.0], Side("fwk", 1.0, "s"), Side("plain", 1.0, "s"), "a/b")]
+
+    monkeypatch.setattr(harness, "run_isolated", fake_group)
+    monkeypatch.setattr(harness, "machine", lambda: {**INFO, "load_average": (0.5, 0.5, 0.5)})
+    whole = tmp_path / "bench.txt"
+    whole.write_text("$ .venv/bin/python -m benchmarks --txt bench.txt\n| overhead | step | a/b | 1.00x |\n")
+    out = ["--out", str(tmp_path / "results")]
+    with pytest.raises(SystemExit) as refused:  # refused before any group runs
+        harness.main(["--only", "overhead,tta:digits_cnn", *out, "--txt", str(whole)])
+    left_out = ", ".join(g for g in harness.GROUPS if g not in ("overhead", "tta"))
+    assert str(refused.value) == (
+        f"--txt {harness.shown(whole)} holds a whole record, and this run's is partial (left out {left_out}; "
+        "only the cases tta:digits_cnn): write it to another file, or run every group"
+    )
+    assert not (tmp_path / "results").exists() and whole.read_text().startswith(
+        "$ .venv/bin/python -m benchmarks --txt"
+    )
+    with pytest.raises(SystemExit, match=r"this run's is partial \(failed in auto\)"):  # every group, one failed
+        harness.main([*out, "--txt", str(whole)])
+    assert len(list((tmp_path / "results").glob("*.json"))) == 1  # its rows are kept there
+    assert whole.read_text().count("\n") == 2
+    elsewhere = tmp_path / "partial.txt"
+    harness.main(["--only", "overhead", *out, "--txt", str(elsewhere)])
+    assert f"\nPartial record: left out {', '.join(list(harness.GROUPS)[1:])}.\nA, B: " in elsewhere.read_text()
+    harness.main(["--only", "overhead", *out, "--txt", str(elsewhere)])  # a partial record replaces a partial one
+    assert not harness.holds_whole_record(elsewhere)
+    capsys.readouterr()
