@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks [--only overhead,auto,tta:gpt_stdlib] [--quick]
         [--out bench/results] [--txt bench/cpu/NAME.txt]
 
-Each group (overhead, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
+Each group (overhead, startup, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
 channels_last, memory, jit, kernels, parallel, layouts, export, resnet50, serve) runs in its own child process with a
 wall-clock budget, so that one benchmark's failure, hang or leftover state (compiled graphs,
 threads, page cache) never reaches the next: a group that fails or runs out of time becomes
@@ -163,6 +163,7 @@ def guarded(group: str, name: str, fn: Callable[[], list[Row]]) -> list[Row]:
 # 4200 s there (gpt_stdlib unmeasured); +1500 s for tta:hf_llama_stdlib: 4.6 hours; --slack scales them
 GROUPS: dict[str, tuple[str, str, int]] = {
     "overhead": ("overhead", "rows", 145),
+    "startup": ("startup", "rows", 300),
     "auto": ("auto", "rows", 420),
     "decode": ("decode_rows", "rows", 300),
     "shards": ("shards_accuracy", "rows", 1500),

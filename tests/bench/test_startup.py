@@ -1,0 +1,36 @@
+"""benchmarks/startup.py: fwk's start-up against the plain loop's, phase by phase."""
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import startup
+from benchmarks.sides import Outcome
+
+
+def _side(seconds: float, phases: dict[str, float]) -> Outcome:
+    return Outcome(None, seconds, None, 1, 2.0, 600.0, seconds + 1, False, None, phases)
+
+
+def test_rows_name_the_gap_and_each_phase_fwk_adds() -> None:
+    fwk = [_side(3.4, {"python": 0.1, "config": 0.4, "imports": 2.0, "other": 0.1}), _side(3.6, {"config": 0.5})]
+    plain = [_side(2.4, {"imports": 1.3, "optimizer": 1.0}), _side(2.5, {"imports": 1.4, "optimizer": 1.0})]
+    rows = startup._rows("digits_cnn", fwk, plain)
+    whole, *added = rows
+    assert whole.median == pytest.approx((3.4 / 2.4 + 3.6 / 2.5) / 2)
+    assert whole.notes.startswith("fwk - plain: +1.05 s (bound: +0.5 s, not met); 2 reps, cold; ")
+    assert "fwk's phases: python 0.05, config 0.45, imports 1.00, other 0.05; plain's: imports 1.35" in whole.notes
+    assert [r.name for r in added] == [
+        "digits_cnn: fwk's python",
+        "digits_cnn: fwk's config",
+        "digits_cnn: fwk's other",
+    ]
+    assert added[1].notes.startswith("0.450 s: Hydra's import and compose")
+
+
+def test_both_sides_start_and_report_their_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(startup.CASES, "digits_cnn", (["recipe=digits_cnn", "train.device=cpu"], 1))
+    whole, *added = startup.one("digits_cnn", quick=True)
+    assert whole.a.value > 0 and whole.b.value > 0 and not whole.failed
+    assert "fwk's phases: python " in whole.notes and "plain's: imports " in whole.notes
+    assert {r.name for r in added} >= {"digits_cnn: fwk's config", "digits_cnn: fwk's launch"}
