@@ -1,11 +1,12 @@
-"""Softmax cross-entropy of a linear head, in chunks of rows: the (rows, vocab) logits
-and their gradient exist one chunk at a time, never for the whole batch.
+"""Softmax cross-entropy of a linear head, computed in chunks of rows.
 
-For each chunk: logits = h @ W^T (a matmul), then one kernel program per row takes an
-online max / sum-exp pass over the vocabulary (the loss), and a second pass that
-overwrites the logits with their gradient, softmax - (1 - eps) * onehot - eps / V, scaled
-by 1/N; dh and dW follow from two more matmuls. Everything is computed in forward (as
-Liger-Kernel does), so backward only scales the saved gradients.
+The (rows, vocab) logits and their gradient exist one chunk at a time, never for the whole batch.
+
+For each chunk, a matmul gives logits = h @ W^T. Then one kernel program per row takes an online
+max / sum-exp pass over the vocabulary, which gives the loss. A second pass overwrites the logits
+with their gradient, softmax - (1 - eps) * onehot - eps / V, scaled by 1/N. dh and dW follow from
+two more matmuls. Everything is computed in forward, as Liger-Kernel does, so backward only
+scales the saved gradients.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from fwk.kernels import triton_runs_on
 def reference(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
 ) -> torch.Tensor:
-    """The plain way: the whole (N, V) logits in fp32, then cross-entropy (mean over rows)."""
+    """Compute the loss the plain way: the whole (N, V) logits in fp32, then cross-entropy.
+
+    The cross-entropy is the mean over rows."""
     return F.cross_entropy((hidden @ weight.t()).float(), target, label_smoothing=label_smoothing)
 
 
@@ -54,7 +57,9 @@ def _loss_and_grad(Logits, Target, Loss, stride, V, scale, smoothing, BLOCK: tl.
 
 
 def _chunk_torch(logits: torch.Tensor, target: torch.Tensor, scale: float, smoothing: float) -> torch.Tensor:
-    """What the kernel computes, in PyTorch: per-row losses; logits overwritten by their gradient."""
+    """Compute in PyTorch what the kernel computes: return the per-row losses.
+
+    The logits are overwritten by their gradient."""
     logp = logits.float().log_softmax(-1)  # (n, V)
     V = logits.shape[-1]
     loss = -(1.0 - smoothing) * logp.gather(1, target[:, None]).squeeze(1) - smoothing / V * logp.sum(-1)
@@ -73,7 +78,7 @@ def _chunk_triton(logits: torch.Tensor, target: torch.Tensor, scale: float, smoo
 
 
 def chunk_rows(n: int, vocab: int, width: int) -> int:
-    """Rows per chunk so that a chunk's logits are about the size of the hidden states."""
+    """Return the rows per chunk that make a chunk's logits about the size of the hidden states."""
     return max(1, math.ceil(n / math.ceil(vocab / max(width, 1))))
 
 
@@ -104,9 +109,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
 ) -> torch.Tensor:
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``target``, chunked.
+    """Return the mean cross-entropy of ``hidden @ weight.T`` against ``target``, computed in chunks.
 
-    hidden (N, C), weight (V, C), target (N,) int64. The Triton kernel where it runs,
-    else the same chunked algorithm in PyTorch.
+    ``hidden`` is (N, C) and ``weight`` is (V, C). ``target`` holds the N rows' int64 class indices.
+    The Triton kernel computes the loss where it runs, and elsewhere the same chunked algorithm
+    runs in PyTorch.
     """
     return _LinearCrossEntropy.apply(hidden, weight, target, label_smoothing, triton_runs_on(hidden))

@@ -1,8 +1,8 @@
 """LayerNorm over the last dimension: reference, Triton kernels, autograd.Function, module.
 
-Forward: one program per row computes mean and 1/std in fp32 and writes y; mean and rstd
-are saved. Backward: one program per row writes dx; one program per block of columns
-sums dw and db over all rows (no atomics: the result does not depend on scheduling).
+In forward, one program per row computes mean and 1/std in fp32 and writes y. Mean and rstd
+are saved. In backward, one program per row writes dx, and one program per block of columns
+sums dw and db over all rows. There are no atomics, so the result does not depend on scheduling.
 """
 
 from __future__ import annotations
@@ -127,14 +127,14 @@ class _LayerNorm(torch.autograd.Function):
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-5
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension; the Triton kernels where they run, else the reference."""
+    """Apply LayerNorm over the last dimension, with the Triton kernels where they run, else the reference."""
     if not triton_runs_on(x):
         return reference(x, weight, bias, eps)
     return _LayerNorm.apply(x, weight, bias, eps)
 
 
 class LayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` (same parameters and state_dict) computed by the Triton kernels."""
+    """An ``nn.LayerNorm`` computed by the Triton kernels, with the same parameters and state_dict."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.normalized_shape) != 1:

@@ -1,12 +1,14 @@
-"""Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): reference,
-a fused Triton step, and the optimizer.
+"""The Lion optimizer: its reference step, a fused Triton step, and the optimizer.
 
-Per parameter, with gradient g and momentum m:
-    update = sign(beta1 * m + (1 - beta1) * g)
-    p      = p * (1 - lr * weight_decay) - lr * update
-    m      = beta2 * m + (1 - beta2) * g
-The reference is those three lines in PyTorch (three passes over memory, a temporary per
-line); the Triton kernel reads p, g, m once and writes p, m once. PyTorch has no Lion.
+Lion comes from Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms".
+A step does this per parameter, with gradient g and momentum m:
+
+- ``update = sign(beta1 * m + (1 - beta1) * g)``
+- ``p = p * (1 - lr * weight_decay) - lr * update``
+- ``m = beta2 * m + (1 - beta2) * g``
+
+The reference is those three lines in PyTorch, which make three passes over memory and a
+temporary per line. The Triton kernel reads p, g, m once and writes p, m once. PyTorch has no Lion.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def fused_step(
 
 
 class Lion(torch.optim.Optimizer):
-    """Lion with decoupled weight decay; ``fused`` runs the Triton step where it can run."""
+    """The Lion optimizer, with decoupled weight decay.
+
+    ``fused`` runs the Triton step where it can run."""
 
     def __init__(
         self,

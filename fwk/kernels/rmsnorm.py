@@ -1,7 +1,7 @@
 """RMSNorm over the last dimension: reference, Triton kernels, autograd.Function, module.
 
-y = x / sqrt(mean(x^2) + eps) * w. Forward saves 1/rms per row; backward writes dx per
-row and sums dw over rows per block of columns, as in layernorm.py.
+It computes y = x / sqrt(mean(x^2) + eps) * w. Forward saves 1/rms per row. Backward writes dx
+per row and sums dw over rows per block of columns, as in layernorm.py.
 """
 
 from __future__ import annotations
@@ -101,14 +101,14 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm over the last dimension; the Triton kernels where they run, else the reference."""
+    """Apply RMSNorm over the last dimension, with the Triton kernels where they run, else the reference."""
     if not triton_runs_on(x):
         return reference(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 
 class RMSNorm(nn.RMSNorm):
-    """``nn.RMSNorm`` (same parameters and state_dict) computed by the Triton kernels."""
+    """An ``nn.RMSNorm`` computed by the Triton kernels, with the same parameters and state_dict."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.normalized_shape) != 1:
