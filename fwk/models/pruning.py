@@ -30,7 +30,9 @@ History = list[tuple[str, bool, list[int]]]
 
 
 def per_round(ratio: float, rounds: int) -> float:
-    """Return the share of the channels left that each round removes, so that ``ratio`` is reached after ``rounds``."""
+    """Return the share of the channels left that each round removes.
+
+    With that share, ``ratio`` is reached after ``rounds`` rounds."""
     return 1.0 - (1.0 - ratio) ** (1.0 / rounds)
 
 
@@ -148,7 +150,9 @@ def prune_round(
 
 
 def replay(model: nn.Module, example: torch.Tensor, history: History) -> nn.Module:
-    """Apply a recorded pruning history to ``model`` in place, as torch-pruning recorded it, and return the model."""
+    """Apply a recorded pruning history to ``model`` in place, and return the model.
+
+    The history is applied as torch-pruning recorded it."""
     import torch_pruning as tp
 
     dims = head_dims(model)
