@@ -1,5 +1,6 @@
-"""Build the model a config names: a registered one, or the user's own by ``_target_``,
-checked against the data it will train on."""
+"""The model build: the model a config names, a registered one or the user's own by ``_target_``.
+
+The built model is checked against the data it will train on."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ def _output_size(model: nn.Module, data: DataBundle) -> int:
 
 
 def build_model(cfg: Any, data: DataBundle, init: bool = True) -> nn.Module:
-    """A registered model or ``_target_`` class; its output size must match the data's classes.
-    Keys a ``_target_`` class does not take are left out, with a line (see ``model_arguments``).
-    ``init``: start from ``model.init_from``'s weights where set; False where a checkpoint's
-    replace them (a resumed run, an export), so the file need not be there any more."""
+    """Build a registered model or a ``_target_`` class.
+
+    Its output size must match the data's classes. Keys a ``_target_`` class does not take are
+    left out, with a line (see ``model_arguments``). ``init`` starts the model from
+    ``model.init_from``'s weights where that is set. It is False where a checkpoint's weights
+    replace them, as in a resumed run or an export, so the file need not be there any more."""
     init_from = cfg.get("init_from") if isinstance(cfg, dict) else getattr(cfg, "init_from", None)
     if isinstance(cfg, dict):
         cfg, dropped = model_arguments(cfg)

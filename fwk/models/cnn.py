@@ -10,7 +10,9 @@ from fwk.models.registry import register_model
 
 
 class SmallCNN(nn.Module):
-    """(B, in_channels, H, W) -> (B, num_classes). Any H, W >= 2: the pool is adaptive."""
+    """A small CNN that maps (B, in_channels, H, W) to (B, num_classes).
+
+    Any H, W >= 2 works, because the pool is adaptive."""
 
     def __init__(
         self,

@@ -1,5 +1,7 @@
-"""Config dataclasses of the registered models: torch-free, so composing and validating a
-config never imports torch. Each builder (fwk/models/<family>.py) takes its config from here.
+"""The config dataclasses of the registered models, which are torch-free.
+
+Composing and validating a config never imports torch. Each builder (fwk/models/<family>.py)
+takes its config from here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from fwk.registry import doc
 
 
 def init_from_field() -> Any:
-    """``model.init_from`` of every registered model (loaded by fwk/models/weights.py)."""
+    """Return the ``model.init_from`` field of every registered model, which fwk/models/weights.py loads."""
     return doc(
         None,
         "start from these weights (fine-tuning): a .safetensors file (fwk export --format safetensors) or a folder "
@@ -24,7 +26,9 @@ def init_from_field() -> Any:
 
 
 class StartsFrom:
-    """A model config whose only check is its ``init_from`` (one with more calls ``check_init_from``)."""
+    """A model config whose only check is its ``init_from``.
+
+    A config with more checks calls ``check_init_from`` itself."""
 
     init_from: str | None
 
@@ -66,7 +70,9 @@ class GPTConfig:
     init_from: str | None = init_from_field()
 
     def check(self) -> None:
-        """What the model cannot be built with, as one line before any run dir (the launcher calls it)."""
+        """Refuse what the model cannot be built with, as one line before any run dir.
+
+        The launcher calls it."""
         sizes = {"vocab_size": self.vocab_size, "block_size": self.block_size, "n_layer": self.n_layer}
         for key, value in {**sizes, "n_head": self.n_head, "n_embd": self.n_embd}.items():
             if value < 1:
@@ -82,7 +88,7 @@ class GPTConfig:
         check_init_from(self.init_from)
 
     def check_layout(self, dims: Any, stages_per_rank: int) -> Iterator[tuple[bool, str, Any, str]]:
-        """What tensor and pipeline parallel need of this GPT (``fwk/models/gpt_parallel.py``)."""
+        """Yield what tensor and pipeline parallel need of this GPT (``fwk/models/gpt_parallel.py``)."""
         divisors = [d for d in range(1, self.n_head + 1) if self.n_head % d == 0]
         yield (
             self.n_head % dims.tp == 0,
@@ -152,7 +158,7 @@ class HFConfig:
     init_from: str | None = init_from_field()
 
     def check(self) -> None:
-        """What cannot work, as one line before any run dir (no torch, no transformers)."""
+        """Refuse what cannot work, as one line before any run dir, importing no torch and no transformers."""
         if self.task not in HF_TASKS:
             raise UserError(f"model.task={self.task} is not one of {', '.join(HF_TASKS)}")
         if self.init not in HF_INITS:
@@ -177,7 +183,9 @@ class HFConfig:
             )
 
     def check_layout(self, dims: Any, stages_per_rank: int) -> Iterator[tuple[bool, str, Any, str]]:
-        """Tensor parallel by the model's own plan (``fwk/models/hf_parallel.py``); no pipeline split yet."""
+        """Yield what tensor parallel needs of this model, which it gets by the model's own plan.
+
+        The plan is in ``fwk/models/hf_parallel.py``. There is no pipeline split yet."""
         yield (
             dims.pp == 1,
             "parallel.pp",
@@ -194,5 +202,5 @@ class HFConfig:
             )
 
     def output_key(self, task: str) -> str:
-        """The key that sets the model's output size: its vocabulary, or its number of labels."""
+        """Return the key that sets the model's output size: its vocabulary, or its number of labels."""
         return "model.config.vocab_size" if task == "lm" else "model.config.num_labels"

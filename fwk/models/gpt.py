@@ -1,9 +1,9 @@
-"""A small decoder-only GPT in plain PyTorch (nanoGPT style).
+"""A small decoder-only GPT in plain PyTorch, in nanoGPT style.
 
-Token + learned position embedding, pre-LN blocks (causal self-attention, 4x GELU MLP),
-final LayerNorm, and an lm head whose weight is tied to the token embedding. GPT-2 init:
-N(0, 0.02) everywhere, and residual output projections scaled by 1/sqrt(2 * n_layer) so
-the residual stream's variance does not grow with depth.
+It has a token and a learned position embedding, pre-LN blocks of causal self-attention and a
+4x GELU MLP, a final LayerNorm, and an lm head whose weight is tied to the token embedding. It
+takes GPT-2's init: N(0, 0.02) everywhere, and residual output projections scaled by
+1/sqrt(2 * n_layer), so that the residual stream's variance does not grow with depth.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         # (B, T, 3 * nh * hs) -> 3 x (B, nh, T, hs): heads become a batch dimension for the
-        # attention kernel; nh * hs is C unless `fwk export` pruned whole heads (n_head drops)
+        # attention kernel. nh * hs is C unless `fwk export` pruned whole heads (n_head drops).
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, -1).permute(2, 0, 3, 1, 4).unbind(0)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
@@ -55,7 +55,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """A pre-LN transformer block: attention, then the MLP, each added to the residual stream.
+
+    It computes ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
 
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
         super().__init__()
@@ -73,7 +75,7 @@ class Block(nn.Module):
 def plain_head_loss(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0
 ) -> torch.Tensor:
-    """The head's mean cross-entropy the plain way: all (N, vocab) logits at once, in fp32."""
+    """Return the head's mean cross-entropy the plain way: all (N, vocab) logits at once, in fp32."""
     return F.cross_entropy((hidden @ weight.t()).float(), targets, label_smoothing=label_smoothing)
 
 
@@ -101,9 +103,9 @@ class GPT(nn.Module):
         # Weight tying: input and output token embeddings share one matrix (fewer
         # parameters, and it trains as well or better at this size).
         self.lm_head.weight = self.tok_emb.weight
-        # forward(idx, targets) returns head_loss(hidden, lm_head.weight, targets): a fused,
+        # forward(idx, targets) returns head_loss(hidden, lm_head.weight, targets). A fused,
         # chunked version can be put here (fwk/strategies/kernels.py) without touching the model.
-        # head_of names the module whose output it computes (precision's fp32 islands follow it)
+        # head_of names the module whose output it computes, and precision's fp32 islands follow it.
         self.head_loss = plain_head_loss
         self.head_of = "lm_head"
         self.apply(self._init_weights)
@@ -121,15 +123,16 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; by default without the position table (the token table is
-        shared with the lm head, so it counts as a weight)."""
+        """Return the parameter count, by default without the position table.
+
+        The token table is shared with the lm head, so it counts as a weight."""
         n = sum(p.numel() for p in self.parameters())  # tied weight is counted once
         if non_embedding:
             n -= self.pos_emb.weight.numel()
         return n
 
     def tp_plan(self, degree: int) -> dict:
-        """Tensor-parallel styles by module name (``fwk/models/gpt_parallel.py``)."""
+        """Return the tensor-parallel styles by module name (``fwk/models/gpt_parallel.py``)."""
         from fwk.models.gpt_parallel import tp_plan
 
         return tp_plan(self, degree)
@@ -140,14 +143,16 @@ class GPT(nn.Module):
         after_tp(self, degree)
 
     def pipeline_split(self, n_stages: int) -> list[nn.Module]:
-        """The model as ``n_stages`` consecutive stages of blocks (``fwk/models/gpt_parallel.py``)."""
+        """Return the model as ``n_stages`` consecutive stages of blocks (``fwk/models/gpt_parallel.py``)."""
         from fwk.models.gpt_parallel import pipeline_split
 
         return pipeline_split(self, n_stages)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, label_smoothing: float = 0.0):
-        """idx: (B, T) int64 token ids -> logits (B, T, vocab_size); with targets (B, T), the
-        mean cross-entropy instead (``head_loss``), so the logits need not be kept."""
+        """Map int64 token ids ``idx`` (B, T) to logits (B, T, vocab_size).
+
+        With ``targets`` of the same shape, return the mean cross-entropy instead, which
+        ``head_loss`` computes, so that the logits need not be kept."""
         x = idx
         if self.pos_emb is not None:  # (a later pipeline stage has none: it receives hidden states)
             T = idx.shape[1]

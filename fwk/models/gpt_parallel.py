@@ -1,17 +1,17 @@
 """fwk's GPT under tensor and pipeline parallelism: its plan and its split, beside the model.
 
-Tensor parallel (Megatron's layout): the fused q/k/v projection and the MLP's up projection
-split by output columns, the attention's and the MLP's output projections by input rows,
-so each block needs one all-reduce forward and one backward; each rank computes
-``n_head / tp`` heads. The token embedding is split by vocabulary rows and the tied head
-by output columns (the same rows of the one matrix), its logits gathered whole. The
-LayerNorms and the position table stay whole on every rank.
+Tensor parallel follows Megatron's layout. The fused q/k/v projection and the MLP's up
+projection are split by output columns, and the attention's and the MLP's output projections
+by input rows, so each block needs one all-reduce forward and one backward. Each rank computes
+``n_head / tp`` heads. The token embedding is split by vocabulary rows and the tied head by
+output columns, which are the same rows of the one matrix, and its logits are gathered whole.
+The LayerNorms and the position table stay whole on every rank.
 
-Pipeline parallel: stage ``i`` holds blocks ``[i * L / n, (i + 1) * L / n)``, the first also
-the embeddings, the last the final norm and the head. A stage keeps the plain model's
-parameter names (the blocks by their index), so checkpoints reshard between layouts. The
-head is tied to the token embedding, so the last stage holds that matrix too and the two
-copies' gradients are summed each step (``fwk/strategies/pipeline.py``).
+Pipeline parallel gives stage ``i`` the blocks ``[i * L / n, (i + 1) * L / n)``. The first
+stage also holds the embeddings, and the last the final norm and the head. A stage keeps the
+plain model's parameter names (the blocks by their index), so checkpoints reshard between
+layouts. The head is tied to the token embedding, so the last stage holds that matrix too,
+and the two copies' gradients are summed each step (``fwk/strategies/pipeline.py``).
 """
 
 from __future__ import annotations
@@ -29,15 +29,18 @@ from fwk.errors import UserError
 
 
 def _copy_to_tp(x: torch.Tensor, mesh) -> torch.Tensor:
-    """``x`` unchanged; in backward, its gradient summed over the tensor-parallel ranks (each
-    holds the part that flowed through its columns)."""
+    """Return ``x`` unchanged, and in backward sum its gradient over the tensor-parallel ranks.
+
+    Each rank holds the part of the gradient that flowed through its columns."""
     return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
 
 
 class _FusedColumns(nn.Linear):
-    """A Linear whose output is ``chunks`` projections side by side (q, k, v), split by
-    columns inside each: rank r computes the r-th slice of every chunk. Its weight is a
-    DTensor whose whole value is the plain model's, so checkpoints see the plain matrix."""
+    """A Linear whose output is ``chunks`` projections side by side, such as q, k and v.
+
+    It is split by columns inside each chunk: rank r computes the r-th slice of every chunk.
+    Its weight is a DTensor whose whole value is the plain model's, so checkpoints see the
+    plain matrix."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
@@ -47,7 +50,7 @@ class _FusedColumns(nn.Linear):
 
 
 class FusedColwise(ParallelStyle):
-    """Column-wise split of a fused projection of ``chunks`` equal parts."""
+    """The column-wise split of a fused projection of ``chunks`` equal parts."""
 
     def __init__(self, chunks: int) -> None:
         super().__init__()
@@ -64,7 +67,7 @@ class FusedColwise(ParallelStyle):
 
 
 def tp_plan(model: nn.Module, degree: int) -> dict[str, ParallelStyle]:
-    """The plan for the modules this model (or pipeline stage) holds."""
+    """Return the plan for the modules this model, or pipeline stage, holds."""
     n_head = next((b.attn.n_head for b in model.blocks.children()), 0)
     if n_head % degree:
         raise UserError(f"parallel.tp={degree} must divide model.n_head={n_head} (each rank computes whole heads)")
@@ -82,8 +85,10 @@ def tp_plan(model: nn.Module, degree: int) -> dict[str, ParallelStyle]:
 
 
 def after_tp(model: nn.Module, degree: int) -> None:
-    """What the plan cannot say: each attention computes its share of the heads, and the head
-    is tied to the token embedding again (the plan gave each its own sharded copy)."""
+    """Finish what the plan cannot say, once it is applied.
+
+    Each attention computes its share of the heads, and the head is tied to the token embedding
+    again, because the plan gave each its own sharded copy."""
     for module in model.modules():
         if hasattr(module, "n_head") and hasattr(module, "qkv"):
             module.n_head //= degree
@@ -92,8 +97,9 @@ def after_tp(model: nn.Module, degree: int) -> None:
 
 
 def _view(model: nn.Module) -> nn.Module:
-    """A module object of its own over ``model``'s submodules: changing its children leaves
-    ``model``'s in place."""
+    """Return a module object of its own over ``model``'s submodules.
+
+    Changing its children leaves ``model``'s in place."""
     view = copy.copy(model)
     view._modules = dict(model._modules)
     view._parameters = dict(model._parameters)
@@ -102,8 +108,9 @@ def _view(model: nn.Module) -> nn.Module:
 
 
 def pipeline_split(model: nn.Module, n_stages: int) -> list[nn.Module]:
-    """The model cut into ``n_stages`` consecutive stages of blocks, each keeping the plain
-    model's parameter names."""
+    """Cut the model into ``n_stages`` consecutive stages of blocks.
+
+    Each stage keeps the plain model's parameter names."""
     layers = len(model.blocks)
     if n_stages > layers:
         raise UserError(
@@ -128,8 +135,9 @@ def pipeline_split(model: nn.Module, n_stages: int) -> list[nn.Module]:
 
 
 def merge(stages: list[nn.Module]) -> nn.Module:
-    """One module over several stages of one rank (interleaved schedules): what the optimizer,
-    checkpoints and evaluation see, with the plain model's names."""
+    """Return one module over several stages of one rank, as interleaved schedules give it.
+
+    It is what the optimizer, checkpoints and evaluation see, with the plain model's names."""
     if len(stages) == 1:
         return stages[0]
     local = _view(stages[0])

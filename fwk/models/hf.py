@@ -1,14 +1,14 @@
 """Hugging Face transformers models (``model=hf``), from local files only.
 
-``model.path`` is a folder with a ``config.json`` (what ``save_pretrained`` writes), or a
-model name already in the local Hugging Face cache: nothing is downloaded, whatever
+``model.path`` is a folder with a ``config.json``, as ``save_pretrained`` writes it, or a
+model name already in the local Hugging Face cache. Nothing is downloaded, whatever
 ``HF_HUB_OFFLINE`` says. ``model.config`` adds to that config, or is the whole config.
-``model.task`` picks the ``AutoModelFor*`` class; ``model.init`` the folder's weights or
-fresh ones.
+``model.task`` picks the ``AutoModelFor*`` class, and ``model.init`` picks the folder's
+weights or fresh ones.
 
-The model is wrapped so that it is called as fwk's own are: ``forward(x)`` returns the
-logits, and a causal LM's ``forward(ids, targets)`` the mean cross-entropy through
-``head_loss`` (as fwk's GPT), so the fused, chunked loss and the fp32 island of the head
+The model is wrapped so that it is called as fwk's own are. ``forward(x)`` returns the
+logits, and a causal LM's ``forward(ids, targets)`` returns the mean cross-entropy through
+``head_loss``, as fwk's GPT does. So the fused, chunked loss and the fp32 island of the head
 apply without the (B, T, vocab) logits being kept. Its structure is the model's own: the
 decoder layers are the blocks that activation checkpointing and FSDP wrap.
 """
@@ -35,8 +35,8 @@ AUTO = {
     "image_classification": "AutoModelForImageClassification",
 }
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-# config keys under which a model's logits are more than its head's output: such a model's
-# loss is computed from its own logits, not by head_loss on the hidden states
+# config keys under which a model's logits are more than its head's output. Such a model's
+# loss is computed from its own logits, not by head_loss on the hidden states.
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -50,8 +50,10 @@ def transformers() -> Any:
 
 
 def folder(path: str, marker: str = "config.json", key: str = "model.path") -> Path:
-    """The local folder of ``path`` that holds ``marker``: itself, or its snapshot in the
-    Hugging Face cache (``key``: the setting that named it, for the error)."""
+    """Return the local folder of ``path`` that holds ``marker``.
+
+    That is ``path`` itself, or its snapshot in the Hugging Face cache. ``key`` is the setting
+    that named it, for the error."""
     local = Path(path).expanduser()
     if (local / marker).is_file():
         return local
@@ -67,7 +69,9 @@ def folder(path: str, marker: str = "config.json", key: str = "model.path") -> P
 
 
 def hf_config(cfg: HFConfig) -> tuple[Any, Path | None]:
-    """The transformers config, and the folder it came from (None: built from model.config)."""
+    """Return the transformers config, and the folder it came from.
+
+    The folder is None when the config is built from model.config."""
     tf = transformers()
     extra = dict(cfg.config)
     if not cfg.path:
@@ -84,7 +88,7 @@ def hf_config(cfg: HFConfig) -> tuple[Any, Path | None]:
 
 
 class HFModel(nn.Module):
-    """A transformers model called as fwk's: ``forward(x)`` -> logits."""
+    """A transformers model called as fwk's models are: ``forward(x)`` returns the logits."""
 
     def __init__(self, hf: nn.Module, task: str) -> None:
         super().__init__()
@@ -98,8 +102,10 @@ class HFModel(nn.Module):
 
 
 class HFCausalLM(HFModel):
-    """A causal LM: ``forward(ids)`` -> logits (B, T, vocab); with ``targets``, the mean
-    cross-entropy of the head on the final hidden states (``head_loss``, swappable)."""
+    """A causal LM whose ``forward(ids)`` returns the logits (B, T, vocab).
+
+    With ``targets``, it returns the mean cross-entropy of the head on the final hidden states.
+    ``head_loss`` computes it, and it can be swapped."""
 
     def __init__(self, hf: nn.Module) -> None:
         super().__init__(hf, "causal_lm")

@@ -1,17 +1,19 @@
 """A Hugging Face model under tensor parallelism: its own plan, applied to the built model.
 
-transformers (5.x) names the plan itself: the config's ``base_model_tp_plan`` (keys relative
-to the base model, e.g. ``layers.*.self_attn.q_proj``), the model class's ``_tp_plan`` (e.g.
-``lm_head: colwise_gather_output``), and the vocabulary-split input embedding it adds. It
-applies it only in ``from_pretrained(distributed_config=...)``; here the same two steps run on
-a model that fwk built already (``DistributedMixin._resolve_parallel_plans``: the plan with
-the base model's prefix and the layer numbers filled in; ``distributed.tensor_parallel.
-apply_tensor_parallelism``: each named parameter made a DTensor, each named module's forward
-hooked). The projections split by output columns compute ``heads / tp`` heads per rank
-(Llama's attention reshapes with ``-1`` heads); the logits come back whole on every rank.
+transformers (5.x) names the plan itself. The plan is the config's ``base_model_tp_plan``,
+whose keys are relative to the base model, e.g. ``layers.*.self_attn.q_proj``. It adds the
+model class's ``_tp_plan``, e.g. ``lm_head: colwise_gather_output``, and the vocabulary-split
+input embedding. transformers applies it only in ``from_pretrained(distributed_config=...)``.
+Here the same two steps run on a model that fwk built already.
+``DistributedMixin._resolve_parallel_plans`` gives the plan with the base model's prefix and
+the layer numbers filled in. ``distributed.tensor_parallel.apply_tensor_parallelism`` makes
+each named parameter a DTensor and hooks each named module's forward. The projections split
+by output columns compute ``heads / tp`` heads per rank (Llama's attention reshapes with
+``-1`` heads). The logits come back whole on every rank.
 
-The model must be identical on every rank (same seed): each rank keeps its slice of its own
-copy, nothing is sent. Parameter names are unchanged, so checkpoints see the plain names.
+The model must be identical on every rank, from the same seed: each rank keeps its slice of
+its own copy, and nothing is sent. Parameter names are unchanged, so checkpoints see the plain
+names.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_k
 
 
 def tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Apply a Hugging Face model's own tensor-parallel plan (its config's base_model_tp_plan,
-    e.g. LlamaConfig.base_model_tp_plan) in place, over the 1-D mesh tp_mesh.
+    """Apply a Hugging Face model's own tensor-parallel plan in place, over the 1-D mesh tp_mesh.
 
-    ``model``: a transformers ``PreTrainedModel``, or fwk's wrapper of one (``fwk/models/hf.py``:
-    the wrapper's loss then comes from the model's gathered logits, as its fused ``head_loss``
-    takes the head's whole matrix)."""
+    The plan is its config's base_model_tp_plan, e.g. LlamaConfig.base_model_tp_plan.
+    ``model`` is a transformers ``PreTrainedModel``, or fwk's wrapper of one (``fwk/models/hf.py``).
+    The wrapper's loss then comes from the model's gathered logits, because its fused
+    ``head_loss`` takes the head's whole matrix."""
     from transformers.distributed import DistributedConfig
     from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
     from transformers.distributed.tensor_parallel import TensorParallelLayer, apply_tensor_parallelism
@@ -65,7 +67,7 @@ def tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     names = [n for n, _ in hf.named_parameters()]
     every = dict(hf.named_parameters(remove_duplicate=False))
     # tied parameters (lm_head.weight is model.embed_tokens.weight): named_parameters() lists each once, and
-    # apply_tensor_parallelism knows a parameter only by that name; the others are sharded and tied again below
+    # apply_tensor_parallelism knows a parameter only by that name. The others are sharded and tied again below.
     first = {id(p): n for n, p in reversed(list(every.items()))}
     tied = {n: first[id(p)] for n, p in every.items() if first[id(p)] != n}
     planned = {n: s for n, s in plan.items() if n in every and _shards(ALL_PARALLEL_STYLES[s], TensorParallelLayer)}
@@ -110,7 +112,7 @@ def tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 
 def _transformers_model(model: nn.Module) -> Any:
-    """The transformers model in ``model``: itself, or the one its fwk wrapper holds."""
+    """Return the transformers model in ``model``: itself, or the one its fwk wrapper holds."""
     from transformers import PreTrainedModel
 
     if isinstance(model, PreTrainedModel):
@@ -122,14 +124,17 @@ def _transformers_model(model: nn.Module) -> Any:
 
 
 def _shards(style: object, base: type) -> bool:
-    """Whether a transformers parallel style makes its parameters DTensors (colwise, rowwise,
-    embedding_*, packed_*, unit_*), rather than only hooking a forward (replicate, all_reduce, ...)."""
+    """Return whether a transformers parallel style makes its parameters DTensors.
+
+    The styles that do are colwise, rowwise, embedding_*, packed_* and unit_*. The others only
+    hook a forward, such as replicate and all_reduce."""
     return type(style).shard_param is not base.shard_param
 
 
 def _local_head_counts(hf: nn.Module, plan: dict[str, str], degree: int) -> None:
-    """Attention modules that keep a head count for a reshape compute ``count / tp`` heads now:
-    each holds those of its rank (an output-column split, ``colwise``). Llama's keeps none."""
+    """Make the attention modules that keep a head count for a reshape compute ``count / tp`` heads.
+
+    Each holds the heads of its rank, by an output-column split (``colwise``). Llama's keeps none."""
     split = {name.rpartition(".")[0] for name, style in plan.items() if style == "colwise"}
     for name, module in hf.named_modules():
         if name in split:
@@ -140,8 +145,10 @@ def _local_head_counts(hf: nn.Module, plan: dict[str, str], degree: int) -> None
 
 
 def _mesh_manager(tp_mesh: DeviceMesh) -> Any:
-    """What transformers' styles ask of its ``TransformersDeviceMesh`` (the unit styles, for heads fewer
-    than ranks): the tp mesh, whatever its dimension is named."""
+    """Return what transformers' styles ask of its ``TransformersDeviceMesh``: the tp mesh.
+
+    It gives the tp mesh whatever its dimension is named. The styles that ask are the unit
+    styles, for heads fewer than ranks."""
     from transformers.distributed.utils import TransformersDeviceMesh
 
     class OneMesh(TransformersDeviceMesh):

@@ -1,9 +1,9 @@
 """The training loss: mean cross-entropy, computed in fp32.
 
-Images give (N, classes) logits, tokens (B, T, vocab); both are flattened to rows. With
-``fused`` (kernels' chunked head loss is installed) the model computes the loss itself from
-the targets, never holding the whole logits tensor. A method changes it through its
-``loss`` hook: ``methods=[label_smoothing]`` sets ``label_smoothing``.
+Images give (N, classes) logits, and tokens give (B, T, vocab). Both are flattened to rows.
+With ``fused``, set when kernels' chunked head loss is installed, the model computes the loss
+itself from the targets and never holds the whole logits tensor. A method changes the loss
+through its ``loss`` hook: ``methods=[label_smoothing]`` sets ``label_smoothing``.
 """
 
 from __future__ import annotations

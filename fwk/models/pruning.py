@@ -1,15 +1,16 @@
-"""Structured pruning with torch-pruning: what may be pruned, one round of it, and replaying
-a recorded round on a freshly built model (``fwk export --prune`` and
-``methods=[prune_gradually]`` both prune with these).
+"""Structured pruning with torch-pruning: what may be pruned, one round of it, and its replay.
+
+A recorded round is replayed on a freshly built model. ``fwk export --prune`` and
+``methods=[prune_gradually]`` both prune with these.
 
 Whole channels (conv filters, hidden units) and whole attention heads are removed, so the
 pruned model is a smaller dense model. torch-pruning traces the model into a dependency
-graph, so a removed channel disappears from every layer that touches it (the next conv's
-input, the BatchNorm, the residual add). Never pruned: the classifier's output (the
-model's last Linear/Conv) and, in transformers, the residual stream (the embedding width);
-attention loses whole heads, the MLP hidden units. Every removal is recorded in
-torch-pruning's pruning history (module name, in/out, indices), which ``replay`` applies
-to a fresh model. While training, ``following`` slices the optimizer's state with each
+graph, so a removed channel disappears from every layer that touches it: the next conv's
+input, the BatchNorm, the residual add. Two things are never pruned: the classifier's output,
+which is the model's last Linear/Conv, and, in transformers, the residual stream, which is the
+embedding width. Attention loses whole heads, and the MLP loses hidden units. Every removal is
+recorded in torch-pruning's pruning history (module name, in/out, indices), which ``replay``
+applies to a fresh model. While training, ``following`` slices the optimizer's state with each
 weight it removes from.
 """
 
@@ -29,7 +30,9 @@ History = list[tuple[str, bool, list[int]]]
 
 
 def per_round(ratio: float, rounds: int) -> float:
-    """The share of the channels left that each round removes, so that ``ratio`` is reached after ``rounds``."""
+    """Return the share of the channels left that each round removes.
+
+    With that share, ``ratio`` is reached after ``rounds`` rounds."""
     return 1.0 - (1.0 - ratio) ** (1.0 / rounds)
 
 
@@ -37,20 +40,22 @@ def per_round(ratio: float, rounds: int) -> float:
 
 
 def _attention(model: nn.Module) -> Iterator[nn.Module]:
-    """Attention modules with a fused qkv Linear and an ``n_head`` attribute (fwk's GPT)."""
+    """Yield the attention modules with a fused qkv Linear and an ``n_head`` attribute, as in fwk's GPT."""
     for m in model.modules():
         if isinstance(getattr(m, "qkv", None), nn.Linear) and isinstance(getattr(m, "n_head", None), int):
             yield m
 
 
 def head_dims(model: nn.Module) -> dict[str, int]:
-    """Head width of each attention module, by name: whole heads are removed, their width stays."""
+    """Return the head width of each attention module, by name.
+
+    Whole heads are removed, and their width stays."""
     names = {m: n for n, m in model.named_modules()}
     return {names[m]: m.qkv.out_features // 3 // m.n_head for m in _attention(model)}
 
 
 def _set_heads(model: nn.Module, dims: dict[str, int]) -> None:
-    """After pruning: each attention module's ``n_head`` from its qkv width and its head width."""
+    """Set each attention module's ``n_head`` after pruning, from its qkv width and its head width."""
     for name, m in model.named_modules():
         if name in dims:
             m.n_head = m.qkv.out_features // 3 // dims[name]
@@ -63,7 +68,7 @@ class Structure:
 
 
 def structure(model: nn.Module) -> Structure:
-    """The layers whose outputs are kept whole, and the attention modules' heads."""
+    """Return the layers whose outputs are kept whole, and the attention modules' heads."""
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     if not layers:
         raise UserError(f"{type(model).__name__} has no Linear or Conv2d layer to prune; use --prune none")
@@ -77,10 +82,12 @@ def structure(model: nn.Module) -> Structure:
 
 
 def _round_to(model: nn.Module, st: Structure, wanted: int, ratio: float) -> int | None:
-    """``wanted`` when every prunable layer keeps at least 4 x ``wanted`` channels after this round, else None.
+    """Return the multiple to round channel counts to: ``wanted``, or None where it would overshoot.
 
-    torch-pruning rounds the count kept down: on a layer keeping 15 channels, rounding to 8
-    would keep 8 and overshoot the ratio; from 32 kept on, rounding costs under a quarter.
+    It is ``wanted`` when every prunable layer keeps at least 4 x ``wanted`` channels after this
+    round, and None otherwise. torch-pruning rounds the count kept down. On a layer keeping 15
+    channels, rounding to 8 would keep 8 and overshoot the ratio. From 32 kept on, rounding costs
+    under a quarter.
     """
     if wanted <= 1:
         return None
@@ -97,7 +104,7 @@ def _round_to(model: nn.Module, st: Structure, wanted: int, ratio: float) -> int
 
 
 def count(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
-    """MACs of one forward of ``example`` and the parameter count (torch-pruning's counter)."""
+    """Return the MACs of one forward of ``example`` and the parameter count, by torch-pruning's counter."""
     import torch_pruning as tp
 
     macs, params = tp.utils.count_ops_and_params(model, example)
@@ -112,7 +119,7 @@ def prune_round(
     round_to: int,
     grads: Callable[[nn.Module], None] | None = None,
 ) -> History:
-    """Remove ``ratio`` of the channels (and heads) of ``model`` in place; returns this round's history."""
+    """Remove ``ratio`` of the channels (and heads) of ``model`` in place, and return this round's history."""
     import torch_pruning as tp
 
     st = structure(model)
@@ -143,7 +150,9 @@ def prune_round(
 
 
 def replay(model: nn.Module, example: torch.Tensor, history: History) -> nn.Module:
-    """Apply a recorded pruning history to ``model`` (in place), as torch-pruning recorded it."""
+    """Apply a recorded pruning history to ``model`` in place, and return the model.
+
+    The history is applied as torch-pruning recorded it."""
     import torch_pruning as tp
 
     dims = head_dims(model)
@@ -157,7 +166,7 @@ def replay(model: nn.Module, example: torch.Tensor, history: History) -> nn.Modu
 
 
 def _holders(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
-    """The optimizers that own parameter state (optim=muon: its Muon and its AdamW)."""
+    """Return the optimizers that own parameter state: for optim=muon, its Muon and its AdamW."""
     from fwk.optim.muon import MuonAdamW
 
     return [optimizer.muon, optimizer.adamw] if isinstance(optimizer, MuonAdamW) else [optimizer]
@@ -165,12 +174,13 @@ def _holders(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
 
 @contextmanager
 def following(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
-    """While torch-pruning slices parameters: slice the optimizer's state of each the same
-    way, and put the new parameters in its groups in place of the old.
+    """Make the optimizer follow the parameters that torch-pruning slices, inside this context.
 
-    Every slice goes through torch-pruning's ``BasePruningFunc._prune_parameter_and_grad``
-    (weight, kept indices, dim) -> new parameter; a weight sliced twice (its outputs, then
-    its inputs) is followed through both."""
+    The optimizer's state of each parameter is sliced the same way, and the new parameters take
+    the old ones' places in its groups. Every slice goes through torch-pruning's
+    ``BasePruningFunc._prune_parameter_and_grad``, which maps (weight, kept indices, dim) to a new
+    parameter. A weight sliced twice, by its outputs and then by its inputs, is followed through
+    both."""
     from torch_pruning.pruner.function import BasePruningFunc
 
     original = BasePruningFunc._prune_parameter_and_grad

@@ -1,7 +1,7 @@
-"""Model registry: ``model.name`` in the config is a function name here.
+"""The model registry, in which ``model.name`` in the config is a function name.
 
-Torch-free: the config dataclasses are in fwk/models/configs.py, the builders (torch) in
-the modules below, imported on the first builder lookup.
+It is torch-free. The config dataclasses are in fwk/models/configs.py, and the builders, which
+import torch, are in the modules below. Those are imported on the first builder lookup.
 """
 
 from fwk.registry import Registry

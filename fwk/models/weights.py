@@ -1,9 +1,10 @@
-"""``model.init_from``: start any registered model from saved weights (fine-tuning).
+"""``model.init_from``: start any registered model from saved weights, for fine-tuning.
 
-The weights are a ``.safetensors`` file (``fwk export --format safetensors``) or a folder
-``save_pretrained`` wrote (``fwk export --format hf``, or any Hugging Face model folder),
-sharded or not. Their names and shapes are checked against the model's before anything is
-loaded; a mismatch is one line. ``fwk/models/build.py`` loads them once the model is built.
+The weights are a ``.safetensors`` file, as ``fwk export --format safetensors`` writes it, or
+a folder ``save_pretrained`` wrote, sharded or not. Such a folder comes from
+``fwk export --format hf``, or it is any Hugging Face model folder. Their names and shapes are
+checked against the model's before anything is loaded, and a mismatch is one line.
+``fwk/models/build.py`` loads them once the model is built.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fwk.errors import UserError
 
 
 def tensors_of(where: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a .safetensors file, or of the (maybe sharded) safetensors of a folder."""
+    """Return every tensor of a .safetensors file, or of the safetensors of a folder, sharded or not."""
     from safetensors.torch import load_file
 
     if where.is_file():
@@ -33,8 +34,10 @@ def tensors_of(where: Path) -> dict[str, torch.Tensor]:
 
 
 def named_as(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` under the model's names: a model that wraps another under one attribute
-    (model=hf: ``hf.``, around the transformers model) takes the inner model's names too."""
+    """Return ``tensors`` under the model's names.
+
+    A model that wraps another under one attribute takes the inner model's names too. For
+    model=hf that attribute is ``hf.``, around the transformers model."""
     heads = {k.split(".", 1)[0] for k in own}
     if len(heads) == 1 and tensors and not any(k in own for k in tensors):
         return {f"{next(iter(heads))}.{k}": v for k, v in tensors.items()}
@@ -42,9 +45,10 @@ def named_as(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> 
 
 
 def load_weights(model: nn.Module, where: Path, given: str) -> None:
-    """``where``'s tensors into ``model``, after checking that their names and shapes are the
-    model's. A tied weight stored once (save_pretrained, safetensors' ``save_model``) is found
-    through the tensor it shares."""
+    """Load ``where``'s tensors into ``model``.
+
+    Their names and shapes are first checked to be the model's. A tied weight stored once
+    (save_pretrained, safetensors' ``save_model``) is found through the tensor it shares."""
     own = model.state_dict()
     tensors = named_as(tensors_of(where), own)
     same: dict[int, list[str]] = {}  # a tied parameter's names (the input embedding and the LM head)

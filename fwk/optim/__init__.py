@@ -1,11 +1,12 @@
-"""Optimizer registry and the learning-rate schedule.
+"""The optimizer registry and the learning-rate schedule.
 
 ``optim.name`` in the config is a function name here, or ``optim._target_`` names an
-optimizer class of your own (``optim=custom``; ``_own``). Weight decay applies to matrices
-and convolution kernels only (dim >= 2): biases and norm scales are not decayed.
+optimizer class of your own (``optim=custom``, built by ``_own``). Weight decay applies to
+matrices and convolution kernels only, those with dim >= 2. Biases and norm scales are not
+decayed.
 
-Composing and validating a config imports this module for its config dataclasses, and
-must not import torch (`fwk train --cfg` answers in well under a second): the builders
+Composing and validating a config imports this module for its config dataclasses, and it
+must not import torch, so that `fwk train --cfg` answers in well under a second. The builders
 import torch when they are called.
 """
 
@@ -182,27 +183,31 @@ def adamw_schedulefree(cfg: ScheduleFreeConfig, model: nn.Module, fused: bool) -
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
-        warmup_steps=0,  # fwk's scheduler warms up (schedule.warmup_steps); the package weighs steps by lr
+        warmup_steps=0,  # fwk's scheduler warms up (schedule.warmup_steps). The package weighs steps by lr.
         weight_lr_power=cfg.weight_lr_power,
     )
 
 
 def is_schedule_free(optimizer: torch.optim.Optimizer) -> bool:
-    """A schedule-free optimizer (its groups carry the ``schedulefree`` package's ``train_mode`` flag)."""
+    """Return whether ``optimizer`` is schedule-free.
+
+    A schedule-free optimizer's groups carry the ``schedulefree`` package's ``train_mode`` flag."""
     return bool(optimizer.param_groups) and "train_mode" in optimizer.param_groups[0]
 
 
 def registered_name(cfg) -> str | None:
-    """The registered optimizer's name; None for a class of your own (``optim._target_``)."""
+    """Return the registered optimizer's name, or None for a class of your own (``optim._target_``)."""
     return None if isinstance(cfg, dict) else cfg.name
 
 
 def build_optimizer(
     cfg, model: nn.Module, fused: bool = False, compute_dtype: Callable[[], torch.dtype] | None = None
 ) -> torch.optim.Optimizer:
-    """The registered optimizer, or your own class (``optim._target_``); ``fused``: its fused
-    step (fwk's Triton Lion, PyTorch's on CUDA); ``compute_dtype()``: the dtype the training
-    step computes in now (Muon runs its Newton-Schulz step in it; None: bf16, torch's)."""
+    """Build the registered optimizer, or your own class (``optim._target_``).
+
+    ``fused`` asks for its fused step: fwk's Triton Lion, or PyTorch's on CUDA. ``compute_dtype()``
+    returns the dtype the training step computes in now, and Muon runs its Newton-Schulz step in
+    it. When ``compute_dtype`` is None, Muon uses torch's bf16."""
     if isinstance(cfg, dict):
         return _own(cfg, model)
     extra = {"compute_dtype": compute_dtype} if compute_dtype is not None and cfg.name == "muon" else {}
@@ -210,9 +215,11 @@ def build_optimizer(
 
 
 def _own(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
-    """``optim._target_=pkg.Class``: a ``torch.optim.Optimizer`` of your own, built on the
-    model's trainable parameters (with ``optim.weight_decay``: two groups, the weights with
-    dim >= 2 decayed, as fwk's own optimizers do); every other key is a keyword argument."""
+    """Build a ``torch.optim.Optimizer`` of your own, named by ``optim._target_=pkg.Class``.
+
+    It is built on the model's trainable parameters. With ``optim.weight_decay`` they form two
+    groups, and the weights with dim >= 2 are decayed, as fwk's own optimizers do. Every other
+    key is a keyword argument."""
     import torch
     from hydra.utils import get_object
 
@@ -243,12 +250,14 @@ def _own(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
 
 
 def peak_lr(cfg) -> float | None:
-    """The configured peak learning rate (a class of your own without ``optim.lr``: None, its default)."""
+    """Return the configured peak learning rate.
+
+    It is None for a class of your own without ``optim.lr``, which then takes its default."""
     return cfg.get("lr") if isinstance(cfg, dict) else cfg.lr
 
 
 def with_lr(cfg, lr: float):
-    """The same optimizer settings with peak learning rate ``lr``."""
+    """Return the same optimizer settings with peak learning rate ``lr``."""
     if isinstance(cfg, dict):
         return {**cfg, "lr": lr}
     return dataclasses.replace(cfg, lr=lr)
@@ -261,8 +270,10 @@ WHOLE_TENSORS = {  # optimizers that refuse a sharded model, and why
 
 
 def check_sharding(cfg, sharded: bool) -> None:
-    """Refuse an optimizer that needs whole tensors on a sharded model (parallel=auto chose
-    FSDP for a model too big to replicate): one line (validate refuses parallel=fsdp/hsdp)."""
+    """Refuse an optimizer that needs whole tensors on a sharded model, in one line.
+
+    The model is sharded here when parallel=auto chose FSDP for a model too big to replicate.
+    validate refuses parallel=fsdp/hsdp itself."""
     if sharded and registered_name(cfg) in WHOLE_TENSORS:
         from fwk.errors import UserError
 
@@ -273,7 +284,7 @@ def check_sharding(cfg, sharded: bool) -> None:
 
 
 def notes(cfg, schedule: ScheduleConfig, optimizer: torch.optim.Optimizer, model: nn.Module) -> list[str]:
-    """What the built optimizer does that its config does not say (one line each)."""
+    """Return what the built optimizer does that its config does not say, one line each."""
     from fwk.optim.muon import MuonAdamW
 
     name = registered_name(cfg)
@@ -289,8 +300,10 @@ def notes(cfg, schedule: ScheduleConfig, optimizer: torch.optim.Optimizer, model
 
 
 def state_floats_per_param(cfg) -> float:
-    """Optimizer state elements per parameter element, measured: one step of the configured
-    optimizer on a small hidden layer (AdamW 2, SGD with momentum 1, Lion 1, Muon 1, schedule-free 2)."""
+    """Measure the optimizer state's elements per parameter element.
+
+    It takes one step of the configured optimizer on a small hidden layer. AdamW holds 2, SGD
+    with momentum 1, Lion 1, Muon 1 and schedule-free 2."""
     import torch
     from torch import nn
 
@@ -308,7 +321,7 @@ def state_floats_per_param(cfg) -> float:
 
 
 def lr_factor(step: int, cfg: ScheduleConfig, max_steps: int) -> float:
-    """Multiplier of the peak lr at ``step``: linear warmup, then the chosen decay."""
+    """Return the multiplier of the peak lr at ``step``: linear warmup, then the chosen decay."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.decay == "constant":
@@ -323,7 +336,7 @@ def lr_factor(step: int, cfg: ScheduleConfig, max_steps: int) -> float:
 
 
 def build_schedule(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, max_steps: int):
-    """The lr schedule: ``cfg``'s, except that a schedule-free optimizer only warms up."""
+    """Build the lr schedule: ``cfg``'s, except that a schedule-free optimizer only warms up."""
     import dataclasses
 
     import torch

@@ -1,22 +1,23 @@
 """Muon for the hidden weight matrices, AdamW for the rest, as one optimizer object.
 
-``torch.optim.Muon`` orthogonalizes each matrix's momentum (Newton-Schulz) before the
-update: the optimizer of modded-nanogpt's speedrun records (Keller Jordan et al.). It is
-defined for matrices only, and works best on the hidden ones; the embeddings, the output
-head (the last Linear, or a weight tied to an embedding), norms, biases, and convolution
-kernels (4-D: torch's Muon takes no other shape) go to AdamW, with its own lr. Muon's lr
-is scaled per matrix to match AdamW's update size (``adjust_lr_fn="match_rms_adamw"``),
-so one lr setting works for both (Moonshot's rule).
+``torch.optim.Muon`` orthogonalizes each matrix's momentum by Newton-Schulz before the
+update. It is the optimizer of modded-nanogpt's speedrun records, by Keller Jordan et al.
+It is defined for matrices only, and works best on the hidden ones. The embeddings, the
+output head (the last Linear, or a weight tied to an embedding), norms, biases, and
+convolution kernels go to AdamW, with its own lr. Convolution kernels are 4-D, and torch's
+Muon takes no other shape than a matrix. Muon's lr is scaled per matrix to match AdamW's
+update size by ``adjust_lr_fn="match_rms_adamw"``, so one lr setting works for both, by
+Moonshot's rule.
 
 Both optimizers' states are in one state dict, and the learning-rate scheduler scales
 every parameter group of both, so resume stays exact.
 
-torch's Muon runs its Newton-Schulz iteration in bf16, always: the speedrun's choice for
-GPUs. On a device whose bf16 matmuls are slow (a CPU without AVX512-BF16 or AMX emulates
-them, 12-19x slower than fp32) that iteration dominated gpt_stdlib_fast's step. fwk runs
-it in the dtype the training step computes in (``compute_dtype``: the precision
-strategy's: bf16 where it measured or was asked for bf16 autocast, else fp32), the same
-iteration with torch's coefficients (``newton_schulz``).
+torch's Muon always runs its Newton-Schulz iteration in bf16, the speedrun's choice for GPUs.
+On a device whose bf16 matmuls are slow, that iteration dominated gpt_stdlib_fast's step. A
+CPU without AVX512-BF16 or AMX emulates them, 12-19x slower than fp32. fwk runs the same
+iteration with torch's coefficients, in ``newton_schulz``, in the dtype the training step
+computes in. That dtype is ``compute_dtype``, the precision strategy's: bf16 where it
+measured or was asked for bf16 autocast, else fp32.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from torch import nn
 
 
 def split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[str]]:
-    """(Muon's parameters, AdamW's, Muon's parameter names): hidden 2-D weights for Muon."""
+    """Split the trainable parameters between Muon, which takes the hidden 2-D weights, and AdamW.
+
+    Return Muon's parameters, AdamW's, and Muon's parameter names."""
     named = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -47,7 +50,7 @@ def split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], lis
 
 
 def check_model(model: nn.Module) -> None:
-    """Pre-flight: the model has a hidden matrix for Muon (UserError if not)."""
+    """Check before the run that the model has a hidden matrix for Muon, and raise a UserError if not."""
     if not split(model)[0]:
         from fwk.errors import UserError
 
@@ -60,8 +63,10 @@ def check_model(model: nn.Module) -> None:
 def newton_schulz(
     grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float, dtype: torch.dtype
 ) -> torch.Tensor:
-    """torch's ``_zeropower_via_newtonschulz`` (torch/optim/_muon.py: the quintic iteration of
-    Keller Jordan's Muon) computed in ``dtype`` instead of bf16; bit for bit torch's in bf16."""
+    """Compute torch's ``_zeropower_via_newtonschulz`` in ``dtype`` instead of bf16.
+
+    That function, in torch/optim/_muon.py, is the quintic iteration of Keller Jordan's Muon.
+    In bf16 the result is bit for bit torch's."""
     a, b, c = ns_coefficients
     x = grad.to(dtype)
     tall = grad.size(0) > grad.size(1)
@@ -76,10 +81,11 @@ def newton_schulz(
 
 @contextlib.contextmanager
 def newton_schulz_in(dtype: torch.dtype) -> Iterator[None]:
-    """Within: ``torch.optim.Muon.step`` orthogonalizes in bf16 when the step computes in
-    ``dtype`` bf16 (torch's own function, untouched), else in fp32 (fp16 autocast included:
-    the iteration is validated in bf16 and fp32 only). A torch whose Muon is laid out
-    otherwise keeps its bf16."""
+    """Choose the dtype that ``torch.optim.Muon.step`` orthogonalizes in, within this context.
+
+    When the step computes in ``dtype`` bf16, it orthogonalizes in bf16, by torch's own function,
+    untouched. Otherwise it orthogonalizes in fp32, fp16 autocast included, because the iteration
+    is validated in bf16 and fp32 only. A torch whose Muon is laid out otherwise keeps its bf16."""
     from torch.optim import _muon
 
     own = getattr(_muon, "_zeropower_via_newtonschulz", None)
@@ -98,9 +104,11 @@ def _bf16() -> torch.dtype:
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """``torch.optim.Muon`` and ``torch.optim.AdamW`` behind one optimizer: its
-    ``param_groups`` are theirs (Muon's first), so schedulers and clipping see every one.
-    ``compute_dtype()``: the dtype of Muon's Newton-Schulz step now (default bf16, torch's)."""
+    """One optimizer in front of ``torch.optim.Muon`` and ``torch.optim.AdamW``.
+
+    Its ``param_groups`` are theirs, Muon's first, so schedulers and clipping see every one.
+    ``compute_dtype()`` returns the dtype of Muon's Newton-Schulz step now. By default that is
+    bf16, torch's."""
 
     def __init__(
         self, muon: torch.optim.Muon, adamw: torch.optim.AdamW, compute_dtype: Callable[[], torch.dtype] = _bf16

@@ -1,19 +1,19 @@
-"""``optim=adamw_schedulefree``: the ``schedulefree`` package's AdamW (Defazio et al.,
-"The Road Less Scheduled"), and what the loop does around it.
+"""``optim=adamw_schedulefree``: the ``schedulefree`` package's AdamW, and what the loop does around it.
 
-Schedule-free AdamW needs no decay schedule: it trains at a point ``y`` between a fast
-iterate ``z`` (kept in its state) and their running average ``x``, and ``x`` is the model
-to evaluate and ship. The package asks its users to switch the parameters between the two
-(``optimizer.train()`` / ``optimizer.eval()``) and, for BatchNorm models, to recompute the
-norms' statistics at ``x`` before evaluating; ``AveragedPoint`` does both around every
-evaluation (``evaluated``: the evaluation-weights protocol, ``fwk/engine/evaluate.py``).
+That AdamW is Defazio et al.'s, from "The Road Less Scheduled". Schedule-free AdamW needs no
+decay schedule. It trains at a point ``y`` between a fast iterate ``z``, kept in its state,
+and their running average ``x``, and ``x`` is the model to evaluate and ship. The package
+asks its users to switch the parameters between the two with ``optimizer.train()`` and
+``optimizer.eval()``. For BatchNorm models it also asks them to recompute the norms'
+statistics at ``x`` before evaluating. ``AveragedPoint`` does both around every evaluation,
+in ``evaluated``, the evaluation-weights protocol of ``fwk/engine/evaluate.py``.
 
-An evaluation puts the parameters and buffers back bit for bit afterwards (not through
-``optimizer.train()``'s inverse lerp, which rounds), so it leaves no trace in training:
-a run stopped before an evaluation resumes exactly. Checkpoints hold the parameters in
-train mode (``y``) and beside them ``x`` (``eval_weights``, computed out of place, with
-the buffers of the last evaluation), which best checkpoints and ``fwk export`` use.
-Warmup comes from ``schedule.warmup_steps`` through the usual scheduler; the decay is
+An evaluation puts the parameters and buffers back bit for bit afterwards, not through
+``optimizer.train()``'s inverse lerp, which rounds. So it leaves no trace in training, and a
+run stopped before an evaluation resumes exactly. Checkpoints hold the parameters in train
+mode (``y``), and beside them ``x`` as ``eval_weights``, which best checkpoints and
+``fwk export`` use. ``x`` is computed out of place, with the buffers of the last evaluation.
+Warmup comes from ``schedule.warmup_steps`` through the usual scheduler, and the decay is
 constant.
 """
 
@@ -31,8 +31,10 @@ from fwk.optim import is_schedule_free
 
 
 def _eval_point(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]:
-    """Each trained parameter's ``x``, out of place (``optimizer.eval()``'s lerp, without
-    touching the parameter): ``x = y + (1 - 1/beta1) (z - y)``."""
+    """Return each trained parameter's ``x``, out of place.
+
+    It is ``optimizer.eval()``'s lerp, without touching the parameter:
+    ``x = y + (1 - 1/beta1) (z - y)``."""
     points = {}
     for group in optimizer.param_groups:
         beta1 = group["betas"][0]
@@ -44,10 +46,11 @@ def _eval_point(optimizer: torch.optim.Optimizer) -> dict[int, torch.Tensor]:
 
 
 class AveragedPoint:
-    """Around each evaluation: the parameters at ``x``, BatchNorm statistics recomputed
-    there on ``bn_batches`` training batches (the same on every rank, in a fixed order, so
-    replicas agree and a resumed run sees the same), then back to ``y``. With any other
-    optimizer it does nothing (``active`` is False)."""
+    """The averaged point that each evaluation sees: the parameters at ``x``, then back at ``y``.
+
+    At ``x``, BatchNorm statistics are recomputed on ``bn_batches`` training batches. They are
+    the same on every rank, in a fixed order, so replicas agree and a resumed run sees the same.
+    With any other optimizer it does nothing, and ``active`` is False."""
 
     def __init__(
         self,
@@ -64,13 +67,17 @@ class AveragedPoint:
         self.norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
 
     def start(self) -> None:
-        """Train mode before the first step (a resumed optimizer is in it already)."""
+        """Switch the optimizer to train mode before the first step.
+
+        A resumed optimizer is in it already."""
         if self.active:
             self.optimizer.train()
 
     @contextmanager
     def evaluated(self, model: nn.Module) -> Iterator[nn.Module]:
-        """For one evaluation: ``model`` (the model this was made with) at ``x``, then back at ``y``."""
+        """Yield ``model`` at ``x`` for one evaluation, then put it back at ``y``.
+
+        ``model`` is the model this was made with."""
         if not self.active:
             yield model
             return
@@ -112,8 +119,10 @@ class AveragedPoint:
                 m.momentum = momentum
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The model at ``x``, for export: the parameters averaged, the buffers of the last
-        evaluation (BatchNorm statistics at ``x``; the training ones before any)."""
+        """Return the model at ``x``, for export.
+
+        It holds the parameters averaged and the buffers of the last evaluation, which are the
+        BatchNorm statistics at ``x``. Before any evaluation they are the training ones."""
         points = _eval_point(self.optimizer)
         state = {}
         for name, p in self.model.named_parameters():
@@ -127,5 +136,5 @@ class AveragedPoint:
 
     @staticmethod
     def exported(state: dict[str, Any]) -> dict[str, Any] | None:
-        """The ``x`` weights in a checkpoint's state (what ``fwk export`` exports), or None."""
+        """Return the ``x`` weights in a checkpoint's state, which ``fwk export`` exports, or None."""
         return state.get("eval_weights") or None
