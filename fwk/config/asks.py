@@ -1,7 +1,9 @@
-"""What a resolved config asks of the model and the device before a launch: which of the
-pre-flight checks (``fwk.strategies.preflight``) have anything to check. Torch-free, so
-that a launch of several workers skips importing torch in the launcher (seconds) when the
-config asks nothing of either: torchrun's agent and the workers import it anyway."""
+"""What a resolved config asks of the model and the device before a launch.
+
+It says which of the pre-flight checks (``fwk.strategies.preflight``) have anything to check.
+It is torch-free, so that a launch of several workers skips importing torch in the launcher,
+which takes seconds, when the config asks nothing of either. torchrun's agent and the workers
+import torch anyway."""
 
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ class Asks:
 
 
 def asks(cfg: Any, typed: Collection[str] = ()) -> Asks:
-    """``typed``: the keys of the command's overrides (a recipe's Muon falls back in the trainer)."""
+    """Return what ``cfg`` asks of the model and the device before a launch.
+
+    ``typed`` holds the keys of the command's overrides. Muon is checked only where it is typed,
+    since a recipe's Muon falls back in the trainer."""
     p, m = cfg.precision, cfg.memory
     named = p.name if p.name in ("bf16", "fp16") else p.dtype if p.name == "staged" and p.dtype != "auto" else None
     muon = getattr(cfg.optim, "name", None) == "muon" and "optim" in typed

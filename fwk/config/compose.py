@@ -1,7 +1,7 @@
-"""Compose the config with Hydra's compose API: conf/ groups, a recipe, the user's overrides.
+"""Composing the config with Hydra's compose API: conf/ groups, a recipe, the user's overrides.
 
 This is the only place fwk calls Hydra. The launcher resolves the config once and writes
-it to the run dir; workers read that file and never compose.
+it to the run dir. Workers read that file and never compose.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _EXPECTED = {"Integer": "an integer", "Float": "a number", "Boolean": "true or f
 
 
 def _override_error(exc: Exception) -> UserError:
-    """A Hydra or OmegaConf failure to compose, as one line (with its cause, if any)."""
+    """Turn a Hydra or OmegaConf failure to compose into one line, with its cause if it has one."""
     from hydra.errors import HydraException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
@@ -53,22 +53,24 @@ def _override_error(exc: Exception) -> UserError:
 
 
 def _groups(root: Path) -> set[str]:
-    """Names that select a config group option (``model=gpt``), as users write them."""
+    """Return the names that select a config group option (``model=gpt``), as users write them."""
     return {p.name for p in (root / "conf").iterdir() if p.is_dir()} | {USER_GROUP, HYDRA_GROUP}
 
 
 def _forgive(overrides: list[str], root: Path) -> list[str]:
     """Rewrite what a user means but Hydra rejects, before Hydra sees it.
 
-    - ``+key=value`` on a key the config already has (``+tags=[a,b]``, ``+train.max_steps=5``)
-      sets it: ``++key=value``. Hydra's ``+`` only adds a key that is not there yet.
-    - ``parallel.nnodes=MIN:MAX`` (torchrun's elastic range) sets ``parallel.min_nnodes=MIN``
+    - ``+key=value`` on a key the config already has sets it, rewritten as ``++key=value``.
+      Examples are ``+tags=[a,b]`` and ``+train.max_steps=5``. Hydra's ``+`` only adds a key
+      that is not there yet.
+    - ``parallel.nnodes=MIN:MAX``, torchrun's elastic range, sets ``parallel.min_nnodes=MIN``
       and ``parallel.nnodes=MAX``.
-    - ``model._target_=pkg.Class`` without ``model=custom`` picks ``model=custom`` (any group
-      with a conf/<group>/custom.yaml); ``model.KEY=value`` then adds KEY, the class's argument.
-      With another option (``model=gpt model._target_=...``) it says what to write instead.
-    - ``model.config.KEY=value`` and ``model.config={...}`` (``model=hf``) set or add the key:
-      a transformers config takes any key, whether the recipe set it or not.
+    - ``model._target_=pkg.Class`` without ``model=custom`` picks ``model=custom``. This holds
+      for any group with a conf/<group>/custom.yaml. ``model.KEY=value`` then adds KEY, the
+      class's argument. With another option, as in ``model=gpt model._target_=...``, it says
+      what to write instead.
+    - Under ``model=hf``, ``model.config.KEY=value`` and ``model.config={...}`` set or add the
+      key, since a transformers config takes any key, whether the recipe set it or not.
     """
     overrides = [part for override in overrides for part in _elastic_range(override)]
     groups = _groups(root)
@@ -108,7 +110,9 @@ def _forgive(overrides: list[str], root: Path) -> list[str]:
 
 
 def _elastic_range(override: str) -> list[str]:
-    """``parallel.nnodes=1:2`` -> ``parallel.nnodes=2``, ``parallel.min_nnodes=1``; others as they are."""
+    """Split the elastic range ``parallel.nnodes=1:2`` into ``parallel.nnodes=2``, ``parallel.min_nnodes=1``.
+
+    Other overrides stay as they are."""
     head, sep, value = override.partition("=")
     found = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value)
     if not (sep and head.lstrip("+") == "parallel.nnodes" and found):
@@ -117,7 +121,9 @@ def _elastic_range(override: str) -> list[str]:
 
 
 def _reject_sweeps(overrides: list[str]) -> None:
-    """A sweep (``a=1,2``, ``range(...)``) composes one config per value: only ``fwk train -m`` does that."""
+    """Refuse a sweep (``a=1,2``, ``range(...)``), which composes one config per value.
+
+    Only ``fwk train -m`` does that."""
     from fwk.config.sweep import sweeps
 
     found = sweeps(overrides)
@@ -130,7 +136,9 @@ def _reject_sweeps(overrides: list[str]) -> None:
 
 
 def compose(overrides: list[str]) -> dict[str, Any]:
-    """Compose and resolve the config; a user's mistake raises UserError with one line."""
+    """Compose and resolve the config.
+
+    A user's mistake raises UserError with one line."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -194,8 +202,9 @@ def compose(overrides: list[str]) -> dict[str, Any]:
 def compose_group(group: str, schema: type, overrides: list[str]) -> dict[str, Any]:
     """Compose one config group on its own, for commands that do not train (`fwk export`).
 
-    ``group=OPTION`` picks conf/<group>/OPTION.yaml (else ``default``); ``group.key=value``,
-    ``+group.key=value`` and ``~group.key`` edit it. Keys and types come from ``schema``.
+    ``group=OPTION`` picks conf/<group>/OPTION.yaml, and without it ``default``.
+    ``group.key=value``, ``+group.key=value`` and ``~group.key`` edit it. Keys and types come
+    from ``schema``.
     """
     import dataclasses
 

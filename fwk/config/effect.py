@@ -1,11 +1,12 @@
-"""Settings that could never take effect in this run: refused at launch, one line naming the
-key and what would work, before any run dir (``resolve.check_inputs`` calls ``check``, so
-``fwk train --dry-run`` does too, without torch).
+"""The checks that refuse, at launch, settings that could never take effect in this run.
 
-Launch checks, not ``validate.to_typed`` rules: a config already in a run dir is read back
-by its workers and by ``fwk export`` whatever a later launch would refuse. Each check is
-named by its option (a method's are its settings' ``effects(c)``, in its own file); the
-evaluation schedule they share is the loop's (fwk/engine/trainer.py): it evaluates every
+Each refusal is one line naming the key and what would work, before any run dir exists.
+``resolve.check_inputs`` calls ``check``, so ``fwk train --dry-run`` does too, without torch.
+
+These are launch checks, not ``validate.to_typed`` rules: a config already in a run dir is
+read back by its workers and by ``fwk export`` whatever a later launch would refuse. Each check
+is named by its option. A method's checks are its settings' ``effects(c)``, in its own file.
+The evaluation schedule they share is the loop's (fwk/engine/trainer.py). It evaluates every
 ``train.eval_every`` steps and after the last one.
 """
 
@@ -35,7 +36,7 @@ def _problems(c: Config) -> Iterator[str]:
 
 
 def evaluations_before_end(t: TrainConfig) -> int:
-    """The evaluations before the last step's: those a target or a patience can end the run at."""
+    """Count the evaluations before the last step's: those a target or a patience can end the run at."""
     return (t.max_steps - 1) // t.eval_every if t.eval_every > 0 else 0
 
 

@@ -1,5 +1,7 @@
-"""The checks of an elastic node range (``parallel.nnodes=MIN:MAX``) and of what the run
-computes on any machine count in it, made before any work (part of fwk/config/validate.py)."""
+"""The checks of an elastic node range (``parallel.nnodes=MIN:MAX``), made before any work.
+
+They also check what the run computes on any machine count in the range. They are part of
+fwk/config/validate.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from fwk.errors import UserError
 
 
 def _splits(global_batch: int, nproc: int, nodes: int, written: int) -> bool:
-    """True when ``nodes`` machines can go on with a run that ``written`` processes wrote."""
+    """Return True when ``nodes`` machines can go on with a run that ``written`` processes wrote."""
     try:
         split(global_batch, nproc * nodes, written)
     except UserError:
@@ -21,7 +23,7 @@ def _splits(global_batch: int, nproc: int, nodes: int, written: int) -> bool:
 
 
 def elastic_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
-    """(holds, key, value, what is allowed) for the range, its rendezvous and its timeouts."""
+    """Yield the rules of the range, its rendezvous and its timeouts: (holds, key, value, what is allowed)."""
     t, p, world = c.train, c.parallel, c.world_size
     yield 0 <= p.min_nnodes <= p.nnodes, "parallel.min_nnodes", p.min_nnodes, f"an integer in [0, {p.nnodes}]"
     elastic = 0 < p.min_nnodes < p.nnodes

@@ -1,6 +1,8 @@
-"""The command line's override grammar, shared by composing one config (``compose.py``)
-and expanding a sweep (``sweep.py``): where conf/ and recipes/ live, ``recipe=`` as users
-write it, and Hydra's parser run on each override alone so an error names the one."""
+"""The command line's override grammar, shared by composing one config and expanding a sweep.
+
+``compose.py`` composes one config and ``sweep.py`` expands a sweep. The grammar says where
+conf/ and recipes/ live, and reads ``recipe=`` as users write it. It runs Hydra's parser on
+each override alone, so that an error names the one."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ USER_GROUP, HYDRA_GROUP = "recipe", "recipes"
 
 
 def resources_root() -> Path:
-    """The folder holding conf/ and recipes/: bundled in a wheel, else the source tree."""
+    """Return the folder holding conf/ and recipes/: bundled in a wheel, else the source tree."""
     package = Path(__file__).resolve().parents[1]
     bundled = package / "_resources"
     return bundled if (bundled / "conf").is_dir() else package.parent
@@ -28,8 +30,10 @@ TARGET_KEYS = ("train.stop_at",)  # values such as val_acc>=0.985, which Hydra's
 
 
 def to_hydra(override: str) -> str:
-    """Rewrite `recipe=X` (and `+recipe=X`) to the Hydra group name, and quote a target
-    (`train.stop_at=val_acc>=0.985`: Hydra's grammar has no unquoted `>` or `<`)."""
+    """Rewrite `recipe=X` and `+recipe=X` to the Hydra group name, and quote a target.
+
+    A target such as `train.stop_at=val_acc>=0.985` needs quotes, since Hydra's grammar has no
+    unquoted `>` or `<`."""
     head, sep, value = override.partition("=")
     if sep and head.lstrip("+~") == USER_GROUP:
         return head.replace(USER_GROUP, HYDRA_GROUP) + sep + value
@@ -59,7 +63,9 @@ def check_grammar(overrides: list[str]) -> None:
 
 
 def typed_keys(overrides: list[str]) -> set[str]:
-    """The config keys and groups an override list sets by name (``precision.keep_fp32=[fc]``
-    -> ``precision.keep_fp32``, ``optim=muon`` -> ``optim``; ``+a.b=1``, ``~a.b`` too): what
-    the user chose, as against what the recipe and the groups' defaults gave."""
+    """Return the config keys and groups an override list sets by name.
+
+    ``precision.keep_fp32=[fc]`` gives ``precision.keep_fp32``, and ``optim=muon`` gives
+    ``optim``. ``+a.b=1`` and ``~a.b`` count too. They are what the user chose, as against what
+    the recipe and the groups' defaults gave."""
     return {head.lstrip("+~") for head, _, _ in (o.partition("=") for o in overrides)}

@@ -1,6 +1,6 @@
-"""Build the user's own class from a config section's ``_target_``, with a failure in one line.
+"""Building the user's own class from a config section's ``_target_``, with a failure in one line.
 
-Hydra's ``instantiate`` does the building; these functions turn what goes wrong into a
+Hydra's ``instantiate`` does the building. These functions turn what goes wrong into a
 ``UserError`` that names the target, and leave out the keys a recipe set for its own model
 that the user's class does not take.
 """
@@ -14,8 +14,9 @@ from fwk.errors import UserError
 
 
 def instantiate(section: dict[str, Any], **kwargs: Any) -> Any:
-    """Build ``section``'s ``_target_`` with its keys and ``kwargs``; a failure to import or
-    construct it is one line naming the target and the cause."""
+    """Build ``section``'s ``_target_`` with its keys and ``kwargs``.
+
+    A failure to import or construct it is one line naming the target and the cause."""
     from hydra.utils import instantiate as build
 
     try:
@@ -27,11 +28,12 @@ def instantiate(section: dict[str, Any], **kwargs: Any) -> Any:
 
 
 def model_arguments(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """A ``_target_`` model section without the keys its class does not take, and those keys.
+    """Return a ``_target_`` model section without the keys its class does not take, and those keys.
 
-    A recipe sets keys for its own model (``model.num_classes``, ``model.n_layer``); with the
-    user's ``model._target_`` they reach the user's class too. Those it does not take are
-    left out, so a recipe works with any model; a key the user typed is checked in ``preflight``.
+    A recipe sets keys for its own model, such as ``model.num_classes`` and ``model.n_layer``.
+    With the user's ``model._target_`` they reach the user's class too. Those it does not take
+    are left out, so a recipe works with any model. A key the user typed is checked in
+    ``preflight``.
     """
     import inspect
 

@@ -1,18 +1,20 @@
-"""Per-rank memory of a layout, estimated from the model's config before any work (no torch).
+"""The per-rank memory of a layout, estimated from the model's config before any work, without torch.
 
 ``fwk train --dry-run`` prints the mesh and this estimate for the layout the config asks
-for and for the one that would need the least memory per rank. The parts, in bytes:
+for and for the one that would need the least memory per rank. The parts, in bytes, are:
 
-- model state: parameters, gradients and optimizer state (``floats`` per parameter; fp32),
-  divided by every degree that splits or shards them (``tp x pp x dp_shard``);
-- activations: what autograd keeps per block for one micro-batch (Korthikanti et al. 2022:
-  ``T x C x 34 + 5 x heads x T^2`` bytes per sample in 16-bit, doubled for fp32), times the
-  blocks this rank holds, divided by ``tp``, times the micro-batches a stage holds at once
-  (all of them under gpipe, up to the stage count under 1f1b);
+- model state: parameters, gradients and optimizer state, in fp32, with ``floats`` per
+  parameter for the optimizer. It is divided by every degree that splits or shards them
+  (``tp x pp x dp_shard``).
+- activations: what autograd keeps per block for one micro-batch. After Korthikanti et al.
+  2022 that is ``T x C x 34 + 5 x heads x T^2`` bytes per sample in 16-bit, doubled for fp32.
+  It is multiplied by the blocks this rank holds, divided by ``tp``, and multiplied by the
+  micro-batches a stage holds at once. That is all of them under gpipe, and up to the stage
+  count under 1f1b.
 - logits: the last stage's ``T x vocab`` per sample, kept for the loss's backward.
 
-Only models whose config states their sizes (fwk's GPT) have an estimate; for the others
-the dry run prints the mesh alone.
+Only models whose config states their sizes, such as fwk's GPT, have an estimate. For the
+others the dry run prints the mesh alone.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Estimate:
 
 
 def _sizes(cfg: Config) -> tuple[int, int, int, int, int, int] | None:
-    """(parameters, layers, width, heads, vocabulary, sequence length) of the model, if known."""
+    """Return the model's parameters, layers, width, heads, vocabulary and sequence length, if known."""
     m = cfg.model
     if getattr(m, "name", None) != "gpt":
         return None
@@ -72,8 +74,10 @@ def estimate(cfg: Config, dims: Dims) -> Estimate | None:
 
 
 def candidates(cfg: Config) -> list[Dims]:
-    """Every layout of the world size the model's sizes allow (tp dividing the heads, at most
-    one stage per block, the data degree dividing the batch)."""
+    """Return every layout of the world size that the model's sizes allow.
+
+    In such a layout tp divides the heads, there is at most one stage per block, and the data
+    degree divides the batch."""
     sizes = _sizes(cfg)
     world = cfg.world_size
     found = []
@@ -90,8 +94,10 @@ def candidates(cfg: Config) -> list[Dims]:
 
 
 def describe(cfg: Config) -> str:
-    """The dry run's lines on the layout: the mesh, and the estimates of it and of the least
-    memory a layout of the same processes would need."""
+    """Return the dry run's lines on the layout.
+
+    They give the mesh, its memory estimate, and the estimate of the least memory a layout of
+    the same processes would need."""
     dims, problem = layout(cfg.parallel, cfg.world_size)
     if dims is None:
         return f"mesh: {problem}"

@@ -1,7 +1,9 @@
-"""Whether a ``_target_`` (``model._target_=my_pkg.MyNet``) names a module that is there to
-import, found without importing anything: ``fwk train --dry-run`` stays torch-free, and a
-module that is not installed is one line at launch instead of Hydra's ImportError from
-the build (said once per lookup, three times in all)."""
+"""The check that a ``_target_`` names a module that is there to import.
+
+The ``_target_`` is one such as ``model._target_=my_pkg.MyNet``. The check finds the module without
+importing anything, so ``fwk train --dry-run`` stays torch-free. A module that is not installed is
+one line at launch, instead of Hydra's ImportError from the build, which is said once per lookup,
+three times in all."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import sys
 
 
 def missing_module(target: str) -> str | None:
-    """The top-level module of ``target`` (``nosuch`` of ``nosuch.Module``) when neither
-    sys.path nor the working folder holds it, else None. The working folder too: torchrun
-    starts the workers with ``python -m``, which imports from it, while the ``fwk`` script
-    does not. Only the top level is sure: a deeper name may be a module's attribute, which
-    only importing the module (and so, mostly, torch) would tell."""
+    """Return the top-level module of ``target`` if neither sys.path nor the working folder holds it.
+
+    Otherwise return None. The top-level module of ``nosuch.Module`` is ``nosuch``. The working
+    folder counts too, since torchrun starts the workers with ``python -m``, which imports from it,
+    while the ``fwk`` script does not. Only the top level is sure. A deeper name may be a module's
+    attribute, which only importing the module, and so mostly torch, would tell."""
     top = target.partition(".")[0]
     if not top or _on_sys_path(top):
         return None

@@ -1,7 +1,9 @@
-"""The ``parallel`` section's checks: the layout's degrees, what each layout cannot be
-combined with, and DDP's and the monitor's own settings. Torch-free; ``validate.py`` asks
-``rules(c)`` and the model section's ``check_layout(dims)`` (``fwk/config/resolve.py``)
-checks what the degrees must divide in the model."""
+"""The ``parallel`` section's checks.
+
+They check the layout's degrees, what each layout cannot be combined with, and DDP's and the
+monitor's own settings. They are torch-free. ``validate.py`` asks ``rules(c)``, and the model
+section's ``check_layout(dims)`` checks what the degrees must divide in the model
+(``fwk/config/resolve.py``)."""
 
 from __future__ import annotations
 
@@ -112,10 +114,12 @@ def _layout_rules(c: Config, dims: Dims) -> Iterator[Rule]:
 
 
 def _model_rules(c: Config, dims: Dims) -> Iterator[Rule]:
-    """What the degrees must divide in the model, asked of its config (``check_layout``); a
-    registered model whose config has none has no tensor-parallel plan and no pipeline split
-    (the CNNs and ResNets: convolutions gain nothing from either). A model of the user's own
-    (``_target_``) is asked once built (``fwk/strategies/tensor.py``, ``pipeline.py``)."""
+    """Yield what the degrees must divide in the model, asked of its config (``check_layout``).
+
+    A registered model whose config has no ``check_layout`` has no tensor-parallel plan and no
+    pipeline split. These are the CNNs and ResNets, whose convolutions gain nothing from either.
+    A model of the user's own (``_target_``) is asked once built, in ``fwk/strategies/tensor.py``
+    and ``pipeline.py``."""
     model = c.model
     if isinstance(model, dict) or not dims.splits_model:
         return

@@ -1,14 +1,14 @@
-"""A recipe's settings of a group whose option the user changes are not applied.
+"""The rule that a recipe's settings of a group whose option the user changes are not applied.
 
 A recipe tunes the options it picks: resnet_digits sets ``optim.lr=0.05`` and
 ``optim.momentum=0.9`` for its ``sgd``. With ``optim=adamw`` on the command line those
-settings belong to an optimizer that is not there: momentum is no AdamW key (Hydra would
-refuse to compose), and an SGD learning rate would make AdamW diverge. So a recipe's
-section of a group is applied only while the group's option is the one the recipe (or the
-recipe it extends) picked; otherwise the new option's own defaults hold, and the launch
-says which settings were left out. Keys given on the command line always apply. Only
-``optim`` works this way: a recipe's model and data settings (``num_classes``,
-``image_size``) describe its data, and hold for any option that has the key.
+settings belong to an optimizer that is not there. Momentum is no AdamW key, so Hydra would
+refuse to compose, and an SGD learning rate would make AdamW diverge. So a recipe's section
+of a group is applied only while the group's option is the one the recipe, or the recipe it
+extends, picked. Otherwise the new option's own defaults hold, and the launch says which
+settings were left out. Keys given on the command line always apply. Only ``optim`` works
+this way. A recipe's model and data settings (``num_classes``, ``image_size``) describe its
+data, and hold for any option that has the key.
 
 ``compose`` reads the recipes through ``stripped``: a folder of rewritten copies of the
 recipes concerned, put before the originals in Hydra's search path.
@@ -53,7 +53,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _picks(defaults: list[Any]) -> tuple[dict[str, str], list[str]]:
-    """(group -> option a defaults list overrides, the recipes it extends)."""
+    """Return group -> option for what a defaults list overrides, and the recipes it extends."""
     picks, parents = {}, []
     for entry in defaults or []:
         if isinstance(entry, dict):
@@ -66,13 +66,13 @@ def _picks(defaults: list[Any]) -> tuple[dict[str, str], list[str]]:
 
 
 def _root_choice(root: Path) -> tuple[dict[str, str], str]:
-    """conf/config.yaml's option of each group, and its recipe."""
+    """Return conf/config.yaml's option of each group, and its recipe."""
     picks, _ = _picks(_read(root / "conf" / "config.yaml").get("defaults", []))
     return picks, picks.pop(HYDRA_GROUP, "")
 
 
 def _chosen(overrides: list[str]) -> dict[str, str]:
-    """``group=option`` picks on the command line (``recipe=`` included, as Hydra names it)."""
+    """Return the ``group=option`` picks on the command line, ``recipe=`` included, as Hydra names it."""
     out = {}
     for override in overrides:
         head, sep, value = override.partition("=")
@@ -83,8 +83,10 @@ def _chosen(overrides: list[str]) -> dict[str, str]:
 
 
 def dropped(overrides: list[str], root: Path) -> list[Dropped]:
-    """The recipe sections left out: each recipe of the chain whose option of a tuned group
-    is not the one in use (the command line's, else the last the chain picks)."""
+    """Return the recipe sections left out.
+
+    A section is left out for each recipe of the chain whose option of a tuned group is not the
+    one in use. The one in use is the command line's, else the last the chain picks."""
     defaults, recipe = _root_choice(root)
     chosen = _chosen(overrides)
     recipe = chosen.pop(HYDRA_GROUP, recipe)
@@ -113,7 +115,7 @@ def dropped(overrides: list[str], root: Path) -> list[Dropped]:
 
 
 def stripped(found: list[Dropped], root: Path) -> Path | None:
-    """A folder with ``recipes/NAME.yaml`` copies that leave the dropped sections out."""
+    """Write a folder with ``recipes/NAME.yaml`` copies that leave the dropped sections out, and return it."""
     if not found:
         return None
     import yaml

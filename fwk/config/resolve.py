@@ -1,5 +1,6 @@
-"""One run's config, resolved once: composed (or read back), validated, and as the plain
-dict that the run id hashes and the YAML that the run dir keeps.
+"""One run's config, resolved once: composed or read back, then validated.
+
+It is kept as the plain dict that the run id hashes and the YAML that the run dir keeps.
 
 Every command that names a run (`fwk train`, a sweep member, `fwk replay`, `fwk profile`,
 `fwk data preview`, the SLURM requeue) resolves it here, so they all hash the same dict.
@@ -15,7 +16,7 @@ from fwk.config.schema import Config
 
 @dataclass
 class Resolved:
-    """One run's config: typed (``config``), as a plain dict (hashed), as YAML (written)."""
+    """One run's config: typed as ``config``, as the plain dict that is hashed, and as the YAML written."""
 
     config: Config
     as_dict: dict[str, Any]
@@ -24,9 +25,10 @@ class Resolved:
 
 
 def resolve(overrides: list[str]) -> Resolved:
-    """Compose and validate the config of ``overrides``. A user's mistake raises UserError with one line.
+    """Compose and validate the config of ``overrides``.
 
-    A learning rate follows an accumulation the user changed (fwk/config/accumulation.py).
+    A user's mistake raises UserError, in one line. A learning rate follows an accumulation the
+    user changed (fwk/config/accumulation.py).
     """
     from fwk.config import accumulation
     from fwk.config.compose import compose
@@ -41,7 +43,9 @@ def resolve(overrides: list[str]) -> Resolved:
 
 
 def from_dict(config_dict: dict[str, Any]) -> Resolved:
-    """Validate a composed or recorded config; keys added to the schema since take their defaults."""
+    """Validate a composed or recorded config.
+
+    Keys added to the schema since it was recorded take their defaults."""
     from omegaconf import OmegaConf
 
     from fwk.config.validate import to_typed
@@ -53,8 +57,10 @@ def from_dict(config_dict: dict[str, Any]) -> Resolved:
 
 
 def check_inputs(config: Config) -> None:
-    """Cheap pre-flight checks, before any run dir: what the run reads (a data root exists, a
-    ``_target_``'s module is there, ...), then settings it could never act on (``effect``)."""
+    """Run the cheap pre-flight checks, before any run dir exists.
+
+    They check what the run reads first: that a data root exists, that a ``_target_``'s module
+    is there, and the like. Then they check for settings it could never act on (``effect``)."""
     from fwk.config import effect
     from fwk.config.locate import missing_module
     from fwk.errors import UserError

@@ -1,7 +1,7 @@
 """The typed schema of the resolved config: one dataclass per section, a doc per field.
 
 Sections that pick an implementation by name (``model``, ``data``, ``optim``) are typed
-by the config dataclass that their registry entry declares (see ``fwk/registry.py``);
+by the config dataclass that their registry entry declares, as ``fwk/registry.py`` says.
 ``validate.py`` applies them. This module imports neither torch nor Hydra.
 """
 
@@ -69,7 +69,7 @@ class TrainConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Learning-rate schedule (config group ``schedule``): linear warmup, then decay to min_lr_ratio * lr."""
+    """The learning-rate schedule (group ``schedule``): linear warmup, then decay to min_lr_ratio * lr."""
 
     warmup_steps: int = doc(0, "steps of linear warmup from 0 to optim.lr")
     decay: str = doc("cosine", "decay after warmup: cosine, linear, constant, or wsd (stable, then a linear cooldown)")
@@ -79,8 +79,10 @@ class ScheduleConfig:
 
 @dataclass
 class LoaderConfig:
-    """DataLoader settings shared by every data set (fwk/data/loader_plan.py). A value left at
-    auto is decided per rank from the cores, the device and the data set; a value set wins."""
+    """The DataLoader settings shared by every data set (fwk/data/loader_plan.py).
+
+    A value left at auto is decided per rank from the cores, the device and the data set. A
+    value set wins."""
 
     name: str = doc("auto", "auto (unset values decided, one log line says why) or manual (every value given)")
     num_workers: int = doc(
@@ -100,7 +102,7 @@ class LoaderConfig:
 
 @dataclass
 class CheckpointConfig:
-    """When checkpoints are written and how many are kept."""
+    """The settings of when checkpoints are written and how many are kept."""
 
     every: int = doc(0, "save every N steps; 0 = only at the end (and on interrupt)")
     keep: int = doc(2, "keep the last K checkpoints; older ones are deleted")
@@ -121,7 +123,7 @@ class CheckpointConfig:
 
 @dataclass
 class PrecisionConfig:
-    """Numeric precision: autocast format, fp32 islands, loss scaling, staged phases."""
+    """The numeric precision settings: autocast format, fp32 islands, loss scaling, staged phases."""
 
     name: str = doc(
         "auto", "auto (measured: the hardware's fast format if it beats fp32), fp32, bf16, fp16 (loss scaling), staged"
@@ -166,7 +168,7 @@ class AdaptConfig:
 
 @dataclass
 class ParallelConfig:
-    """How many processes train and how they talk (torchrun's settings)."""
+    """The settings of how many processes train and how they talk, which are torchrun's."""
 
     name: str = doc(
         "auto",
@@ -211,7 +213,7 @@ class ParallelConfig:
 
 @dataclass
 class MemoryConfig:
-    """Memory-saving strategies: activation checkpointing, offload, micro-batching, auto."""
+    """The memory-saving strategies: activation checkpointing, offload, micro-batching, auto."""
 
     name: str = doc("none", "none, checkpoint, offload, microbatch or auto (fastest that fits budget_gb)")
     every: int = doc(1, "checkpoint: checkpoint every k-th block (1 = all of them)")
@@ -237,7 +239,9 @@ class JitConfig:
 
 @dataclass
 class AutoConfig:
-    """The measured decisions (precision, memory, jit and loader auto): cached per machine."""
+    """The settings of the measured decisions (precision, memory, jit and loader auto).
+
+    The decisions are cached per machine."""
 
     cache: bool = doc(
         True,
@@ -248,14 +252,16 @@ class AutoConfig:
 
 @dataclass
 class KernelsConfig:
-    """fwk's Triton kernels: LayerNorm/RMSNorm, chunked linear cross-entropy, fused Lion."""
+    """The settings of fwk's Triton kernels: LayerNorm/RMSNorm, chunked linear cross-entropy, fused Lion."""
 
     name: str = doc("auto", "auto (Triton on CUDA, plain PyTorch elsewhere), triton, or torch (plain PyTorch)")
 
 
 @dataclass
 class DiagnosticsConfig:
-    """What happens on a non-finite loss or gradient, or a loss spike (fwk/components/diagnostics.py)."""
+    """The settings of what happens on a non-finite loss or gradient, or a loss spike.
+
+    fwk/components/diagnostics.py acts on them."""
 
     name: str = doc("rollback", "name of the option in conf/diagnostics/ (rollback, skip or stop)")
     on_nan: str = doc(
@@ -273,8 +279,9 @@ class DiagnosticsConfig:
 
 @dataclass
 class TrackingConfig:
-    """Where metrics go besides metrics.jsonl (fwk/components/sinks.py). Not in the run id:
-    it says where results are sent, not what a run computes."""
+    """The settings of where metrics go besides metrics.jsonl (fwk/components/sinks.py).
+
+    They are not in the run id, since they say where results are sent, not what a run computes."""
 
     name: str = doc("tensorboard", "name of the option in conf/tracking/ (tensorboard, or mlflow: both)")
     tensorboard: bool = doc(True, "write TensorBoard event files to <run dir>/tensorboard/ (tensorboard --logdir runs)")
@@ -285,7 +292,9 @@ class TrackingConfig:
 
 @dataclass
 class PathsConfig:
-    """Where runs live. Not part of the run id: moving runs does not change it."""
+    """The settings of where runs live.
+
+    They are not part of the run id, so moving runs does not change it."""
 
     runs: str = doc("runs", "root folder of run dirs (default: $FWK_RUNS, else ./runs)")
 
@@ -334,9 +343,11 @@ class Config:
         return self.parallel.nproc_per_node * self.parallel.nnodes
 
     def dims(self, world: int | None = None) -> Dims:
-        """The layout the parallel section asks for on ``world`` processes (default: the
-        launched ``world_size``, which ``fwk/config/validate.py`` checked; an elastic run that
-        lost a machine has fewer, and degrees that no longer fit are one line)."""
+        """Return the layout the parallel section asks for on ``world`` processes.
+
+        ``world`` defaults to the launched ``world_size``, which ``fwk/config/validate.py``
+        checked. An elastic run that lost a machine has fewer, and degrees that no longer fit
+        are one line."""
         dims, problem = layout(self.parallel, self.world_size if world is None else world)
         if dims is None:
             from fwk.errors import UserError
@@ -346,7 +357,9 @@ class Config:
 
 
 def one_process(p: ParallelConfig) -> ParallelConfig:
-    """The parallel section of the same run in one process (``fwk profile``, ``fwk export``'s retraining)."""
+    """Return the parallel section of the same run in one process.
+
+    ``fwk profile`` and ``fwk export``'s retraining use it."""
     import dataclasses
 
     degrees = dict.fromkeys(NAMES, 1)
@@ -358,10 +371,11 @@ QUANTIZATIONS = ("none", "int8", "dynamic_int8", "fp16")
 
 @dataclass
 class ExportConfig:
-    """`fwk export` (conf/export/): how a run's model is calibrated, verified and timed.
+    """The settings of `fwk export` (conf/export/): how a run's model is calibrated, verified and timed.
 
-    Not part of ``Config``: a training run does not depend on it. ``fwk export`` composes
-    this group on its own (``export=OPTION``, ``export.KEY=VALUE``); only fwk/export/ reads it.
+    It is not part of ``Config``, since a training run does not depend on it. ``fwk export``
+    composes this group on its own (``export=OPTION``, ``export.KEY=VALUE``). Only fwk/export/
+    reads it.
     """
 
     name: str = doc("default", "name of the option in conf/export/")

@@ -1,13 +1,13 @@
-"""Expand a multirun command line (`fwk train -m a=1,2 b=x,y`) into one override list per run.
+"""The expansion of a multirun command line into one override list per run.
 
-Hydra's own grammar decides what sweeps: ``a,b``, ``choice(...)``, ``range(...)`` and
-``glob(...)`` over a config group's options. The product follows Hydra's BasicSweeper
-(hydra/_internal/core_plugins/basic_sweeper.py, ``split_arguments``): one list of choices
-per key, in the order the keys were first given (a key given twice keeps its first place
-and its last value),
-then ``itertools.product``, so the last key varies fastest. Unlike BasicSweeper, an override
-that does not sweep is passed on exactly as typed (BasicSweeper re-renders it, which turns
-``~key`` into ``~key=null``). Imports no torch.
+A multirun command line is one such as `fwk train -m a=1,2 b=x,y`. Hydra's own grammar
+decides what sweeps: ``a,b``, ``choice(...)``, ``range(...)`` and ``glob(...)`` over a config
+group's options. The product follows ``split_arguments`` of Hydra's BasicSweeper, in
+hydra/_internal/core_plugins/basic_sweeper.py. It makes one list of choices per key, in the
+order the keys were first given. A key given twice keeps its first place and its last value.
+Then ``itertools.product`` runs, so the last key varies fastest. Unlike BasicSweeper, an
+override that does not sweep is passed on exactly as typed. BasicSweeper re-renders it, which
+turns ``~key`` into ``~key=null``. It imports no torch.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ class Combination:
 
 
 def _user_key(key: str) -> str:
-    """Back from Hydra's group name to what users write: `recipes` -> `recipe`."""
+    """Turn Hydra's group name back into what users write: `recipes` becomes `recipe`."""
     return key.replace(HYDRA_GROUP, USER_GROUP) if key.lstrip("+~") == HYDRA_GROUP else key
 
 
 def _parser() -> Any:
-    """Hydra's override parser, with a config loader so that ``glob(...)`` can list a group's options."""
+    """Return Hydra's override parser, with a config loader so that ``glob(...)`` lists a group's options."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -49,7 +49,7 @@ def _parser() -> Any:
 
 
 def _choices(override: Any, typed: str) -> list[str]:
-    """The overrides one key contributes to the product: its sweep's values, or itself."""
+    """Return the overrides one key contributes to the product: its sweep's values, or itself."""
     if not override.is_sweep_override():
         return [typed]
     if not override.is_discrete_sweep():
@@ -67,7 +67,7 @@ def _choices(override: Any, typed: str) -> list[str]:
 
 
 def sweeps(overrides: list[str]) -> list[str]:
-    """The overrides (as typed) that sweep over several values."""
+    """Return the overrides, as typed, that sweep over several values."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -75,7 +75,9 @@ def sweeps(overrides: list[str]) -> list[str]:
 
 
 def expand(overrides: list[str]) -> tuple[list[str], list[Combination]]:
-    """(the swept keys, every combination in order); a key with one value is not "swept"."""
+    """Return the swept keys and every combination, in order.
+
+    A key with one value is not "swept"."""
     check_grammar(overrides)  # a parse error names the override as the user wrote it
     parsed = _parser().parse_overrides([to_hydra(o) for o in overrides])
     per_key: dict[str, list[str]] = {}

@@ -1,5 +1,7 @@
-"""A metric target, ``val_acc>=0.985`` or ``val_loss<=1.7``: what ``train.stop_at`` ends a
-run at, and what ``checkpoint.best`` ranks by (torch-free: validating a config parses it)."""
+"""A metric target, such as ``val_acc>=0.985`` or ``val_loss<=1.7``.
+
+It is what ``train.stop_at`` ends a run at, and what ``checkpoint.best`` ranks by. It is
+torch-free, since validating a config parses it."""
 
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ class Target:
         return f"{self.metric}{self.op}{self.value:g}"
 
     def unreachable(self) -> str | None:
-        """Why no evaluation can reach this target (its value lies beyond the metric's range
-        on the improving side), and what would work; None when one can."""
+        """Return why no evaluation can reach this target, and what would work, or None when one can.
+
+        No evaluation can reach it when its value lies beyond the metric's range on the
+        improving side."""
         low, high = RANGES[self.metric]
         if (self.value > high) if self.op == ">=" else (self.value < low):
             span = f"[{low:g}, {high:g}]" if math.isfinite(high) else f"[{low:g}, inf)"
@@ -40,8 +44,9 @@ class Target:
 
 
 def parse_target(text: str) -> Target:
-    """``METRIC>=VALUE`` or ``METRIC<=VALUE`` on one of the evaluation's metrics. The
-    ValueError's text says what is allowed (it follows "expected" in validation's line)."""
+    """Parse ``METRIC>=VALUE`` or ``METRIC<=VALUE`` on one of the evaluation's metrics.
+
+    The ValueError's text says what is allowed. It follows "expected" in validation's line."""
     found = _TARGET.match(text)
     if not found:
         raise ValueError("METRIC>=VALUE or METRIC<=VALUE, e.g. val_acc>=0.985 or val_loss<=1.7")

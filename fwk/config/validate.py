@@ -1,7 +1,7 @@
-"""Turn a composed (or stored) config into the typed ``Config``, or one clear error line.
+"""The validation that turns a composed or stored config into the typed ``Config``, or one clear error line.
 
-Used by the launcher after composing, and by every worker on the stored config.yaml;
-it imports the registries' config dataclasses (no torch) but never Hydra's composition.
+The launcher uses it after composing, and every worker on the stored config.yaml. It imports
+the registries' config dataclasses, without torch, but never Hydra's composition.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ MOVED = {
 
 
 def unknown_key(key: str, valid: list[str]) -> UserError:
-    """A key the config does not have: where it moved, else the closest valid one at that
-    level, and all of them."""
+    """Return the error for a key the config does not have.
+
+    It says where the key moved, or else the closest valid one at that level, and all of them."""
     if key.lstrip("+") in MOVED:
         return UserError(f"{key.lstrip('+')} is gone; {MOVED[key.lstrip('+')]}")
     prefix, _, last = key.rpartition(".")
@@ -67,7 +68,9 @@ def registries() -> dict[str, Any]:
 
 
 def _merge(schema: Any, values: Any, prefix: str) -> DictConfig:
-    """Merge values into a structured schema; unknown keys and bad types become UserError."""
+    """Merge values into a structured schema.
+
+    Unknown keys and bad types become UserError."""
     try:
         return OmegaConf.merge(OmegaConf.structured(schema), values)
     except ConfigKeyError as exc:
@@ -80,7 +83,9 @@ def _merge(schema: Any, values: Any, prefix: str) -> DictConfig:
 
 
 def _typed_section(name: str, section: Any, registry: Any) -> Any:
-    """A registry section becomes its config dataclass; a `_target_` section stays a dict."""
+    """Turn a registry section into its config dataclass.
+
+    A `_target_` section stays a dict."""
     if not isinstance(section, (dict, DictConfig)):
         raise invalid(name, section, f"a mapping with a 'name' ({', '.join(registry.names())}) or a '_target_'")
     section = OmegaConf.create(section) if isinstance(section, dict) else section
@@ -98,7 +103,9 @@ def _typed_section(name: str, section: Any, registry: Any) -> Any:
 
 
 def to_typed(raw: dict[str, Any] | DictConfig) -> Config:
-    """Validate and type a resolved config. Raises UserError naming the bad key."""
+    """Validate and type a resolved config.
+
+    A bad key raises UserError naming it."""
     raw = OmegaConf.create(raw) if isinstance(raw, dict) else raw
     sections = {key: raw.get(key, {}) for key in registries()}
     rest = {k: v for k, v in raw.items() if k not in sections}
