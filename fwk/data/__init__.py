@@ -1,7 +1,7 @@
-"""Dataset registry: ``data.name`` in the config is a function name here.
+"""The dataset registry: ``data.name`` in the config is a function name here.
 
-Importing this package imports no torch: the builders are imported by ``DATA`` on the
-first builder lookup, and ``DataBundle`` (a torch type) on first access.
+Importing this package imports no torch. The builders are imported by ``DATA`` on the first
+builder lookup, and ``DataBundle``, a torch type, on first access.
 """
 
 from typing import Any

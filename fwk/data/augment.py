@@ -1,12 +1,13 @@
 """The training augmentation of image folders in one step: random resized crop and flip.
 
 torchvision's ``v2.RandomResizedCrop`` then ``v2.RandomHorizontalFlip`` cost ~240 us an image
-at 64 px on one core, where the resize itself takes ~50 us: the v2 dispatch (flattening the
-inputs, asking each transform whether it applies) and six small tensors drawn one by one
-for the crop's parameters. ``CropFlip`` samples the crop as ``RandomResizedCrop`` does (area
-uniform in ``scale``, log aspect ratio uniform in ``ratio``, ten tries, then the central
-crop) from one draw of the CPU generator, and resizes the uint8 crop with torchvision's resize
-kernel (``resize_image``: bilinear, antialiased), called directly, without the v2 dispatch.
+at 64 px on one core, where the resize itself takes ~50 us. The rest goes to the v2 dispatch,
+which flattens the inputs and asks each transform whether it applies, and to six small tensors
+drawn one by one for the crop's parameters. ``CropFlip`` samples the crop as
+``RandomResizedCrop`` does, from one draw of the CPU generator: area uniform in ``scale``, log
+aspect ratio uniform in ``ratio``, ten tries, then the central crop. It resizes the uint8 crop
+with torchvision's resize kernel (``resize_image``, bilinear and antialiased), called directly,
+without the v2 dispatch.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ _TRIES = 10  # RandomResizedCrop's attempts before it falls back to the central 
 
 
 def crop_box(height: int, width: int, u: list[float], scale: tuple[float, float], ratio: tuple[float, float]):
-    """(top, left, crop height, crop width) from uniform draws ``u`` (2 per try, then 2 for
-    the position), as ``RandomResizedCrop.make_params`` chooses them."""
+    """Return the crop's top, left, height and width from uniform draws ``u``.
+
+    It chooses them as ``RandomResizedCrop.make_params`` does. ``u`` holds 2 draws per try, then
+    2 for the position."""
     area = height * width
     lo, hi = math.log(ratio[0]), math.log(ratio[1])
     for k in range(_TRIES):
@@ -43,8 +46,9 @@ def crop_box(height: int, width: int, u: list[float], scale: tuple[float, float]
 
 
 class CropFlip(torch.nn.Module):
-    """Random resized crop to ``size`` x ``size`` and a left-right flip with probability
-    ``p_flip``, from one draw of torch's CPU generator (seeded per item by the data set)."""
+    """A random resized crop to ``size`` x ``size`` and a left-right flip with probability ``p_flip``.
+
+    Both come from one draw of torch's CPU generator, which the data set seeds per item."""
 
     def __init__(
         self,

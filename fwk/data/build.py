@@ -1,4 +1,4 @@
-"""Build the data set a config names: a registered one, or the user's own by ``_target_``."""
+"""The builder of the data set a config names: a registered one, or the user's own by ``_target_``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from fwk.errors import UserError
 
 
 def build_data(cfg: Any, seed: int) -> DataBundle:
-    """A registered data set, or ``_target_``: a callable returning a DataBundle (seed passed in)."""
+    """Build a registered data set, or the ``_target_``, a callable that returns a DataBundle.
+
+    The seed is passed in."""
     if isinstance(cfg, dict):
         bundle = instantiate(cfg, seed=seed)
         if not isinstance(bundle, DataBundle):
@@ -25,8 +27,10 @@ def build_data(cfg: Any, seed: int) -> DataBundle:
 
 
 def example_input(data: DataBundle) -> torch.Tensor:
-    """One validation input as a batch of one, as the model takes it (images as floats, token
-    ids as int64): what a method that traces the model runs it on."""
+    """Return one validation input as a batch of one, as the model takes it.
+
+    Images come as floats, and token ids as int64. A method that traces the model runs it on
+    this input."""
     x = data.val[0][0]
     x = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
     ids = data.task == "lm" or x.dtype == torch.int64  # a text classifier's input is token ids too

@@ -1,11 +1,11 @@
 """The image decoders fwk calls: TorchCodec's.
 
-torchvision deprecated its image decoders in 0.29 (``torchvision.io.decode_jpeg`` warns on
-every call) in favour of TorchCodec's, which give the same pixels (both are libjpeg-turbo
-on the CPU, nvJPEG on CUDA) at the same speed. TorchCodec's compiled ops are built for one
-torch release: where they cannot load (another torch, as on a machine that keeps its own),
-torchvision's decoders are used instead, with their deprecation warning filtered, so that
-no run prints it per image.
+torchvision deprecated its image decoders in 0.29 in favour of TorchCodec's, and
+``torchvision.io.decode_jpeg`` warns on every call. TorchCodec's give the same pixels at the
+same speed, since both are libjpeg-turbo on the CPU and nvJPEG on CUDA. TorchCodec's compiled
+ops are built for one torch release. Where they cannot load, with another torch, as on a
+machine that keeps its own, torchvision's decoders are used instead. Their deprecation warning
+is filtered, so that no run prints it per image.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ Decode = Callable[..., Any]
 
 @functools.cache
 def decoders() -> tuple[Decode, Decode, str]:
-    """(decode_jpeg(data | list, device=), decode_image(data), which library): RGB, uint8, (3, H, W)."""
+    """Return ``decode_jpeg(data | list, device=)``, ``decode_image(data)`` and which library they come from.
+
+    Both decode to RGB uint8 images of shape (3, H, W)."""
     try:
         from torchcodec.decoders import decode_image, decode_jpeg
 

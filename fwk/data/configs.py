@@ -1,5 +1,7 @@
-"""Config dataclasses of the registered data sets: torch-free, so composing and validating a
-config never imports torch. Each builder (fwk/data/<name>.py) takes its config from here.
+"""The config dataclasses of the registered data sets.
+
+They are torch-free, so composing and validating a config never imports torch. Each builder
+(fwk/data/<name>.py) takes its config from here.
 """
 
 from __future__ import annotations
@@ -46,12 +48,14 @@ class ImageFolderConfig:
     )
 
     def check(self) -> None:
-        """Cheap checks the launcher runs before starting workers (no scan of the files)."""
+        """Run the cheap checks the launcher runs before starting workers, without a scan of the files."""
         check_decode(self.decode)
         check_layout(self.root)
 
     def fingerprint(self) -> Fingerprint:
-        """The image files of train/ and val/: names, sizes, mtimes (cached while no folder changes)."""
+        """Return the fingerprint of the image files of train/ and val/: names, sizes, mtimes.
+
+        It is cached while no folder changes."""
         from fwk.data.fingerprint import of_image_folder
 
         return of_image_folder(Path(check_layout(self.root)))
@@ -100,7 +104,9 @@ class StreamingConfig:
         read_manifest(self.uri, self.endpoint_url)
 
     def fingerprint(self) -> Fingerprint:
-        """The prepared set's manifest: its source's fingerprint and the prepare settings."""
+        """Return the fingerprint of the prepared set's manifest.
+
+        The manifest holds its source's fingerprint and the prepare settings."""
         import hashlib
         import json
 
@@ -127,7 +133,7 @@ def check_decode(decode: str) -> None:
 
 
 def check_layout(root: str) -> str:
-    """The expanded root, if it is a folder with train/ and val/ folders; else UserError."""
+    """Return the expanded root if it is a folder with train/ and val/ folders, and raise UserError if not."""
     if not root:
         raise UserError(f"data.root is not set; {layout_hint('<root>')}")
     root = os.path.expanduser(root)
@@ -175,8 +181,10 @@ class HFDataConfig:
     )
 
     def files(self) -> list[Path]:
-        """The data files ``path`` names (a save_to_disk folder: its files, without the
-        ``cache-*.arrow`` that datasets' own map writes beside them)."""
+        """Return the data files ``path`` names.
+
+        For a save_to_disk folder these are its files, without the ``cache-*.arrow`` that
+        datasets' own map writes beside them."""
         import glob
 
         where = Path(self.path).expanduser()

@@ -1,4 +1,4 @@
-"""scikit-learn's 8x8 handwritten digits (1,797 images, 10 classes): a seconds-long CPU task."""
+"""scikit-learn's 8x8 handwritten digits, 1,797 images of 10 classes: a seconds-long CPU task."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from fwk.errors import UserError
 
 @register_data(DigitsConfig)
 def digits(cfg: DigitsConfig, *, seed: int) -> DataBundle:
-    """``seed`` (the run's seed) is deliberately unused: the split depends on ``split_seed``
-    only, so changing the run's seed never changes the validation set."""
+    """Build the digits data set, split by ``split_seed``.
+
+    ``seed``, the run's seed, is deliberately unused. The split depends on ``split_seed`` only,
+    so changing the run's seed never changes the validation set."""
     del seed
     # scikit-learn's file read as its load_digits reads it (64 pixels in 0-16, then the label,
     # per row), without importing scikit-learn: ~2 s of scipy and pandas in every process

@@ -1,13 +1,13 @@
 """The fingerprint of a large image folder, cached per folder.
 
-Fingerprinting an image folder stats every file (``sources.of_files``): seconds for
+Fingerprinting an image folder stats every file (``sources.of_files``). That takes seconds for
 ImageNet's 1.28M files, on every ``fwk train``, an already complete run's included. The
 fingerprint is kept in ``$XDG_CACHE_HOME/fwk/fingerprints/`` beside the modification
 times and sizes of the folder and of every folder below it. A later call stats only those
-folders: adding, removing or renaming a file changes its folder's mtime, so the cached
+folders. Adding, removing or renaming a file changes its folder's mtime, so the cached
 fingerprint is used only while none changed. A file rewritten in place keeps its folder's
-mtime: touch the folder (or delete the cache file) after editing images in place.
-Torch-free, as the rest of the launcher's data code.
+mtime, so touch the folder, or delete the cache file, after editing images in place.
+This module is torch-free, as the rest of the launcher's data code.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _cache_file(root: Path) -> Path:
 
 
 def _folders(root: Path, splits: tuple[str, ...]) -> dict[str, list[int]]:
-    """The root and every folder below its splits: relative path -> [mtime_ns, size]."""
+    """Return the stamps of the root and every folder below its splits: relative path -> [mtime_ns, size]."""
     out = {".": _stamp(root)}
     for split in splits:
         for dirpath, _, _ in os.walk(root / split):
@@ -52,8 +52,9 @@ def _unchanged(root: Path, folders: dict[str, list[int]]) -> bool:
 
 
 def of_image_folder(root: Path, splits: tuple[str, ...] = ("train", "val")) -> Fingerprint:
-    """The image files of ``splits`` under ``root`` (names, sizes, mtimes), from the cache
-    while no folder changed; ``how`` says which."""
+    """Return the fingerprint of the image files of ``splits`` under ``root``: names, sizes, mtimes.
+
+    It comes from the cache while no folder changed. ``how`` says whether it did."""
     cache = _cache_file(root)
     try:
         kept = json.loads(cache.read_text())

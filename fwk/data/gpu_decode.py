@@ -1,15 +1,19 @@
-"""``data.decode=gpu``: loader workers only read the JPEG files; the training process decodes
-each batch at once on the GPU (nvJPEG, through TorchCodec's ``decode_jpeg(list, device=)``)
-and crops, flips and normalizes there.
+"""Decoding images on the GPU, for ``data.decode=gpu``.
 
-Item ``i`` of epoch ``e`` gets the crop and flip it gets with ``decode=cpu``: the random
+The loader workers only read the JPEG files. The training process decodes each batch at once
+on the GPU, with nvJPEG through TorchCodec's ``decode_jpeg(list, device=)``, and crops, flips
+and normalizes there.
+
+Item ``i`` of epoch ``e`` gets the crop and flip it gets with ``decode=cpu``. The random
 parameters are drawn from torch's CPU generator seeded per item (``seeded_cpu_rng``),
 whichever device holds the pixels. Files that are not JPEG are decoded by the worker, on
 the CPU, and join the batch as pixels.
 
 The pieces run on any device, so the CPU tests check them against ``decode=cpu`` exactly:
-``EncodedImages`` (the worker's side), ``collate`` (batches of unequal-length bytes), and
-``DecodeOnDevice`` (the training process's side, called by ``DevicePrefetcher``).
+
+- ``EncodedImages``, the worker's side.
+- ``collate``, for batches of unequal-length bytes.
+- ``DecodeOnDevice``, the training process's side, called by ``DevicePrefetcher``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ Encoded = tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]
 
 
 class EncodedImages(Dataset):
-    """The items of a ``JpegFolder`` before decoding: (JPEG bytes or pixels, label, seed)."""
+    """The items of a ``JpegFolder`` before decoding: JPEG bytes or pixels, the label, and the seed."""
 
     def __init__(self, images: JpegFolder) -> None:
         self.images = images
@@ -52,13 +56,17 @@ class EncodedImages(Dataset):
 
 
 def collate(items: list[tuple[torch.Tensor, int, int]]) -> Encoded:
-    """A list of bytes (they differ in length: no stack), the labels and the seeds."""
+    """Collate the items into a list of bytes, the labels and the seeds.
+
+    The bytes stay a list, not a stack, since they differ in length."""
     data, labels, seeds = zip(*items, strict=True)
     return list(data), torch.tensor(labels), torch.tensor(seeds, dtype=torch.int64)
 
 
 class DecodeOnDevice:
-    """(encoded batch, device) -> (images (B, 3, S, S) float32, labels (B,)) on the device."""
+    """The decoder that turns an encoded batch into images and labels on the device.
+
+    Called with the batch and the device, it returns float32 images (B, 3, S, S) and labels (B,)."""
 
     def __init__(self, random: Callable[[torch.Tensor], torch.Tensor], fixed: Callable[[torch.Tensor], torch.Tensor]):
         self.random, self.fixed = random, fixed

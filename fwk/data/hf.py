@@ -1,20 +1,21 @@
-"""Local data read with Hugging Face datasets (``data=hf``); nothing is downloaded.
+"""Local data read with Hugging Face datasets for ``data=hf``, with nothing downloaded.
 
-``data.path`` is a Parquet, JSON Lines, CSV or text file (or a glob of them; a text file is
-one text), or a folder ``save_to_disk`` wrote. Its ``validation`` (or ``test``) split is the
-val set; without one, every ``val_every``-th text is. Texts are tokenized with
-``data.tokenizer``: ``bytes`` (the UTF-8 bytes, vocabulary 256) or a folder holding a
-transformers tokenizer (by default the model's, under ``model=hf``).
+``data.path`` is a Parquet, JSON Lines, CSV or text file, or a glob of them, or a folder
+``save_to_disk`` wrote. A text file is one text. Its ``validation`` or ``test`` split is
+the val set, and without one every ``val_every``-th text is. Texts are tokenized with
+``data.tokenizer``. That is ``bytes``, the UTF-8 bytes with vocabulary 256, or a folder
+holding a transformers tokenizer, by default the model's under ``model=hf``.
 
-- Language modelling (no ``label_column``): the token ids of all texts, each followed by
-  the tokenizer's end-of-text id (bytes: a newline), packed into non-overlapping windows of
-  ``seq_len`` (``ByteWindows``), as ``data=stdlib_text`` does; items are slices of one
-  tensor in memory, so a resumed run sees the same items in the same order.
-- Classification (``label_column``): each text truncated or padded to ``seq_len`` tokens,
-  its label mapped to 0..C-1 in sorted order of the labels seen.
+- Language modelling, without ``label_column``: the token ids of all texts are packed into
+  non-overlapping windows of ``seq_len`` by ``ByteWindows``, as ``data=stdlib_text`` does.
+  Each text's ids are followed by the tokenizer's end-of-text id, which is a newline for
+  bytes. Items are slices of one tensor in memory, so a resumed run sees the same items in the
+  same order.
+- Classification, with ``label_column``: each text is truncated or padded to ``seq_len``
+  tokens, and its label mapped to 0..C-1 in sorted order of the labels seen.
 
 The tokenization is ``datasets.map``'s, cached in fwk's cache (``hf-tokens/``) by the
-texts' and the tokenizer's fingerprints: a second run reads it back.
+texts' and the tokenizer's fingerprints, so a second run reads it back.
 ``data.streaming=true`` reads the training texts as a stream instead (fwk/data/hf_stream.py).
 """
 
@@ -48,9 +49,11 @@ def _columns(table: Any, cfg: HFDataConfig) -> None:
 
 
 def _ids(table: Any, tok: Tokenizer, column: str) -> Any:
-    """Each text's token ids: a ``datasets.map`` cached in fwk's cache (not beside the data,
-    which may be read-only), named by the texts' and the tokenizer's fingerprints, so that
-    the next run with the same data and tokenizer reads it back."""
+    """Return each text's token ids, from a ``datasets.map`` cached in fwk's cache.
+
+    The cache is not beside the data, which may be read-only. It is named by the texts' and the
+    tokenizer's fingerprints, so that the next run with the same data and tokenizer reads it
+    back."""
     key = hashlib.sha256(f"{table._fingerprint}\0{column}\0{tok.fingerprint}".encode()).hexdigest()[:16]
     folder = cache_root() / "hf-tokens"
     folder.mkdir(parents=True, exist_ok=True)
@@ -64,12 +67,14 @@ def _ids(table: Any, tok: Tokenizer, column: str) -> Any:
 
 
 def _packed(table: Any, tok: Tokenizer, column: str, cap: int = 0) -> torch.Tensor:
-    """All texts' ids, each followed by the end-of-text id, as one (N,) tensor (first ``cap`` if set)."""
+    """Return all texts' ids, each followed by the end-of-text id, as one (N,) tensor.
+
+    With ``cap`` set, only its first ``cap`` ids."""
     return joined(_ids(table, tok, column)["ids"], tok.end, cap)
 
 
 class LabelledTexts(Dataset):
-    """Item i: (ids (T,) int64, truncated or padded, label () int64)."""
+    """Texts with labels: item i is its ids (T,) int64, truncated or padded, and its int64 label."""
 
     def __init__(self, ids: torch.Tensor, labels: torch.Tensor) -> None:
         self.ids, self.labels = ids, labels
@@ -93,8 +98,10 @@ def _labelled(table: Any, tok: Tokenizer, cfg: HFDataConfig, classes: dict[Any, 
 
 @register_data(HFDataConfig)
 def hf(cfg: HFDataConfig, *, seed: int) -> DataBundle:
-    """``seed`` shuffles a stream (``data.streaming``, fwk/data/hf_stream.py); in memory, the data
-    and split are fixed and the loader shuffles with the run's seed."""
+    """Build the ``data=hf`` set, in memory or streamed.
+
+    ``seed`` shuffles a stream (``data.streaming``, fwk/data/hf_stream.py). In memory, the data
+    and split are fixed, and the loader shuffles with the run's seed."""
     cfg.check()
     if cfg.streaming:
         from fwk.data.hf_stream import bundle

@@ -1,45 +1,46 @@
-"""``data=hf data.streaming=true``: training text read as a stream, never all in memory.
+"""Training text read as a stream, never all in memory, for ``data=hf data.streaming=true``.
 
-The training texts come through datasets' streaming ``IterableDataset`` (files read as
-they are iterated; a ``save_to_disk`` folder through ``to_iterable_dataset``). Each epoch
+The training texts come through datasets' streaming ``IterableDataset``, with files read as
+they are iterated. A ``save_to_disk`` folder comes through ``to_iterable_dataset``. Each epoch
 ``e`` of rank ``r`` of ``W`` reads, in order:
 
-- the texts shuffled with datasets' own buffer (``data.shuffle_buffer`` texts) and file
-  order, seeded from (run seed, ``e``): ``shuffle(seed)`` then ``set_epoch(e)``;
-- rank ``r``'s share (``split_dataset_by_node``: whole files when their count divides by
-  ``W``, else every ``W``-th text);
-- each text tokenized and ended by the end-of-text id, and opened in one of
-  ``data.open_texts`` lanes. Each row of a batch is the next ``seq_len`` tokens of one lane
-  (the token after them the last one's target), the batch's lanes drawn at random, seeded
-  by (run seed, epoch, batch); a drawn lane short of tokens takes the epoch's next text.
-  Once the texts run out, rows are drawn from the lanes that still hold a window, until
-  fewer than a batch do; the rest is dropped. A lane holds its texts' token ids (4 bytes
-  each): memory is about ``open_texts`` texts' worth.
+- the texts, shuffled with datasets' own buffer of ``data.shuffle_buffer`` texts and the file
+  order, seeded from the run seed and ``e``: ``shuffle(seed)`` then ``set_epoch(e)``.
+- rank ``r``'s share, from ``split_dataset_by_node``. It is whole files when their count
+  divides by ``W``, else every ``W``-th text.
+- each text, tokenized and ended by the end-of-text id, and opened in one of
+  ``data.open_texts`` lanes. Each row of a batch is the next ``seq_len`` tokens of one lane,
+  and the token after them is the last one's target. The batch's lanes are drawn at random,
+  seeded by the run seed, the epoch and the batch. A drawn lane short of tokens takes the
+  epoch's next text. Once the texts run out, rows are drawn from the lanes that still hold a
+  window, until fewer than a batch do, and the rest is dropped. A lane holds its texts' token
+  ids, 4 bytes each, so memory is about ``open_texts`` texts' worth.
 
-Why lanes: packing the stream straight into batches fills a batch with the neighbouring
-windows of one or two long texts, and the next batches with the same texts. On
-hf_llama_stdlib over the stdlib's 825 files (a save_to_disk folder, its validation split
-every 20th file), packed batches trained to a train loss of 3.00 at step 150, against 2.15
-for the in-memory set's random windows; with 1,024 open texts, val loss was 1.63, 1.40 and
-1.28 at steps 300, 600 and 900, against 1.77, 1.48 and 1.38 in memory (2-core AMD EPYC).
+The lanes are there because packing the stream straight into batches fills a batch with the
+neighbouring windows of one or two long texts, and the next batches with the same texts. On
+hf_llama_stdlib over the stdlib's 825 files, a save_to_disk folder whose validation split is
+every 20th file, packed batches trained to a train loss of 3.00 at step 150. The in-memory
+set's random windows reached 2.15. With 1,024 open texts, val loss was 1.63, 1.40 and 1.28 at
+steps 300, 600 and 900, against 1.77, 1.48 and 1.38 in memory, on a 2-core AMD EPYC.
 
-The texts are read and tokenized in a thread of the training process, a few batches
-ahead of the step (Arrow reading and Hugging Face's fast tokenizers run outside the GIL).
+The texts are read and tokenized in a thread of the training process, a few batches ahead of
+the step. Arrow reading and Hugging Face's fast tokenizers run outside the GIL.
 
-Position: after each batch, (epoch, batches drawn, the next text of this rank's epoch to
-hand out, whether the texts have run out, each lane's texts and the tokens of its first
-already used). A resumed run reads the epoch again from the lanes' oldest text, tokenizes
-only the lanes' texts and those after them, and goes on with the same batches as an
-uninterrupted run: the same exact-resume rule as ``data=streaming``, on the same number of
-processes (each rank's position is its own, kept in its own checkpoint file); on another,
-the run goes on at the start of the next epoch (rank 0's position is all it has). The
-shuffle buffer is not state, so it is read again from the epoch's start: a resume costs
-reading the texts the epoch has used so far, not tokenizing them.
+The position, after each batch, holds the epoch, the batches drawn, the next text of this
+rank's epoch to hand out, whether the texts have run out, and each lane's texts with the
+tokens of its first already used. A resumed run reads the epoch again from the lanes' oldest
+text, and tokenizes only the lanes' texts and those after them. It goes on with the same
+batches as an uninterrupted run. That is the same exact-resume rule as ``data=streaming``, on
+the same number of processes. Each rank's position is its own, kept in its own checkpoint
+file. On another number of processes the run goes on at the start of the next epoch, since
+rank 0's position is all it has. The shuffle buffer is not state, so it is read again from
+the epoch's start. A resume costs reading the texts the epoch has used so far, not
+tokenizing them.
 
-Validation: the data's own ``validation`` (or ``test``) split of a ``save_to_disk``
-folder; otherwise a text is a val text when a hash of it falls in 1/``val_every`` (the
-same texts on every rank, in any order and any sharding; a duplicated text is on one side
-only). Its first ``val_max_tokens`` tokens are read into memory, in file order.
+The val set is the data's own ``validation`` (or ``test``) split of a ``save_to_disk``
+folder. Otherwise a text is a val text when a hash of it falls in 1/``val_every``. These are
+the same texts on every rank, in any order and any sharding, and a duplicated text is on one
+side only. The val set's first ``val_max_tokens`` tokens are read into memory, in file order.
 """
 
 from __future__ import annotations
@@ -75,12 +76,12 @@ Encode = Callable[[list[str]], list[list[int]]]
 
 
 def is_val(text: str, every: int) -> bool:
-    """Whether a text of a set without a validation split is a val text: 1 in ``every``, by its content."""
+    """Return whether a text is a val text of a set without a validation split: 1 in ``every``, by content."""
     return zlib.crc32(text.encode("utf-8", "surrogatepass")) % every == 0
 
 
 def column(table: Any, cfg: HFDataConfig) -> Any:
-    """The stream of ``text_column`` alone (the other columns are not decoded)."""
+    """Return the stream of ``text_column`` alone, without decoding the other columns."""
     names = table.column_names
     if names is None:  # a JSON Lines stream knows its columns once read: peek at the first row
         names = list(next(iter(table), {}))
@@ -94,9 +95,10 @@ def column(table: Any, cfg: HFDataConfig) -> Any:
 def epoch_texts(
     table: Any, cfg: HFDataConfig, seed: int, rank: int, world_size: int, held_out: bool
 ) -> Callable[[int], Iterator[str | None]]:
-    """epoch -> this rank's texts of that epoch, in order. ``held_out``: the val texts are
-    in ``table`` too (no split of its own); each comes as None, so that a text's index
-    counts them."""
+    """Return a function from an epoch to this rank's texts of that epoch, in order.
+
+    With ``held_out``, the val texts are in ``table`` too, since it has no split of its own.
+    Each of them comes as None, so that a text's index counts them."""
     from datasets.distributed import split_dataset_by_node
 
     shuffled = table.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer) if cfg.shuffle_buffer else table
@@ -113,12 +115,13 @@ def epoch_texts(
 
 
 class TextStream:
-    """Endless training batches ((B, T) int64 inputs and targets) of this rank, drawn from
-    ``lanes`` texts open at once: each row is the next window of one lane, the B lanes of a
-    batch drawn at random (seeded by run seed, epoch and batch), and a lane short of tokens
-    takes the epoch's next text. The state is its position, with the world size it was
-    taken on: (epoch, batches drawn, the next text to hand out, whether the epoch's texts
-    have run out, each lane's texts and the tokens of its first already used)."""
+    """This rank's endless training batches (B, T) of int64 inputs and targets, from ``lanes`` open texts.
+
+    Each row is the next window of one lane. The B lanes of a batch are drawn at random, seeded
+    by the run seed, the epoch and the batch, and a lane short of tokens takes the epoch's next
+    text. The state is its position, with the world size it was taken on. The position holds
+    the epoch, the batches drawn, the next text to hand out, whether the epoch's texts have run
+    out, and each lane's texts with the tokens of its first already used."""
 
     def __init__(
         self,
@@ -169,7 +172,7 @@ class TextStream:
             ready.put(("error", exc))
 
     def batches(self, start: Position) -> Iterator[tuple[Batch, Position]]:
-        """(batch, position after it) from ``start`` on, epoch after epoch."""
+        """Yield each batch and the position after it, from ``start`` on, epoch after epoch."""
         position = start
         while True:
             got = 0
@@ -200,7 +203,7 @@ class TextStream:
             have[lane] += len(ids) - used
 
         def fill(lane: int) -> bool:
-            """Whether the lane holds a window, once it has taken texts until it does."""
+            """Return whether the lane holds a window, once it has taken texts until it does."""
             nonlocal handed
             while have[lane] < size:
                 pulled = next(source, None)
@@ -232,9 +235,10 @@ class TextStream:
             yield (x, y), {"epoch": epoch, "step": step, "next": handed, "dry": dry, "lanes": lanes_at}
 
     def _tokenized(self, epoch: int, start: int, handed: int, held: dict[int, Any]) -> Iterator[tuple[int, np.ndarray]]:
-        """(index in the epoch, ids + end) of the texts from ``start`` on that are ``held``
-        or not yet ``handed`` out; the others (and held-out texts) are read and passed over,
-        untokenized."""
+        """Yield the index in the epoch and the ids + end of the texts from ``start`` on that are ``held``.
+
+        The texts not yet ``handed`` out are yielded too. The others, and held-out texts, are
+        read and passed over, untokenized."""
         rest = itertools.islice(self.texts(epoch), start, None)
         index = start
         while chunk := list(itertools.islice(rest, ENCODE)):
@@ -265,8 +269,9 @@ def _start(epoch: int) -> Position:
 
 
 def _window(lane: deque[list[Any]], size: int) -> np.ndarray:
-    """The first ``size`` tokens of a lane (it holds as many), all but the last used up (the
-    last is the window's last target, and the next window's first input)."""
+    """Return the first ``size`` tokens of a lane, which holds as many, and use up all but the last.
+
+    The last is the window's last target, and the next window's first input."""
     parts, got = [], 0
     for _, _, ids in lane:
         parts.append(ids[: size - got])
@@ -286,16 +291,20 @@ def _window(lane: deque[list[Any]], size: int) -> np.ndarray:
 
 
 def packed(texts: Iterable[str | None], encode: Encode, end: list[int], cap: int) -> torch.Tensor:
-    """The first ``cap`` tokens (0: all) of ``texts``, each ended by ``end``, as one (N,) tensor;
-    tokenized ``ENCODE`` texts a call, and only as far as ``cap`` needs."""
+    """Return the first ``cap`` tokens of ``texts``, each ended by ``end``, as one (N,) tensor.
+
+    ``cap`` 0 means all. The texts are tokenized ``ENCODE`` texts a call, and only as far as
+    ``cap`` needs."""
     rest = (t for t in texts if t is not None)
     chunks = iter(lambda: list(itertools.islice(rest, ENCODE)), [])
     return joined((ids for chunk in chunks for ids in encode(chunk)), end, cap)
 
 
 def bundle(cfg: HFDataConfig, seed: int) -> DataBundle:
-    """The streamed set: its training loader per rank, its val windows and the windows of its
-    first training texts in file order (the run's example input, ``fwk data preview``) in memory."""
+    """Build the streamed set: its training loader per rank, and in memory its val windows and first windows.
+
+    The first windows are those of its first training texts in file order. They are the run's
+    example input, and what ``fwk data preview`` shows."""
     train, own_val = read(cfg, streaming=True)
     train = column(train, cfg)
     tok = Tokenizer(cfg.tokenizer)

@@ -1,6 +1,8 @@
-"""How ``data=hf`` reads and tokenizes, in memory (fwk/data/hf.py) or streamed
-(fwk/data/hf_stream.py): the data's files through Hugging Face datasets, and a tokenizer
-(UTF-8 bytes, or a transformers tokenizer from a local folder)."""
+"""How ``data=hf`` reads and tokenizes, in memory or streamed.
+
+fwk/data/hf.py keeps the data in memory, and fwk/data/hf_stream.py streams it. Both read the
+data's files through Hugging Face datasets. The tokenizer is UTF-8 bytes, or a transformers
+tokenizer from a local folder."""
 
 from __future__ import annotations
 
@@ -29,9 +31,11 @@ def datasets_lib() -> Any:
 
 
 def read(cfg: HFDataConfig, streaming: bool = False) -> tuple[Any, Any | None]:
-    """(the training texts, the data's own validation split or None): datasets' tables, or
-    with ``streaming`` their streams (files read as they are iterated; a ``save_to_disk``
-    folder, memory-mapped, iterated through ``to_iterable_dataset``)."""
+    """Return the training texts, and the data's own validation split or None.
+
+    They are datasets' tables, or with ``streaming`` their streams. A stream reads files as they
+    are iterated. A ``save_to_disk`` folder is memory-mapped and iterated through
+    ``to_iterable_dataset``."""
     ds = datasets_lib()
     where = Path(cfg.path).expanduser()
     try:
@@ -55,7 +59,7 @@ def read(cfg: HFDataConfig, streaming: bool = False) -> tuple[Any, Any | None]:
 
 
 class Tokenizer:
-    """Texts -> token ids: UTF-8 bytes, or a transformers tokenizer from a local folder."""
+    """The tokenizer from texts to token ids: UTF-8 bytes, or a transformers tokenizer from a local folder."""
 
     def __init__(self, where: str | None) -> None:
         self.name = where or "bytes"
@@ -85,10 +89,12 @@ class Tokenizer:
 
 
 def byte_tokenizer() -> Any:
-    """``data.tokenizer=bytes`` as a transformers tokenizer: each text's UTF-8 bytes are its
-    ids, and ids decode back to the text (a byte-level BPE of no merges over GPT-2's byte
-    alphabet). What the hf export of a byte-level run carries, so that ``AutoTokenizer`` loads
-    it; it adds no end-of-text id (fwk's byte-level data ends a text with a newline)."""
+    """Build ``data.tokenizer=bytes`` as a transformers tokenizer.
+
+    Each text's UTF-8 bytes are its ids, and ids decode back to the text. It is a byte-level BPE
+    of no merges over GPT-2's byte alphabet. The hf export of a byte-level run carries it, so
+    that ``AutoTokenizer`` loads it. It adds no end-of-text id, since fwk's byte-level data ends
+    a text with a newline."""
     from tokenizers import Tokenizer as Fast
     from tokenizers import decoders, models, pre_tokenizers
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -106,7 +112,7 @@ TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges*", "special_tokens_map.json",
 
 
 def _files_hash(folder: Path) -> str:
-    """A hash of a folder's tokenizer files (not its weights)."""
+    """Hash a folder's tokenizer files, not its weights."""
     digest = hashlib.sha256()
     for path in sorted({p for pattern in TOKENIZER_FILES for p in folder.glob(pattern) if p.is_file()}):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -114,8 +120,9 @@ def _files_hash(folder: Path) -> str:
 
 
 def joined(ids: Iterable[list[int]], end: list[int], cap: int = 0) -> torch.Tensor:
-    """Texts' ids, each followed by ``end``, as one (N,) int32 tensor: the first ``cap``
-    (0: all); ``ids`` is read no further than ``cap`` needs."""
+    """Join texts' ids, each followed by ``end``, into one (N,) int32 tensor of the first ``cap`` ids.
+
+    ``cap`` 0 means all. ``ids`` is read no further than ``cap`` needs."""
     parts, total = [], 0
     for one in ids:
         parts.append(np.asarray(one + end, dtype=np.int32))

@@ -1,9 +1,9 @@
 """ImageNet-layout image folders: ``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``.
 
-JPEG is the fast path; PNG, WebP, BMP, PPM/PGM and TIFF files are read too (the
-extensions of torchvision's ``ImageFolder``).
+JPEG is the fast path. PNG, WebP, BMP, PPM/PGM and TIFF files are read too, the extensions
+of torchvision's ``ImageFolder``.
 
-Augmentation is reproducible per item: item ``i`` of epoch ``e`` draws its randomness from
+Augmentation is reproducible per item. Item ``i`` of epoch ``e`` draws its randomness from
 a seed derived from ``(seed, e, i)``, so it is the same whatever the number of loader
 workers and whichever worker loads it, and a resumed run sees the same crops.
 """
@@ -29,11 +29,12 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
 class ToNormalizedFloat(torch.nn.Module):
-    """(3, H, W) uint8 -> float32 ``(x / 255 - mean) / std`` as ``x * (1 / (255 std)) +
-    (-mean / std)``: one float copy, then a multiply and an add in place. ``ToDtype(scale=True)``
-    then ``Normalize`` take ~5x the time on a 64 px image (~110 vs ~20 us), and one
-    ``addcmul`` ~2x at 224 px (~110 vs ~50 us); the values differ by float rounding only
-    (< 1e-6)."""
+    """The transform of a uint8 image (3, H, W) into float32 ``(x / 255 - mean) / std``.
+
+    It computes ``x * (1 / (255 std)) + (-mean / std)``: one float copy, then a multiply and an
+    add in place. ``ToDtype(scale=True)`` then ``Normalize`` take ~5x the time on a 64 px image,
+    ~110 vs ~20 us. One ``addcmul`` takes ~2x at 224 px, ~110 vs ~50 us. The values differ by
+    float rounding only, under 1e-6."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
@@ -90,7 +91,7 @@ def _images(class_dir: str) -> list[str]:
 
 
 def _scan(root: str, split: str, class_index: dict[str, int]) -> tuple[list[str], list[int]]:
-    """Relative paths '<class>/<file>' and their labels, sorted by class then file name."""
+    """Return the relative paths '<class>/<file>' and their labels, sorted by class then file name."""
     split_dir = os.path.join(root, split)
     paths: list[str] = []
     labels: list[int] = []
@@ -107,10 +108,11 @@ def _scan(root: str, split: str, class_index: dict[str, int]) -> tuple[list[str]
 
 
 def find_images(root: str) -> tuple[list[str], tuple[list[str], list[int]], tuple[list[str], list[int]]]:
-    """Classes (sorted train folder names), then (paths, labels) of train and of val.
+    """Return the classes, then the paths and labels of train and of val.
 
-    Raises UserError, one line naming the path and the expected layout, when the folder
-    is missing, has no train or val images, or val has a class that train lacks.
+    The classes are the sorted train folder names. A UserError, one line naming the path and
+    the expected layout, says when the folder is missing, has no train or val images, or val
+    has a class that train lacks.
     """
     root = check_layout(root)
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
@@ -142,7 +144,9 @@ def imagefolder(cfg: ImageFolderConfig, *, seed: int) -> DataBundle:
 
 
 def _on_gpu(bundle: DataBundle, random: Transform, fixed: Transform) -> DataBundle:
-    """data.decode=gpu: workers read bytes, the training process decodes and augments on the GPU."""
+    """Make the bundle decode on the GPU for data.decode=gpu.
+
+    Workers read bytes, and the training process decodes and augments on the GPU."""
     from fwk.data import gpu_decode
 
     if not torch.cuda.is_available():

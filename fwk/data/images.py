@@ -1,8 +1,10 @@
-"""Reading image files: their bytes (``read_bytes``), decoded to (3, H, W) uint8 RGB
-whatever the format (``decode_rgb``, ``decode_bytes``), and the data set of one split's
-files (``JpegFolder``), whose random transforms draw from a per-item seed
-(``seeded_cpu_rng``). ``imagefolder.py`` finds the files and builds the transforms;
-``gpu_decode.py`` hands the bytes to nvJPEG instead.
+"""Reading image files, and the data set of one split's files.
+
+``read_bytes`` reads a file's bytes, and ``decode_rgb`` and ``decode_bytes`` decode them to
+uint8 RGB (3, H, W), whatever the format. ``JpegFolder`` is the data set of one split's
+files, whose random transforms draw from a per-item seed (``seeded_cpu_rng``).
+``imagefolder.py`` finds the files and builds the transforms. ``gpu_decode.py`` hands the
+bytes to nvJPEG instead.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from fwk.errors import UserError
 
 
 class JpegFolder(Dataset):
-    """(image, label) pairs from a list of image files; image is (3, S, S) float32, normalized.
+    """The (image, label) pairs of a list of image files, each image a normalized float32 (3, S, S).
 
-    Paths are kept in one bytes blob plus an offsets tensor rather than a list of 1.3M
-    Python strings: forked loader workers touching each string's refcount would copy the
-    pages one by one until every worker holds its own copy of the list.
+    Paths are kept in one bytes blob plus an offsets tensor rather than a list of 1.3M Python
+    strings. Forked loader workers touching each string's refcount would copy the pages one by
+    one, until every worker holds its own copy of the list.
     """
 
     def __init__(
@@ -69,11 +71,11 @@ class JpegFolder(Dataset):
 
 @contextmanager
 def seeded_cpu_rng(seed: int) -> Iterator[None]:
-    """Torch's global CPU generator seeded with ``seed`` inside, as it was before outside.
+    """Seed torch's global CPU generator with ``seed`` inside the context, and restore it outside.
 
-    The transforms draw from that generator, so the seed set here must leak neither into
-    the caller nor into the next item. ``torch.manual_seed`` would also queue a CUDA/XPU/MPS
-    seeding and format a stack trace for it (~170-450 us a call); the CPU generator alone
+    The transforms draw from that generator, so the seed set here must leak neither into the
+    caller nor into the next item. ``torch.manual_seed`` would also queue a CUDA/XPU/MPS
+    seeding and format a stack trace for it, at ~170-450 us a call. The CPU generator alone
     takes ~2 us and gives the same draws, as the CPU generator is all the transforms use.
     """
     generator = torch.default_generator
@@ -92,7 +94,7 @@ _CODEC_MAGIC = (b"\x89PNG", b"GIF8")
 
 
 def decode_rgb(path: str) -> torch.Tensor:
-    """The image file at ``path`` as (3, H, W) uint8 RGB, whatever its format."""
+    """Decode the image file at ``path`` to uint8 RGB (3, H, W), whatever its format."""
     data = read_bytes(path)
     try:
         return decode_bytes(data)
@@ -102,11 +104,11 @@ def decode_rgb(path: str) -> torch.Tensor:
 
 
 def read_bytes(path: str) -> torch.Tensor:
-    """The file's bytes as a 1-D uint8 tensor, read with read(2) into the tensor.
+    """Return the file's bytes as a 1-D uint8 tensor, read with read(2) into the tensor.
 
-    Not ``torchvision.io.read_file``: it maps the file into memory, and the page faults and
-    the unmap per image cost ~3x the system CPU time of a plain read (measured: ~29 vs ~10
-    us an image at 64 px), the main part of a loader worker's system time.
+    It does not use ``torchvision.io.read_file``, which maps the file into memory. The page
+    faults and the unmap per image cost ~3x the system CPU time of a plain read, measured at
+    ~29 vs ~10 us an image at 64 px. That is the main part of a loader worker's system time.
     """
     with open(path, "rb", buffering=0) as f:
         data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
@@ -124,12 +126,13 @@ def is_jpeg(data: torch.Tensor) -> bool:
 
 
 def decode_bytes(data: torch.Tensor) -> torch.Tensor:
-    """An encoded image (1-D uint8) as (3, H, W) uint8 RGB.
+    """Decode an encoded image, a 1-D uint8 tensor, to uint8 RGB (3, H, W).
 
-    JPEG: libjpeg-turbo (``codec.py``); PNG, GIF, WebP: TorchCodec's ``decode_image``; a
-    binary RGB PPM (what ``fwk data prepare`` stores small images as): its bytes, viewed;
-    the other formats (BMP, PGM, TIFF, PPMs with comments): PIL, as torchvision's own
-    ``ImageFolder`` reads every file (``convert("RGB")``).
+    - JPEG is decoded by libjpeg-turbo (``codec.py``).
+    - PNG, GIF and WebP are decoded by TorchCodec's ``decode_image``.
+    - A binary RGB PPM, as ``fwk data prepare`` stores small images, is its bytes, viewed.
+    - The other formats, such as BMP, PGM, TIFF and PPMs with comments, are read by PIL, as
+      torchvision's own ``ImageFolder`` reads every file, with ``convert("RGB")``.
     """
     from fwk.data.codec import decoders
 
@@ -147,7 +150,7 @@ def decode_bytes(data: torch.Tensor) -> torch.Tensor:
 
 
 def _raw_ppm(data: torch.Tensor) -> torch.Tensor | None:
-    """A binary PPM of 8-bit RGB as (3, H, W): a view of its bytes; None for other PPMs."""
+    """Return a binary PPM of 8-bit RGB as a (3, H, W) view of its bytes, or None for other PPMs."""
     fields = data[:64].numpy().tobytes().split(maxsplit=4)  # b"P6", width, height, maxval, pixels
     if len(fields) < 4 or b"#" in b"".join(fields[:4]) or fields[3] != b"255":
         return None

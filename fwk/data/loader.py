@@ -1,12 +1,12 @@
 """Loaders that know their position: a stopped run resumes on the next unseen batch.
 
-Training order comes from ``DistributedSampler`` (seeded, reshuffled per epoch, one
-shard per rank). The position is (epoch, batches yielded in this epoch); on resume the
-sampler skips the indices of the batches already consumed, without loading them.
+Training order comes from ``DistributedSampler``: seeded, reshuffled per epoch, one shard per
+rank. The position is the epoch and the batches yielded in this epoch. On resume the sampler
+skips the indices of the batches already consumed, without loading them.
 
 One ``DataLoader`` serves every epoch, so persistent workers outlive an epoch. Its sampler
-hands out ``(epoch, index)`` keys: the epoch reaches ``set_epoch`` of the data set copy in
-each worker with the item, not through the main process's copy (which workers never see).
+hands out ``(epoch, index)`` keys. So the epoch reaches ``set_epoch`` of the data set copy in
+each worker with the item, not through the main process's copy, which workers never see.
 
 Their settings (``LoaderPlan``: workers, pinning, prefetch) are decided in
 ``fwk/data/loader_plan.py``.
@@ -30,12 +30,12 @@ from fwk.errors import UserError
 
 
 class LoadError(UserError):
-    """An item that cannot be loaded (a remote read that stalled), in one line.
+    """The error of an item that cannot be loaded, such as a remote read that stalled, in one line.
 
     torch re-raises a loader worker's exception in the training process as
-    ``type(exc)(text)``, the text being "Caught LoadError in DataLoader worker process N."
-    and the worker's traceback, whose last line is ``module.LoadError: <the line>``: that
-    line is kept alone, so a worker's error reads as the training process's would."""
+    ``type(exc)(text)``. The text is "Caught LoadError in DataLoader worker process N." and the
+    worker's traceback, whose last line is ``module.LoadError: <the line>``. That line is kept
+    alone, so a worker's error reads as the training process's would."""
 
     def __init__(self, line: str) -> None:
         if line.startswith(f"Caught {type(self).__name__} "):
@@ -44,7 +44,7 @@ class LoadError(UserError):
 
 
 class _Keys(Sampler[tuple[int, int]]):
-    """``(epoch, index)`` for the sampler's indices of ``epoch`` from the ``start``-th to the ``end``-th."""
+    """The ``(epoch, index)`` sampler of ``epoch``'s indices, from the ``start``-th to the ``end``-th."""
 
     def __init__(self, sampler: DistributedSampler, end: int) -> None:
         self.sampler, self.epoch, self.start, self.end = sampler, 0, 0, end
@@ -58,7 +58,7 @@ class _Keys(Sampler[tuple[int, int]]):
 
 
 class _ByEpoch(Dataset):
-    """The data set, indexed by ``(epoch, index)``: it is told the epoch before the item."""
+    """The data set indexed by ``(epoch, index)``, which is told the epoch before the item."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset, self.epoch = dataset, None
@@ -78,10 +78,11 @@ class _ByEpoch(Dataset):
 class TrainLoader:
     """An endless iterator of training batches for this rank, resumable by state_dict.
 
-    The order is global: each epoch is one permutation of the sample ids (seed, epoch); each
-    optimizer step takes its next global batch (per-rank batch x world size x accumulation),
-    each rank its strided part; an epoch ends at the last whole step. So any split of one
-    global batch sees the same samples at every step, and resumes from any other's position."""
+    The order is global. Each epoch is one permutation of the sample ids, drawn from the seed
+    and the epoch. Each optimizer step takes its next global batch (per-rank batch x world
+    size x accumulation), and each rank its strided part. An epoch ends at the last whole step.
+    So any split of one global batch sees the same samples at every step, and resumes from
+    any other's position."""
 
     def __init__(
         self,
@@ -151,8 +152,10 @@ def train_loader(
     plan: LoaderPlan,
     accum_steps: int = 1,
 ) -> Any:
-    """This rank's endless, resumable training batches: the data set's own loader where it
-    streams (``DataBundle.train_loader``), else a ``TrainLoader`` over its items."""
+    """Return this rank's endless, resumable training batches.
+
+    They come from the data set's own loader where it streams (``DataBundle.train_loader``),
+    else from a ``TrainLoader`` over its items."""
     if data.train_loader is not None:
         return data.train_loader(batch_size, world_size, loader_kwargs(plan), data.collate, rank)
     return TrainLoader(data.train, batch_size, rank, world_size, seed, plan, data.collate, accum_steps)
@@ -166,7 +169,7 @@ def val_loader(
     plan: LoaderPlan,
     collate: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
-    """This rank's strided shard of the validation set: no padding, no duplicates."""
+    """Return a loader of this rank's strided shard of the validation set: no padding, no duplicates."""
     shard = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]
     kwargs = loader_kwargs(plan)
     if plan.num_workers > 0:
@@ -181,10 +184,11 @@ def calibration_loader(
     plan: LoaderPlan,
     collate: Callable[[list[Any]], Any] | None = None,
 ) -> Callable[[], Iterator[Any]]:
-    """Training batches in one fixed shuffled order, the same on every rank and at every
-    call (BatchNorm statistics recomputed before an evaluation): each call starts over.
-    The loader is made at the first call (most runs never make one); a streamed data set
-    is read by index."""
+    """Return a function that gives training batches in one fixed shuffled order, starting over at each call.
+
+    The order is the same on every rank and at every call. The batches recompute BatchNorm
+    statistics before an evaluation. The loader is made at the first call, and most runs
+    never make one. A streamed data set is read by index."""
     generator = torch.Generator()
     made: list[DataLoader] = []
 

@@ -1,13 +1,18 @@
 """What a rank's DataLoaders use (``LoaderPlan``), and how ``loader=auto`` decides it.
 
-``decide`` fills what the config leaves unset: workers from the cores per rank and, for
-data not in memory, a short measurement of three worker counts (none, the cores per rank
-minus one, all of them) on a throwaway loader of the kind that will read the data
-(``trial``: the data set's own, ``DataBundle.trial_loader``, where it streams), which
-draws nothing from the run's random streams and leaves the run's own loader where it was;
-pinned memory with CUDA; a queue of at least four batches; persistent workers for training
-when there are workers (evaluation's start for each evaluation and exit after it, unless
-``loader.persistent_workers=true``). The loaders themselves are in ``fwk/data/loader.py``.
+``decide`` fills what the config leaves unset:
+
+- the workers, from the cores per rank. For data not in memory, a short measurement times
+  three worker counts: none, the cores per rank minus one, and all of them. It runs on a
+  throwaway loader of the kind that will read the data, made by ``trial``. Where the data set
+  streams, that is its own ``DataBundle.trial_loader``. The measurement draws nothing from the
+  run's random streams and leaves the run's own loader where it was.
+- pinned memory with CUDA.
+- a queue of at least four batches.
+- persistent workers for training when there are workers. Evaluation's workers start for
+  each evaluation and exit after it, unless ``loader.persistent_workers=true``.
+
+The loaders themselves are in ``fwk/data/loader.py``.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ def loader_kwargs(plan: LoaderPlan) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Host:
-    """What auto decides from: usable cores, training processes on this machine, CUDA."""
+    """The facts auto decides from: usable cores, training processes on this machine, CUDA."""
 
     cores: int
     processes: int
@@ -77,7 +82,9 @@ class Host:
 
 
 def worker_candidates(host: Host) -> tuple[int, int]:
-    """(cores per rank minus one for the training process, all cores per rank), capped."""
+    """Return the two worker counts to try, capped.
+
+    They are the cores per rank minus one for the training process, and all cores per rank."""
     per_rank = min(MAX_WORKERS, max(1, host.cores // host.processes))
     return per_rank - 1, per_rank
 
@@ -90,7 +97,9 @@ def _switch(value: Any, auto: bool) -> bool:
 def decide(
     cfg: LoaderConfig, host: Host, in_memory: bool, measure: Callable[[int], float] | None = None
 ) -> tuple[LoaderPlan, str]:
-    """The settings and why: values set in ``cfg`` win; ``measure(workers)`` -> items/s."""
+    """Decide the settings, and return them with why.
+
+    Values set in ``cfg`` win. ``measure(workers)`` returns the items/s of that worker count."""
     if cfg.num_workers >= 0:
         workers, why = cfg.num_workers, "num_workers as set"
     elif in_memory:
@@ -140,7 +149,9 @@ def describe(p: LoaderPlan) -> str:
 
 
 def measures(cfg: LoaderConfig, data: DataBundle) -> bool:
-    """Whether loader=auto times loaders to choose its workers (then its choice is cached)."""
+    """Return whether loader=auto times loaders to choose its workers.
+
+    Its choice is then cached."""
     return cfg.name == "auto" and cfg.num_workers < 0 and not data.in_memory
 
 
@@ -152,8 +163,10 @@ def for_run(
     recalled: LoaderPlan | None = None,
     source: str = "",
 ) -> LoaderPlan:
-    """This rank's plan; with loader=auto, one line says what was chosen and why.
-    ``recalled``: a plan measured before (``source``: cached, replayed), used untimed."""
+    """Return this rank's plan.
+
+    With loader=auto, one line says what was chosen and why. ``recalled`` is a plan measured before,
+    used untimed. ``source`` says where it came from, cached or replayed."""
     if recalled is not None:
         logger.info(f"loader=auto: {describe(recalled)} ({source}: as measured before for this data on this machine)")
         return recalled
@@ -168,9 +181,11 @@ def for_run(
 
 
 def trial(data: DataBundle, batch_size: int) -> tuple[int, Callable[[int], Iterable[Any]]]:
-    """(batch size, workers -> a throwaway loader) for the measurement: the data set's own
-    where it makes one (a streamed set: the loader kind that reads it in the run, on its own
-    copy of the set), else a DataLoader over a fixed spread of ``train``'s items."""
+    """Return the batch size and a function from workers to a throwaway loader, for the measurement.
+
+    The loader is the data set's own where it makes one. For a streamed set that is the loader
+    kind that reads it in the run, on its own copy of the set. Otherwise it is a DataLoader over
+    a fixed spread of ``train``'s items."""
     batch = max(1, min(batch_size, MEASURE_BATCH))
     if data.trial_loader is not None:
         return batch, lambda workers: data.trial_loader(batch, loader_kwargs(LoaderPlan(workers)), data.collate)  # type: ignore[misc]
@@ -180,8 +195,9 @@ def trial(data: DataBundle, batch_size: int) -> tuple[int, Callable[[int], Itera
 def spread_loader(
     dataset: Dataset, batch: int, workers: int, collate: Callable[[list[Any]], Any] | None = None
 ) -> DataLoader:
-    """A DataLoader with ``workers`` over items spread evenly through ``dataset``: enough
-    batches for every worker to deliver a few."""
+    """Return a DataLoader with ``workers`` over items spread evenly through ``dataset``.
+
+    It has enough batches for every worker to deliver a few."""
     n = len(dataset)  # type: ignore[arg-type]
     count = min(n, batch * (2 + 4 * max(workers, 1)))
     items = Subset(dataset, [i * n // count for i in range(count)])
@@ -190,11 +206,12 @@ def spread_loader(
 
 
 def measure_rate(make: Callable[[int], Iterable[Any]], workers: int, batch: int, seconds: float) -> float:
-    """Items/s of the throwaway loader ``make(workers)`` (batches of ``batch`` items) after
-    its first batch: its start (forking workers, a streamed set's first chunk arriving) is
-    paid once, not per item. It stops once ``seconds`` have passed since it was made, its
-    start included, and a second batch has come; a pass that ends after a single batch (a
-    tiny set) is read again. The run's random streams are left as they were."""
+    """Measure the items/s of the throwaway loader ``make(workers)`` after its first batch.
+
+    Its batches hold ``batch`` items. Its start, forking workers or a streamed set's first chunk
+    arriving, is paid once, not per item. It stops once ``seconds`` have passed since it was
+    made, its start included, and a second batch has come. A pass that ends after a single
+    batch, as on a tiny set, is read again. The run's random streams are left as they were."""
     states = torch.get_rng_state(), random.getstate(), np.random.get_state()  # a custom data set may draw
     start = time.perf_counter()
     done, first = 0, None

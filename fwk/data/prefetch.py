@@ -1,4 +1,4 @@
-"""Batches to the device: non-blocking copies from pinned memory on a side CUDA stream."""
+"""Moving batches to the device: non-blocking copies from pinned memory on a side CUDA stream."""
 
 from __future__ import annotations
 
@@ -33,14 +33,15 @@ def _record(batch: Any, stream: torch.cuda.Stream) -> None:
 
 
 class DevicePrefetcher:
-    """Batches on the device, copied on a side CUDA stream (CPU: the batches as they come).
+    """The iterator of batches on the device, copied on a side CUDA stream.
 
-    A batch is taken from the loader only when the loop asks for it, so the loader's
-    position (what a checkpoint records) is always the batches the loop consumed. The copy
-    still overlaps compute: the GPU is still running the previous step's queued kernels
-    when the host asks for the next batch, and the side stream does not wait for them. The
-    copies are non-blocking from pinned memory (``loader.pin_memory``), and the compute
-    stream waits for the copy only on the GPU, not on the host.
+    On the CPU it gives the batches as they come. A batch is taken from the loader only when
+    the loop asks for it, so the loader's position, which a checkpoint records, is always the
+    batches the loop consumed. The copy still overlaps compute. The GPU is still running the
+    previous step's queued kernels when the host asks for the next batch, and the side stream
+    does not wait for them. The copies are non-blocking from pinned memory
+    (``loader.pin_memory``), and the compute stream waits for the copy only on the GPU, not on
+    the host.
     """
 
     def __init__(self, batches: Iterator[Any], device: torch.device, finish: Finish | None = None) -> None:
@@ -67,7 +68,7 @@ class DevicePrefetcher:
 
 
 class OnDevice:
-    """A loader whose batches come through a ``DevicePrefetcher`` (evaluation's loader)."""
+    """A loader whose batches come through a ``DevicePrefetcher``, as evaluation's loader does."""
 
     def __init__(self, loader: DataLoader, device: torch.device, finish: Finish | None = None) -> None:
         self.loader, self.device, self.finish = loader, device, finish

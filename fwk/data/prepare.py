@@ -1,19 +1,20 @@
-"""``fwk data prepare``: an image folder written once as litdata shards that stream.
+"""``fwk data prepare``, which writes an image folder once as litdata shards that stream.
 
-FFCV's lesson: most of a fast image pipeline is the prepare step. Each image is read once,
-its shorter side brought down to ``max_side`` (aspect kept; never enlarged; JPEGs decoded
-at a reduced scale where libjpeg can, ``Image.draft``) and re-encoded as JPEG at
-``quality``, or stored uncompressed (binary PPM) where the result's longer side is at most
-``raw_max_side``: a small image (CIFAR's 32 px) costs more to decode than to copy, and a
-JPEG of it loses detail that matters at its size. litdata's ``optimize`` writes them with
-their labels into chunks, in parallel workers, with a progress bar. Training then decodes
-~320 px JPEGs instead of full-size ones, and reads a few large files instead of a million
-small ones, locally or from object storage (``data=streaming``).
+FFCV's lesson is that most of a fast image pipeline is the prepare step. Each image is read
+once, and its shorter side is brought down to ``max_side``. The aspect is kept, an image is
+never enlarged, and JPEGs are decoded at a reduced scale where libjpeg can (``Image.draft``).
+The image is then re-encoded as JPEG at ``quality``, or stored uncompressed as a binary PPM
+where the result's longer side is at most ``raw_max_side``. A small image, such as CIFAR's
+32 px, costs more to decode than to copy, and a JPEG of it loses detail that matters at its
+size. litdata's ``optimize`` writes them with their labels into chunks, in parallel workers,
+with a progress bar. Training then decodes ~320 px JPEGs instead of full-size ones, and reads
+a few large files instead of a million small ones, locally or from object storage
+(``data=streaming``).
 
-The output is finished when ``fwk-manifest.json`` is written, last. A marker written first
-(``.fwk-preparing``) tells an interrupted prepare (restarted from scratch) from a folder
-that holds something else (refused). A finished one with the same source and settings is
-reported and left alone; one of another source or settings is refused.
+The output is finished when ``fwk-manifest.json`` is written, last. A marker written first,
+``.fwk-preparing``, tells an interrupted prepare, which is restarted from scratch, from a
+folder that holds something else, which is refused. A finished one with the same source and
+settings is reported and left alone. One of another source or settings is refused.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ SHUFFLE_SEED = 0
 
 
 def encode(item: tuple[str, int, int], max_side: int, quality: int, raw_max_side: int) -> dict[str, Any]:
-    """One image file -> {"image": JPEG (or raw PPM) bytes, shorter side <= max_side; "label"; "index"}."""
+    """Encode one image file as a record with "image", "label" and "index".
+
+    "image" holds JPEG or raw PPM bytes, with the shorter side at most ``max_side``."""
     from PIL import Image
 
     path, label, index = item
@@ -73,7 +76,7 @@ def encode(item: tuple[str, int, int], max_side: int, quality: int, raw_max_side
 
 
 def _check_out(out: Path, wanted: dict[str, Any]) -> bool:
-    """True when ``out`` already holds this prepare, finished; clears an interrupted one."""
+    """Return True when ``out`` already holds this prepare, finished, and clear an interrupted one."""
     manifest = out / shards.MANIFEST
     if manifest.is_file():
         return shards.same_set(json.loads(manifest.read_text()), wanted, str(out))
@@ -95,8 +98,10 @@ _FORK = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 @contextlib.contextmanager
 def _start_method_kept() -> Iterator[None]:
-    """litdata.optimize sets the process's multiprocessing start method to spawn, for good;
-    this process's later loaders (forked workers) get the one it had back."""
+    """Give the process its multiprocessing start method back after litdata.optimize.
+
+    litdata.optimize sets it to spawn, for good. This process's later loaders, with forked
+    workers, get the one it had back."""
     before = multiprocessing.get_start_method(allow_none=True)
     try:
         yield
@@ -114,8 +119,10 @@ def prepare(
     chunk_mb: int = 64,
     endpoint_url: str = "",
 ) -> str:
-    """Write the image folder of ``cfg`` to ``out`` (a folder, or s3://bucket/prefix: staged
-    locally, then uploaded, ``publish.py``) as shards; returns the line to say last."""
+    """Write the image folder of ``cfg`` to ``out`` as shards, and return the line to say last.
+
+    ``out`` is a folder, or s3://bucket/prefix. An s3:// prefix is staged locally, then
+    uploaded, by ``publish.py``."""
     from fwk.data.fingerprint import of_image_folder
     from fwk.data.imagefolder import find_images
 
@@ -159,7 +166,7 @@ def _write(
     chunk_mb: int,
     workers: int,
 ) -> str:
-    """The shards and, last, the manifest in ``target``; the line that says so."""
+    """Write the shards and, last, the manifest in ``target``, and return the line that says so."""
     import litdata
 
     from fwk.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD

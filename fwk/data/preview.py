@@ -1,9 +1,9 @@
-"""`fwk data preview`: the first training samples, as the model will see them, drawn for a person.
+"""`fwk data preview`, which draws the first training samples for a person, as the model will see them.
 
-Images become a PNG grid with each label under its image; text (``task="lm"``) becomes a
+Images become a PNG grid with each label under its image. Text (``task="lm"``) becomes a
 .txt file with each sample's input and target decoded. The samples come from the data
 set the engine builds, in the order rank 0's ``TrainLoader`` draws them, augmentation
-included: a wrong crop, flip, normalization or label shows here before any training.
+included. So a wrong crop, flip, normalization or label shows here before any training.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ PADDING = 2  # px between tiles (make_grid's padding)
 def first_samples(
     dataset: Dataset, n: int, batch_size: int, world_size: int, seed: int
 ) -> Iterator[tuple[int, Any, Any]]:
-    """(index, x, y) of the first ``n`` training items rank 0 sees, in order.
+    """Yield the index, x and y of the first ``n`` training items rank 0 sees, in order.
 
-    The order is ``TrainLoader``'s own sampler, epoch by epoch, each epoch cut to whole
-    batches (drop_last) and ``set_epoch`` called on the data set as the loader does, so an
+    The order is ``TrainLoader``'s own sampler, epoch by epoch, with each epoch cut to whole
+    batches (drop_last). ``set_epoch`` is called on the data set as the loader does, so an
     item's augmentation is the one training draws. Items are loaded one by one rather than
-    as whole batches: a preview of 64 ImageNet images need not decode a batch of 256.
+    as whole batches, so a preview of 64 ImageNet images need not decode a batch of 256.
     """
     loader = TrainLoader(dataset, batch_size, 0, world_size, seed, LoaderPlan())
     per_epoch = loader.batches_per_epoch * batch_size
@@ -55,13 +55,13 @@ def first_samples(
 
 
 def grid_shape(n: int) -> tuple[int, int]:
-    """(columns, rows) of a near-square grid of ``n`` tiles."""
+    """Return the columns and rows of a near-square grid of ``n`` tiles."""
     cols = math.ceil(math.sqrt(n))
     return cols, math.ceil(n / cols)
 
 
 def _label_text(dataset: Dataset, index: int, label: Any) -> str:
-    """The label, plus the class folder's name for data sets of files in class folders."""
+    """Return the label, plus the class folder's name for data sets of files in class folders."""
     if isinstance(label, torch.Tensor) and label.numel() == 1:
         label = label.item()  # a TensorDataset's labels are 0-d tensors
     text = str(label)
@@ -71,7 +71,7 @@ def _label_text(dataset: Dataset, index: int, label: Any) -> str:
 
 
 def _to_unit_range(x: torch.Tensor, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> tuple:
-    """(N, C, H, W) in [0, 1], and how it got there (for the printed line)."""
+    """Bring images (N, C, H, W) into [0, 1], and return them with how, for the printed line."""
     if mean is not None and std is not None:
         m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)  # (1, C or 1, 1, 1)
         s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
@@ -87,7 +87,7 @@ def _to_unit_range(x: torch.Tensor, mean: tuple[float, ...] | None, std: tuple[f
 def image_grid(
     images: list[torch.Tensor], labels: list[str], mean: tuple[float, ...] | None, std: tuple[float, ...] | None
 ) -> tuple[Any, str]:
-    """A PIL image: the images in a near-square grid, each label in a strip under its image."""
+    """Draw the images in a near-square grid as a PIL image, each label in a strip under its image."""
     from PIL import Image, ImageDraw, ImageFont
     from torchvision.utils import make_grid
 
@@ -123,7 +123,9 @@ def image_grid(
 
 
 def _decode(tokens: Any) -> str:
-    """Byte tokens as UTF-8 text (undecodable bytes become U+FFFD); other token ids as numbers."""
+    """Decode byte tokens as UTF-8 text, and other token ids as numbers.
+
+    Undecodable bytes become U+FFFD."""
     ids = torch.as_tensor(tokens).flatten().tolist()
     if all(0 <= i < 256 for i in ids):
         return bytes(ids).decode("utf-8", errors="replace")
@@ -131,7 +133,7 @@ def _decode(tokens: Any) -> str:
 
 
 def write_text(samples: list[tuple[int, Any, Any]], path: Path, header: str) -> None:
-    """Each sample's input and target, decoded, one block after another."""
+    """Write each sample's input and target, decoded, one block after another."""
     blocks = [header]
     for k, (index, x, y) in enumerate(samples):
         blocks.append(
@@ -143,7 +145,7 @@ def write_text(samples: list[tuple[int, Any, Any]], path: Path, header: str) -> 
 
 
 def preview(data: DataBundle, n: int, batch_size: int, world_size: int, seed: int, out_dir: Path) -> str:
-    """Write the preview of the first ``n`` training samples under ``out_dir``; returns what was written."""
+    """Write a preview of the first ``n`` training samples under ``out_dir``, and return what it wrote."""
     samples = list(first_samples(data.train, n, batch_size, world_size, seed))
     whose = f"the first {len(samples)} training samples" + (f" of rank 0 (of {world_size})" if world_size > 1 else "")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,17 @@
-"""``fwk data prepare --out s3://bucket/prefix``: prepared in a local staging folder, then
-uploaded with boto3, the manifest last.
+"""Publishing for ``fwk data prepare --out s3://bucket/prefix``.
 
-A remote set is finished when its ``fwk-manifest.json`` is there, as a local one is: the
-chunks and indexes go up first, the manifest after them, so a reader never sees a set that
-looks whole and is not. A rerun finds a finished set with the same source and settings and
-says so; one with others is refused; a prefix without a manifest (an interrupted upload, or
-nothing yet) is written (again). Before any image is encoded, a marker object
-(``.fwk-preparing``) is written there: credentials that may read but not write fail in
-seconds, not after hours of encoding. The staging folder (``$XDG_CACHE_HOME/fwk/prepare/``,
-one per destination) is kept until the upload has finished, then removed: an upload
-interrupted after the images were encoded restarts at the upload.
+The set is prepared in a local staging folder, then uploaded with boto3, the manifest last.
+
+A remote set is finished when its ``fwk-manifest.json`` is there, as a local one is. The
+chunks and indexes go up first, and the manifest after them, so a reader never sees a set
+that looks whole and is not. A rerun finds a finished set with the same source and settings
+and says so. One with other source or settings is refused. A prefix without a manifest, left
+by an interrupted upload or holding nothing yet, is written, again if need be. Before any
+image is encoded, a marker object (``.fwk-preparing``) is written there. So credentials that
+may read but not write fail in seconds, not after hours of encoding. The staging folder,
+``$XDG_CACHE_HOME/fwk/prepare/`` with one per destination, is kept until the upload has
+finished, then removed. So an upload interrupted after the images were encoded restarts at
+the upload.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ def publish(uri: str, endpoint_url: str, wanted: dict[str, Any], write: Callable
 
 @contextlib.contextmanager
 def _only_writer(staging: Path, uri: str) -> Iterator[None]:
-    """One prepare at a time per destination on this machine: a second would clear the
-    first's staging folder. (Two machines writing one prefix are not detected.)"""
+    """Allow one prepare at a time per destination on this machine.
+
+    A second would clear the first's staging folder. Two machines writing one prefix are not
+    detected."""
     import fcntl
 
     from fwk.errors import UserError

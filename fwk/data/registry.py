@@ -1,7 +1,7 @@
-"""Dataset registry: ``data.name`` in the config is a function name here.
+"""The dataset registry: ``data.name`` in the config is a function name here.
 
-Torch-free: the config dataclasses are in fwk/data/configs.py, the builders (torch) in the
-modules below, imported on the first builder lookup.
+It is torch-free. The config dataclasses are in fwk/data/configs.py, and the builders, which
+use torch, in the modules below, imported on the first builder lookup.
 """
 
 from fwk.registry import Registry

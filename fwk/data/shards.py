@@ -1,14 +1,15 @@
-"""Prepared shards (``fwk data prepare``, ``data=streaming``): where they are and their manifest.
+"""Prepared shards (``fwk data prepare``, ``data=streaming``): where they are, and their manifest.
 
 A prepared set is a folder or an object-storage prefix holding litdata's shards of the
-training and validation images (``train/``, ``val/``: an ``index.json`` and chunk files
-each) and ``fwk-manifest.json``, written last: a set without a manifest is not finished.
-The manifest holds the source's fingerprint, the prepare settings, the counts, the class
-names, the mean/std the images are normalized with, and the format version.
+training and validation images, and ``fwk-manifest.json``. ``train/`` and ``val/`` each hold
+an ``index.json`` and chunk files. The manifest is written last, so a set without a manifest
+is not finished. The manifest holds the source's fingerprint, the prepare settings, the
+counts, the class names, the mean/std the images are normalized with, and the format version.
 
-Torch-free (the launcher reads the manifest before any run dir is made): S3 goes through
-boto3, with the endpoint from ``data.endpoint_url`` (else ``AWS_ENDPOINT_URL``) and the
-credentials and region from the usual AWS environment variables and files.
+This module is torch-free, since the launcher reads the manifest before any run dir is made.
+S3 goes through boto3, with the endpoint from ``data.endpoint_url``, else
+``AWS_ENDPOINT_URL``. The credentials and region come from the usual AWS environment
+variables and files.
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ def is_remote(uri: str) -> bool:
 
 
 def storage_options(endpoint_url: str) -> dict[str, Any]:
-    """boto3 client options for litdata and for the manifest: the endpoint, if one is set."""
+    """Return the boto3 client options for litdata and for the manifest: the endpoint, if one is set."""
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
     return {"endpoint_url": endpoint} if endpoint else {}
 
 
 def s3_client(uri: str, endpoint_url: str) -> tuple[Any, str, str, str]:
-    """(boto3 S3 client, bucket, key prefix, "uri (endpoint ...)" for messages) of an s3:// URI."""
+    """Return an s3:// URI's boto3 S3 client, bucket and key prefix, and "uri (endpoint ...)" for messages."""
     import boto3
     from botocore.config import Config
 
@@ -60,7 +61,9 @@ def s3_client(uri: str, endpoint_url: str) -> tuple[Any, str, str, str]:
 
 @contextlib.contextmanager
 def s3_errors(label: str, uri: str, bucket: str, where: str) -> Iterator[None]:
-    """S3 failures inside as one line each: ``{label}={uri}: ...`` (label: data.uri, --out)."""
+    """Turn S3 failures inside the context into one line each: ``{label}={uri}: ...``.
+
+    ``label`` is data.uri or --out."""
     from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
@@ -85,7 +88,9 @@ def s3_errors(label: str, uri: str, bucket: str, where: str) -> Iterator[None]:
 
 
 def s3_manifest(uri: str, endpoint_url: str, label: str = "data.uri") -> dict[str, Any] | None:
-    """The manifest under an s3:// prefix, None when there is none; other failures: one line."""
+    """Return the manifest under an s3:// prefix, or None when there is none.
+
+    Other failures are one line."""
     from botocore.exceptions import ClientError
 
     client, bucket, prefix, where = s3_client(uri, endpoint_url)
@@ -100,7 +105,7 @@ def s3_manifest(uri: str, endpoint_url: str, label: str = "data.uri") -> dict[st
 
 
 def read_manifest(uri: str, endpoint_url: str = "") -> dict[str, Any]:
-    """The manifest of the prepared set at ``uri``; one line when it cannot be used."""
+    """Return the manifest of the prepared set at ``uri``, or say in one line why it cannot be used."""
     if not uri:
         raise UserError("data.uri is not set: the folder or s3://bucket/prefix that fwk data prepare wrote")
     if is_remote(uri):
@@ -126,7 +131,7 @@ def read_manifest(uri: str, endpoint_url: str = "") -> dict[str, Any]:
 
 
 def _index(uri: str, endpoint_url: str, split: str) -> dict[str, Any]:
-    """The litdata ``index.json`` of one split of the set at ``uri``."""
+    """Return the litdata ``index.json`` of one split of the set at ``uri``."""
     where = f"data.uri={uri}: {split}/index.json"
     if is_remote(uri):
         from botocore.exceptions import ClientError
@@ -153,10 +158,11 @@ def _index(uri: str, endpoint_url: str, split: str) -> dict[str, Any]:
 
 
 def check_fields(uri: str, split: str, index: dict[str, Any]) -> None:
-    """Refuse a split whose items are read with any serializer that fwk data prepare does not
-    write: litdata picks the serializer a field names in index.json, and "pickle" (also inside
-    another's name, as "graph:pickle") would run, in every loader worker, whatever code whoever
-    can write the set's folder or bucket put there."""
+    """Refuse a split whose items are read with any serializer that fwk data prepare does not write.
+
+    litdata picks the serializer a field names in index.json. "pickle", also inside another's
+    name as in "graph:pickle", would run in every loader worker whatever code was put there by
+    whoever can write the set's folder or bucket."""
     config = index["config"]
     types = config.get("types") if isinstance(config.get("types"), dict) else {}  # field name -> serializer
     for k, fmt in enumerate(config["data_format"]):
@@ -183,8 +189,9 @@ def _raw(settings: dict[str, Any]) -> str:
 
 
 def same_set(found: dict[str, Any], wanted: dict[str, Any], where: str) -> bool:
-    """True when the manifest ``found`` at ``where`` (an --out) is the set ``wanted``; a set of
-    another format or source or settings is refused in one line."""
+    """Return True when the manifest ``found`` at ``where``, an --out, is the set ``wanted``.
+
+    A set of another format or source or settings is refused in one line."""
     if found.get("format") != wanted["format"]:
         raise UserError(
             f"--out {where} holds a set prepared by fwk {found.get('fwk', '?')} in format {found.get('format')}, "

@@ -1,10 +1,10 @@
 """Where the registered data sets read their files, and a fingerprint of what they read.
 
-Torch-free: the launcher fingerprints a run's data before any worker starts, and the
-fingerprint enters the run id, so the same config over other data is another run.
-A fingerprint hashes a file's bytes where the data is small (digits: one file), else the
-file list with sizes and modification times (an image folder: hashing a million JPEGs
-would take longer than a short run).
+This module is torch-free. The launcher fingerprints a run's data before any worker starts,
+and the fingerprint enters the run id, so the same config over other data is another run.
+A fingerprint hashes a file's bytes where the data is small, as digits is one file. Else it
+hashes the file list with sizes and modification times. That is what an image folder gets,
+since hashing a million JPEGs would take longer than a short run.
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """``digest``: 16 hex digits; ``what``: what was hashed, for people (meta.json, `fwk runs show`);
-    ``how``: computed now or taken from a cache (``--dry-run`` says which)."""
+    """The fingerprint of a run's data.
+
+    ``digest`` is 16 hex digits. ``what`` says what was hashed, for people, in meta.json and
+    `fwk runs show`. ``how`` says whether it was computed now or taken from a cache, and
+    ``--dry-run`` prints it."""
 
     digest: str
     what: str
@@ -50,7 +53,7 @@ def _size(n: float) -> str:
 
 
 def of_content(path: Path) -> Fingerprint:
-    """The sha256 of a file's bytes."""
+    """Return the sha256 of a file's bytes."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -59,7 +62,7 @@ def of_content(path: Path) -> Fingerprint:
 
 
 def of_files(root: Path, files: Iterable[Path]) -> Fingerprint:
-    """A hash of the files' paths relative to ``root``, sizes and modification times (ns)."""
+    """Hash the files' paths relative to ``root``, their sizes and their modification times in ns."""
     digest = hashlib.sha256()
     count = total = 0
     for path in files:
@@ -72,8 +75,10 @@ def of_files(root: Path, files: Iterable[Path]) -> Fingerprint:
 
 
 def walk(root: Path, suffixes: tuple[str, ...], excluded: frozenset[str] = frozenset()) -> list[Path]:
-    """Files under ``root`` whose lowercased suffix is in ``suffixes``, outside ``excluded``
-    folders, sorted by relative posix path (the order does not depend on the file system)."""
+    """Return the files under ``root`` whose lowercased suffix is in ``suffixes``.
+
+    Files in ``excluded`` folders are left out. They are sorted by relative posix path, so the order
+    does not depend on the file system."""
     found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in excluded]  # prune: never walk into them
@@ -82,17 +87,17 @@ def walk(root: Path, suffixes: tuple[str, ...], excluded: frozenset[str] = froze
 
 
 def stdlib_root() -> Path:
-    """Directory of the running Python's standard library."""
+    """Return the directory of the running Python's standard library."""
     return Path(sysconfig.get_paths()["stdlib"])
 
 
 def source_files(root: Path) -> list[Path]:
-    """All ``*.py`` files under ``root`` outside EXCLUDED_DIRS, sorted by relative posix path."""
+    """Return all ``*.py`` files under ``root`` outside EXCLUDED_DIRS, sorted by relative posix path."""
     return walk(root, (".py",), EXCLUDED_DIRS)
 
 
 def digits_file() -> Path:
-    """scikit-learn's copy of the digits data (found without importing scikit-learn: slow)."""
+    """Return scikit-learn's copy of the digits data, found without importing scikit-learn, which is slow."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
         raise UserError("data=digits needs scikit-learn; install it with `pip install scikit-learn`")

@@ -1,28 +1,29 @@
-"""``data=streaming``: a prepared set (``fwk data prepare``) read through litdata.
+"""A set prepared by ``fwk data prepare``, read through litdata for ``data=streaming``.
 
-Training streams ``train/`` with litdata's ``StreamingDataset`` and ``StreamingDataLoader``:
-each rank reads its own share of the chunks (litdata shards by torch.distributed's rank
-and world size), in an order shuffled from the run's seed, chunk by chunk, so a remote set
-is downloaded once per epoch into a local cache of bounded size, not item by item. Each
-image is decoded (a JPEG, or the raw pixels of a small one) and cropped and flipped as an
-image folder's are, its random draws seeded from (run seed, epoch, the item's index in the
-set): the same item gets the same crop whatever the worker that loads it.
+Training streams ``train/`` with litdata's ``StreamingDataset`` and ``StreamingDataLoader``.
+Each rank reads its own share of the chunks, as litdata shards by torch.distributed's rank
+and world size. It reads them in an order shuffled from the run's seed, chunk by chunk, so a
+remote set is downloaded once per epoch into a local cache of bounded size, not item by
+item. Each image is decoded, a JPEG or the raw pixels of a small one, and cropped and
+flipped as an image folder's are. Its random draws are seeded from the run seed, the epoch
+and the item's index in the set, so the same item gets the same crop whatever the worker
+that loads it.
 
-Resume: ``StreamLoader``'s state is litdata's, which resumes mid-epoch exactly with the
-same world size and number of workers; with other ones, the run resumes at the start of
-the next epoch and says so in one line. Validation reads ``val/`` by index, in order.
+On resume, ``StreamLoader``'s state is litdata's, which resumes mid-epoch exactly with the
+same world size and number of workers. With other ones, the run resumes at the start of the
+next epoch and says so in one line. Validation reads ``val/`` by index, in order.
 
-Forks: litdata's reader downloads chunks in a thread of the process that made it, and a
-forked loader worker gets a copy of the reader without the thread (it would wait for
-chunks nobody fetches, then fail with litdata's ChunkWaitTimeoutError). A streamed set
-therefore reads in a process only through a reader made in that process: litdata's own
-loader makes one in each worker; a set read by index (validation, BatchNorm calibration)
-drops a reader it inherited. ``loader=auto`` times its worker counts on throwaway
-``StreamingDataLoader``s over their own copies of the set (``DataBundle.trial_loader``).
+litdata's reader downloads chunks in a thread of the process that made it. A forked loader
+worker gets a copy of the reader without the thread, which would wait for chunks nobody
+fetches, then fail with litdata's ChunkWaitTimeoutError. A streamed set therefore reads in a
+process only through a reader made in that process. litdata's own loader makes one in each
+worker. A set read by index, for validation and BatchNorm calibration, drops a reader it
+inherited. ``loader=auto`` times its worker counts on throwaway ``StreamingDataLoader``s over
+their own copies of the set (``DataBundle.trial_loader``).
 
-A chunk that does not arrive within litdata's wait (``MAX_WAIT_TIME``, seconds; 120 by
-default), or that litdata's downloader gives up on (after the S3 client's retries), ends
-the run in one line naming the chunk and the endpoint (``LoadError``).
+Some chunks end the run in one line naming the chunk and the endpoint (``LoadError``). They
+are a chunk that does not arrive within litdata's wait, ``MAX_WAIT_TIME`` seconds with 120 by
+default, and a chunk that litdata's downloader gives up on after the S3 client's retries.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ _CRASHED = "Chunk prefetch thread crashed while waiting for "  # litdata's reade
 
 
 class StreamingImages(StreamingDataset):
-    """Items of a prepared split as (image (3, S, S) float32 normalized, label).
-    ``source`` and ``endpoint`` name the set and its server in messages."""
+    """The items of a prepared split, each an image and its label.
+
+    The image is a normalized float32 (3, S, S). ``source`` and ``endpoint`` name the set and its
+    server in messages."""
 
     def __init__(
         self,
@@ -119,13 +122,14 @@ class StreamingImages(StreamingDataset):
         )
 
     def remote(self, path: str) -> str:
-        """The chunk's address in the set: its cache ``path``'s name under the split's URI."""
+        """Return the chunk's address in the set: its cache ``path``'s name under the split's URI."""
         return f"{(self.input_dir.url or self.input_dir.path or '').rstrip('/')}/{os.path.basename(path)}"
 
 
 class ByIndex(Dataset):
-    """A prepared split read by global index, in any order (validation; the whole split on
-    every rank: the loop's own sharding picks this rank's items)."""
+    """A prepared split read by global index, in any order, for validation.
+
+    Every rank has the whole split, and the loop's own sharding picks this rank's items."""
 
     def __init__(self, images: StreamingImages, count: int) -> None:
         self.images, self.count = images, count
@@ -138,8 +142,9 @@ class ByIndex(Dataset):
 
 
 class StreamLoader:
-    """Endless training batches of this rank through litdata's StreamingDataLoader; its
-    state is litdata's, with the world size and workers it was taken with."""
+    """This rank's endless training batches through litdata's StreamingDataLoader.
+
+    Its state is litdata's, with the world size and workers it was taken with."""
 
     def __init__(
         self,
@@ -187,7 +192,7 @@ class StreamLoader:
 def stream(
     dataset: StreamingImages, batch_size: int, kwargs: dict[str, Any], collate: Callable[[list[Any]], Any] | None
 ) -> StreamingDataLoader:
-    """litdata's loader of ``dataset``, with fwk's loader settings."""
+    """Return litdata's loader of ``dataset``, with fwk's loader settings."""
     kwargs = {k: v for k, v in kwargs.items() if k != "persistent_workers"}  # litdata restarts them per epoch
     # Its own generator seeds the workers: starting an epoch (or a resumed run) draws nothing
     # from the run's random streams.
@@ -198,7 +203,7 @@ def stream(
 
 
 def _cache(cfg: StreamingConfig) -> dict[str, Any]:
-    """litdata's options: a remote set's endpoint and local cache; the cache's size limit."""
+    """Return litdata's options: a remote set's endpoint and local cache, and the cache's size limit."""
     limit = {"max_cache_size": f"{cfg.max_cache_gb:g}GB"}
     if not is_remote(cfg.uri):
         return limit
@@ -215,9 +220,10 @@ def _cache(cfg: StreamingConfig) -> dict[str, Any]:
 
 
 def _allow_http() -> None:
-    """An S3-compatible endpoint over plain http (MinIO, a server on loopback): litdata's
-    chunk prefetcher (obstore) refuses http URLs unless its client allows them, and litdata
-    passes no such option; its shared client options get it here (https is unaffected)."""
+    """Allow an S3-compatible endpoint over plain http, such as MinIO or a server on loopback.
+
+    litdata's chunk prefetcher, obstore, refuses http URLs unless its client allows them, and
+    litdata passes no such option. Its shared client options get it here. https is unaffected."""
     from litdata.streaming import downloader
 
     options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
@@ -226,10 +232,11 @@ def _allow_http() -> None:
 
 
 def _quiet_crash_reports() -> None:
-    """litdata's download thread, killed by an error (a server gone, after obstore's
-    retries), prints that error's traceback to stderr, for loader workers that swallow
-    logs; the reader then raises the same error where the item is read, which fwk says in
-    one line (``StreamingImages.failed``). The printed copy is left out."""
+    """Leave out the traceback litdata's download thread prints when an error kills it.
+
+    The error may be a server gone, after obstore's retries. The thread prints it to stderr,
+    for loader workers that swallow logs. The reader then raises the same error where the item
+    is read, which fwk says in one line (``StreamingImages.failed``)."""
     from litdata.streaming.reader import PrepareChunksThread
 
     PrepareChunksThread._report_crash = _unreported  # type: ignore[method-assign]
@@ -245,9 +252,11 @@ def _split(uri: str, split: str) -> str:
 
 @contextlib.contextmanager
 def _one_at_a_time(options: dict[str, Any]) -> Iterator[None]:
-    """The ranks of a machine open a remote set one after another: litdata fetches each
-    split's index.json into the shared cache under a lock it waits one second for, and a
-    rank that waits longer goes on without the file ("doesn't contain any index.json")."""
+    """Make the ranks of a machine open a remote set one after another.
+
+    litdata fetches each split's index.json into the shared cache under a lock it waits one
+    second for. A rank that waits longer goes on without the file ("doesn't contain any
+    index.json")."""
     if "cache_dir" not in options:
         yield
         return

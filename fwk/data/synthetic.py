@@ -1,7 +1,7 @@
 """Random images and labels, for benchmarking image models without a data set on disk.
 
-Each item is generated on demand from a generator seeded by (seed, split, index): the
-set is deterministic and costs no memory, whatever num_train is.
+Each item is generated on demand from a generator seeded by the seed, the split and the
+index. So the set is deterministic and costs no memory, whatever num_train is.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ _TRAIN, _VAL = 0, 1  # stream ids, so that val item i is not train item i
 
 
 class RandomImages(Dataset):
-    """(image, label) with image (3, S, S) float32 ~ N(0, 1), like a normalized photo."""
+    """Random (image, label) items, each image a float32 (3, S, S) ~ ``N(0, 1)``, like a normalized photo."""
 
     def __init__(self, length: int, image_size: int, num_classes: int, *, seed: int, stream: int) -> None:
         self.length = length

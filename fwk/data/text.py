@@ -1,10 +1,10 @@
 """Byte-level language-modelling data: the Python standard library's own source code.
 
 Every machine with Python has it, so the LM recipes need no download. Files are taken in
-sorted order of their path relative to the stdlib root and split into train/val by file
-(every ``val_every``-th file goes to val), so a function never straddles the split. Note
-that the text is the stdlib of the Python running fwk: another Python version gives other
-bytes, so compare losses only between runs on the same Python.
+sorted order of their path relative to the stdlib root and split into train/val by file, so
+a function never straddles the split. Every ``val_every``-th file goes to val. The text is
+the stdlib of the Python running fwk, and another Python version gives other bytes. So
+compare losses only between runs on the same Python.
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ FILE_SEPARATOR = b"\n"
 
 
 def split_files(files: list[Path], val_every: int) -> tuple[list[Path], list[Path]]:
-    """(train, val): file i (0-based) goes to val when (i + 1) % val_every == 0."""
+    """Split the files into train and val.
+
+    File i, counted from 0, goes to val when ``(i + 1) % val_every == 0``."""
     val = [f for i, f in enumerate(files) if (i + 1) % val_every == 0]
     train = [f for i, f in enumerate(files) if (i + 1) % val_every != 0]
     return train, val
 
 
 def concat_bytes(files: list[Path], max_bytes: int = 0) -> torch.Tensor:
-    """The files' bytes joined by FILE_SEPARATOR, cut to ``max_bytes`` (0 = all): (N,) uint8.
+    """Return the files' bytes joined by FILE_SEPARATOR, cut to ``max_bytes``, as an (N,) uint8 tensor.
 
-    Stops reading once the cap is reached, so a small cap is fast.
+    ``max_bytes`` 0 means all. It stops reading once the cap is reached, so a small cap is fast.
     """
     buf = bytearray()
     for i, path in enumerate(files):
@@ -49,9 +51,10 @@ def concat_bytes(files: list[Path], max_bytes: int = 0) -> torch.Tensor:
 
 
 class ByteWindows(Dataset):
-    """Non-overlapping next-byte windows: item i = (x, y), x = data[i*T : i*T+T], y = x shifted by one.
+    """Non-overlapping next-byte windows of the data.
 
-    Both are (T,) int64; a DataLoader stacks them to (B, T).
+    Item i is ``(x, y)``, with ``x = data[i*T : i*T+T]`` and ``y`` that window shifted by one. Both
+    are (T,) int64, and a DataLoader stacks them to (B, T).
     """
 
     def __init__(self, data: torch.Tensor, seq_len: int) -> None:
@@ -72,7 +75,9 @@ class ByteWindows(Dataset):
 
 @register_data(StdlibTextConfig)
 def stdlib_text(cfg: StdlibTextConfig, *, seed: int) -> DataBundle:
-    """``seed`` is unused: the data and split are fixed; the loader shuffles with the run's seed."""
+    """Build the byte-level text of the standard library.
+
+    ``seed`` is unused, since the data and split are fixed. The loader shuffles with the run's seed."""
     del seed
     if cfg.seq_len < 1:
         raise UserError(f"data.seq_len={cfg.seq_len} must be >= 1")
