@@ -67,13 +67,12 @@ def main() -> None:
 
 
 def leave(code: int | str | None) -> None:
-    """Exit with ``code``. A command that imported torch skips the interpreter's teardown.
+    """Exit with ``code``, skipping the interpreter's teardown when the command imported torch.
 
-    Freeing torch's modules and unloading its libraries takes ~0.4 s, ~1 s once TorchDynamo
-    is in (every optimizer imports it), after the run is on disk: ``fwk train`` would return
-    to the shell a second late. The atexit handlers still run (logging, multiprocessing's
-    children), and the run's files are closed by then; a worker (fwk/launch/worker.py)
-    ends with os._exit too.
+    Freeing torch's modules and unloading its libraries takes ~0.4 s after the run is on disk, and ~1 s once
+    TorchDynamo is in. Every optimizer imports TorchDynamo. Without the skip, ``fwk train`` would return to the
+    shell a second late. The atexit handlers, such as logging's and multiprocessing's for its children, still run,
+    and the run's files are closed by then. A worker (fwk/launch/worker.py) ends with os._exit too.
     """
     if "torch" not in sys.modules:
         sys.exit(code)

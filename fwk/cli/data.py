@@ -20,8 +20,8 @@ def preview(
 
     Images: a PNG grid, each label under its image. Text recipes: a .txt with
     each sample's input and target decoded. <id> is the run that `fwk train`
-    with the same overrides would train; the preview alone does not make it a
-    run (no config.yaml is written).
+    with the same overrides would train. The preview alone does not make it a
+    run, as no config.yaml is written.
     """
     from fwk.config.resolve import resolve
     from fwk.errors import UserError
@@ -70,11 +70,11 @@ def prepare(
 ) -> None:
     """Write the recipe's image folder once as litdata shards, for data=streaming.
 
-    Each image's shorter side is brought down to --max-side (aspect kept) and re-encoded
-    as JPEG at --quality (small ones, up to --raw-max-side, stored uncompressed); labels,
-    class names, mean/std and a manifest (the source's fingerprint, the settings, the
-    counts) are kept. Rerunning finds a finished prepare; an interrupted one starts again;
-    a folder holding anything else is refused. To s3://, the set is prepared in a local
+    Each image's shorter side is brought down to --max-side, with its aspect kept, and re-encoded
+    as JPEG at --quality. Small ones, up to --raw-max-side, are stored uncompressed. Labels,
+    class names, mean/std and a manifest are kept. The manifest holds the source's fingerprint,
+    the settings and the counts. Rerunning finds a finished prepare, and an interrupted one starts
+    again. A folder holding anything else is refused. To s3://, the set is prepared in a local
     staging folder, then uploaded, its manifest last.
     """
     import os

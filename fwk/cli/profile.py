@@ -20,10 +20,10 @@ def profile(
 ) -> None:
     """Profile the recipe's real training step and say what to change.
 
-    Runs warm-up + steps optimizer steps of the run these overrides would train (its
-    precision, memory and jit settings; one process) under torch.profiler, in a throwaway
-    run dir. Prints the top operators, time and peak memory per module, and the step split
-    (data, forward, backward, optimizer, communication), with advice that quotes its figure.
+    Runs warm-up + steps optimizer steps of the run these overrides would train under
+    torch.profiler, in a throwaway run dir. They run with its precision, memory and jit settings,
+    in one process. Prints the top operators, time and peak memory per module, and the step split
+    into data, forward, backward, optimizer and communication, with advice that quotes its figure.
     Writes runs/<id>/profile/: trace.json (Chrome/Perfetto), flame_time.svg,
     flame_memory.svg and profile.json with every figure.
     """

@@ -34,15 +34,15 @@ def replay(
         "memory plan, jit's compile steps, loader workers).",
     ),
 ) -> None:
-    """Re-execute a run from its recorded config (same code and data, else refused unless --force)
-    and compare its metrics with the original's, step by step.
+    """Re-execute a run from its recorded config and compare its metrics with the original's, step by step.
 
+    The code and the data must be the same as the original's, else the replay is refused unless --force.
     The original's measured decisions are re-applied, not made again: the precision format
-    (and its trial steps), the memory plan, jit's compile and verdict steps, the loader's
-    workers; so a replay on a quieter or another machine computes the same thing.
-    Identical on CPU; on a GPU set train.deterministic=true in the original run for bit-exact
+    with its trial steps, the memory plan, jit's compile and verdict steps, and the loader's
+    workers. So a replay on a quieter or another machine computes the same thing.
+    A replay is identical on CPU. On a GPU, set train.deterministic=true in the original run for bit-exact
     replays, else the largest difference is held against --tolerance. The replay is a new
-    run dir linked to the original (`fwk runs show` prints the lineage); replaying again
+    run dir linked to the original, and `fwk runs show` prints the lineage. Replaying again
     compares the existing replay.
     """
     from fwk.config.resolve import from_dict

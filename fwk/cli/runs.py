@@ -207,7 +207,7 @@ def show(
 def _launches_text(meta: dict[str, Any], env: dict[str, Any] | None) -> str:
     """Describe the launches from meta.json and env.json.
 
-    A line reads '2 (resumed at step 150); last on vm: NVIDIA H200, ...'."""
+    A line reads ``2 (resumed at step 150); last on vm: NVIDIA H200, ...``."""
     count = len(meta.get("launches") or [])
     runs = (env or {}).get("launches") or []
     resumed = [str(r.get("from_step")) for r in runs if r.get("from_step")]

@@ -39,9 +39,9 @@ def serve(
 ) -> None:
     """Serve exported ONNX models over HTTP with the Open Inference Protocol (KServe v2, as Triton).
 
-    Requests are merged into batches adaptively; versions are warmed up before
-    /v2/health/ready turns true; a --canary version takes a share of traffic until
-    POST /v2/models/NAME/promote (or /rollback). Prometheus metrics on /metrics.
+    Requests are merged into batches adaptively. Versions are warmed up before
+    /v2/health/ready turns true. A --canary version takes a share of traffic until
+    POST /v2/models/NAME/promote, or /rollback. Prometheus metrics are on /metrics.
     """
     from dataclasses import replace
 
