@@ -2,12 +2,12 @@
 
 In eval mode a BatchNorm after a convolution is an affine map with fixed statistics, so
 it folds into the convolution's weight and bias: one kernel instead of two, the same
-outputs up to float rounding. A ReLU after the pair stays a separate op (it has no
-weights to fold; a compiler fuses it into the conv's epilogue).
+outputs up to float rounding. A ReLU after the pair stays a separate op. It has no
+weights to fold, and a compiler fuses it into the conv's epilogue.
 
-PyTorch's own utilities do the work: ``torch.fx.experimental.optimization.fuse`` traces
-the model and folds every Conv->BN edge of the graph; a model that cannot be traced
-(data-dependent control flow) falls back to folding Conv->BN pairs that sit next to each
+PyTorch's own utilities do the work. ``torch.fx.experimental.optimization.fuse`` traces
+the model and folds every Conv->BN edge of the graph. A model that cannot be traced, because
+of data-dependent control flow, falls back to folding Conv->BN pairs that sit next to each
 other in an ``nn.Sequential``, with ``torch.nn.utils.fusion.fuse_conv_bn_eval``.
 """
 

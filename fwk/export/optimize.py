@@ -1,10 +1,9 @@
 """Stage 3: graph optimization with onnxscript's optimizer, offline and portable.
 
-Constant folding, dead-code removal, and removal of redundant Transpose/Reshape/Cast/
-Identity chains; the result uses standard ONNX operators only, so it runs on any
-runtime and the quantizer sees plain Conv/Gemm/MatMul nodes (onnxruntime's own
-fusions, done again at session creation, would add contrib operators that the
-quantizer does not know).
+It does constant folding, dead-code removal, and removal of redundant Transpose/Reshape/Cast/
+Identity chains. The result uses standard ONNX operators only, so it runs on any runtime and
+the quantizer sees plain Conv/Gemm/MatMul nodes. onnxruntime's own fusions, done again at
+session creation, would add contrib operators that the quantizer does not know.
 """
 
 from __future__ import annotations

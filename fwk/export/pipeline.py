@@ -1,15 +1,14 @@
-"""The export pipeline, which runs source -> prune -> fold -> ONNX -> optimize -> quantize ->
-verify -> report.
+"""The export pipeline: source -> prune -> fold -> ONNX -> optimize -> quantize -> verify -> report.
 
-An export lives in ``runs/<run-id>/exports/<export-id>/``: the fp32 and the quantized
-ONNX files, ``export_report.json`` (which names the parent run and checkpoint) and
-``export.log`` (the exporter's own output; after a failure it stays beside the
-export as ``<export-id>.export.log``). The export id is a hash of the parent run,
+An export lives in ``runs/<run-id>/exports/<export-id>/``. It holds the fp32 and the quantized
+ONNX files, ``export_report.json``, which names the parent run and checkpoint, and
+``export.log``, the exporter's own output. After a failure that log stays beside the
+export as ``<export-id>.export.log``. The export id is a hash of the parent run,
 its checkpoint, the method, the settings, the accuracy limit and the code version: the
 same command on the same code is the same export, shown again rather than redone.
 
 It is built in a temp dir beside its final place and renamed when complete, so an
-error leaves nothing half-written; a verification failure keeps every artifact, under
+error leaves nothing half-written. A verification failure keeps every artifact, under
 its final name, with the failed verdict in the report. ``--output`` gets a copy of the
 final model only after it passed, written to a temp file and renamed into place.
 """

@@ -1,33 +1,36 @@
 """Stage 1: prune whole structures with torch-pruning, and retrain through the engine.
 
-Whole channels (conv filters, hidden units) and whole attention heads are removed, so the
-pruned model is a smaller dense model that every runtime speeds up, unlike zeroed weights.
-torch-pruning traces the model into a dependency graph, so a removed channel disappears
-from every layer that touches it (the next conv's input, the BatchNorm, the residual add).
+Whole channels, such as conv filters and hidden units, and whole attention heads are removed,
+so the pruned model is a smaller dense model that every runtime speeds up, unlike zeroed
+weights. torch-pruning traces the model into a dependency graph, so a removed channel
+disappears from every layer that touches it: the next conv's input, the BatchNorm, the
+residual add.
 
-What is never pruned: the classifier's output (the model's last Linear/Conv: its width is
-the number of classes, or the vocabulary) and, in transformers, the residual stream (the
-embedding width, shared by every block and the tied output embedding); attention loses
-whole heads, the MLP hidden units. The last round leaves channel counts at multiples of
-``export.round_to`` (8: what vectorized int8 and fp32 kernels like; torch-pruning rounds
-the count kept down) wherever every prunable layer keeps at least 4x that many.
+Two things are never pruned. One is the classifier's output, the model's last Linear/Conv,
+whose width is the number of classes or the vocabulary. The other, in transformers, is the
+residual stream: the embedding width, shared by every block and the tied output embedding.
+Attention loses whole heads, and the MLP loses hidden units. The last round leaves channel
+counts at multiples of ``export.round_to`` wherever every prunable layer keeps at least 4x
+that many. Its default, 8, is what vectorized int8 and fp32 kernels like, and torch-pruning
+rounds the count kept down.
 
-Methods, all in rounds (``--rounds K``; each round removes ``1 - (1 - R) ** (1 / K)`` of
-the channels left, so ``R`` is reached after K rounds):
+The methods all work in rounds, set by ``--rounds K``. Each round removes
+``1 - (1 - R) ** (1 / K)`` of the channels left, so ``R`` is reached after K rounds.
 
 - ``lottery_ticket``: iterative magnitude pruning with weight rewinding (Frankle et al.,
   "Linear Mode Connectivity and the Lottery Ticket Hypothesis"). Each round ranks the
   trained weights, removes the weakest channels, rewinds the survivors to the run's
-  rewind weights (``runs/<id>/rewind/step-N.pt``, saved early in training by the engine)
-  and retrains ``export.retrain_frac`` of the run's steps with its own schedule.
-- ``magnitude`` / ``taylor``: rank by weight norm (or by first-order Taylor importance,
-  |weight x gradient| on a few training batches), remove, fine-tune the trained survivors
-  for ``export.finetune_frac`` of the steps at ``export.finetune_lr_factor`` x the lr.
+  rewind weights and retrains ``export.retrain_frac`` of the run's steps with its own
+  schedule. The rewind weights are ``runs/<id>/rewind/step-N.pt``, saved early in training
+  by the engine.
+- ``magnitude`` / ``taylor``: rank by weight norm, or by first-order Taylor importance, which
+  is |weight x gradient| on a few training batches. Then remove, and fine-tune the trained
+  survivors for ``export.finetune_frac`` of the steps at ``export.finetune_lr_factor`` x the lr.
 
-Every removal is recorded in torch-pruning's pruning history (module name, in/out,
-indices). The pruned model is always rebuilt the same way: the run's model built fresh
-from its config, the history replayed on it, then the weights loaded. ``rebuild`` is what
-the retrain rounds, the export and the tests use; ``pruning_history.json`` in the export
+Every removal is recorded in torch-pruning's pruning history: module name, in/out, indices.
+The pruned model is always rebuilt the same way: the run's model built fresh from its
+config, the history replayed on it, then the weights loaded. ``rebuild`` is what the
+retrain rounds, the export and the tests use. ``pruning_history.json`` in the export
 makes the result reproducible from the run.
 """
 

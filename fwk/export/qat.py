@@ -3,27 +3,28 @@
 The scheme is the one ``quantize.static_int8`` gives onnxruntime, so the model trained
 here is the model that runs:
 
-- weights: symmetric int8 per output channel (per tensor with ``per_channel=false``),
-  scale = max|w| / 127, or / 64 with ``reduce_range`` (7-bit weights in [-64, 64]);
-  recomputed from the weights at every step, as ORT computes them from the final ones;
+- weights: symmetric int8 per output channel, or per tensor with ``per_channel=false``.
+  The scale is max|w| / 127, or / 64 with ``reduce_range``, which gives 7-bit weights in
+  [-64, 64]. It is recomputed from the weights at every step, as ORT computes it from the
+  final ones.
 - activations: the input of every Conv and Linear and the model's output, asymmetric
   int8 per tensor, scale = (max - min) / 255 over a range that always holds 0. The
-  range starts at the calibration batches' min/max (PTQ's exact starting point), follows
-  each training batch's min/max as a moving average (factor ``momentum``), and is frozen
-  in eval mode;
-- gradients: straight through (``torch.fake_quantize_*``: 1 inside the range, 0 where a
-  value was clipped).
+  range starts at the calibration batches' min/max, which is PTQ's exact starting point.
+  It follows each training batch's min/max as a moving average with factor ``momentum``,
+  and it is frozen in eval mode.
+- gradients: straight through, as ``torch.fake_quantize_*`` passes them: 1 inside the
+  range, 0 where a value was clipped.
 
 How the int8 model keeps the learned ranges: the trained float weights are exported to
 fp32 ONNX as usual and quantized by the same ``quantize_static`` call as PTQ, with the
-QAT ranges handed over as ``TensorQuantOverrides`` (rmin/rmax of the tensor each Conv or
-Gemm reads, found by its weight's initializer name = the torch module name, and of the
-output). Weights need no override: ORT computes their scales from the trained weights
-with the formula used in training. The alternative, exporting the fake-quant ops as
-QuantizeLinear/DequantizeLinear pairs, puts Q/DQ only where torch had them: ORT's int8
-kernels need a Q after each op too (its node units), so convs would run in float behind
-a DQ. Through the quantizer the QAT model has the very graph layout of the PTQ model:
-same int8 kernels, same latency; only weights and ranges differ.
+QAT ranges handed over as ``TensorQuantOverrides``. These are the rmin/rmax of the tensor
+each Conv or Gemm reads, found by its weight's initializer name, which is the torch module
+name, and of the output. Weights need no override: ORT computes their scales from the
+trained weights with the formula used in training. The alternative, exporting the
+fake-quant ops as QuantizeLinear/DequantizeLinear pairs, puts Q/DQ only where torch had
+them. ORT's int8 kernels need a Q after each op too (its node units), so convs would run
+in float behind a DQ. Through the quantizer the QAT model has the very graph layout of the
+PTQ model: same int8 kernels, same latency. Only weights and ranges differ.
 """
 
 from __future__ import annotations
@@ -215,12 +216,12 @@ def to_float(qat: nn.Module) -> Learned:
 
 
 def overrides(onnx_path: Path, learned: Learned, output_name: str) -> dict[str, list[dict[str, np.ndarray]]]:
-    """Build ORT TensorQuantOverrides, {tensor name: [{rmin, rmax}]}, for every Conv/Gemm input
-    and the output.
+    """Build ORT TensorQuantOverrides for every Conv/Gemm input and the output.
 
-    A Conv/Gemm's weight initializer carries its torch module's name (``features.0.weight``);
-    a tensor read by several (a ResNet block's input: conv1 and the downsample) gets the
-    union of their ranges.
+    The overrides map each tensor name to its range, as ``{tensor name: [{rmin, rmax}]}``. A
+    Conv/Gemm's weight initializer carries its torch module's name, such as
+    ``features.0.weight``. A tensor read by several, such as a ResNet block's input that conv1
+    and the downsample read, gets the union of their ranges.
     """
     import onnx
 

@@ -1,16 +1,17 @@
 """Stage 4: quantize the optimized fp32 ONNX model with onnxruntime's tools.
 
-- ``int8``: static quantization in QDQ format (QuantizeLinear/DequantizeLinear pairs
-  around each quantized op, which onnxruntime fuses into integer kernels), int8 weights
-  symmetric per output channel, int8 activations per tensor, their ranges calibrated
-  (min/max) on training batches. The model is first run through ORT's pre-processing
-  (symbolic shape inference and a light optimization), which the quantizer needs to see
-  every tensor's shape. For convolutional models.
-- ``dynamic_int8``: int8 weights; each activation's range is computed at run time, so no
-  calibration. For transformers (MatMul-heavy, activations vary per input).
+- ``int8``: static quantization in QDQ format, with QuantizeLinear/DequantizeLinear pairs
+  around each quantized op, which onnxruntime fuses into integer kernels. The weights are
+  int8, symmetric per output channel, and the activations int8 per tensor, their ranges
+  calibrated by min/max on training batches. The model is first run through ORT's
+  pre-processing (symbolic shape inference and a light optimization), which the quantizer
+  needs to see every tensor's shape. For convolutional models.
+- ``dynamic_int8``: int8 weights. Each activation's range is computed at run time, so there
+  is no calibration. For transformers, which are MatMul-heavy and whose activations vary
+  per input.
 - ``fp16``: weights and compute in float16, the model's input and output kept float32.
 
-Quantization is done on a copy; the fp32 file is never modified.
+Quantization is done on a copy. The fp32 file is never modified.
 """
 
 from __future__ import annotations
@@ -59,13 +60,13 @@ def _pre_process(src: Path, dst: Path, notes: list[str]) -> Path:
 
 
 def reduce_range(choice: str, cpu: dict[str, bool | str]) -> tuple[bool, str]:
-    """Decide whether to use 7-bit weights, and say why. ``auto`` turns them on for x86 CPUs
-    without VNNI or AMX.
+    """Decide whether to use 7-bit weights, and say why.
 
-    There onnxruntime multiplies u8 activations by s8 weights with VPMADDUBSW, which adds
-    two products into an int16 and saturates; weights in [-64, 63] cannot overflow it. On
-    such a CPU a random conv net's int8 outputs were 14% off (relative L2) with 8-bit
-    weights and 2% with 7-bit ones (tests/export/test_quantize.py).
+    ``auto`` turns them on for x86 CPUs without VNNI or AMX. There onnxruntime multiplies u8
+    activations by s8 weights with VPMADDUBSW, which adds two products into an int16 and
+    saturates. Weights in [-64, 63] cannot overflow it. On such a CPU a random conv net's int8
+    outputs were 14% off (relative L2) with 8-bit weights and 2% with 7-bit ones
+    (tests/export/test_quantize.py).
     """
     if choice != "auto":
         return choice == "true", f"export.reduce_range={choice}"

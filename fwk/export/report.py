@@ -1,13 +1,12 @@
-"""Stage 6: give the verdict and the recommendation, and write export_report.json and the table
-on screen.
+"""Stage 6: the verdict, the recommendation, export_report.json and the table on screen.
 
-The accuracy drop of a stage is measured against torch fp32 (the checkpoint's model, in
-eval mode): in accuracy points for classification (98.7% -> 97.9% is 0.8), and for
-language models as the rise of the validation loss in percent of torch fp32's loss. The
-first stage whose drop exceeds the limit is the stage that lost it; a folded or fp32
-ONNX stage also fails when its outputs differ from the exported torch model's (torch
-fp32, or torch pruned) by more than ``export.fp32_rtol`` of the largest output (an export
-bug, not a rounding effect).
+The accuracy drop of a stage is measured against torch fp32, the checkpoint's model in
+eval mode. For classification it is in accuracy points: 98.7% -> 97.9% is 0.8. For
+language models it is the rise of the validation loss in percent of torch fp32's loss. The
+first stage whose drop exceeds the limit is the stage that lost it. A folded or fp32
+ONNX stage also fails when its outputs differ from the exported torch model's, torch fp32
+or torch pruned, by more than ``export.fp32_rtol`` of the largest output. That is an
+export bug, not a rounding effect.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ def stage_rows(job: Job, built: Built, latencies: dict[str, Any]) -> list[dict[s
     """Build the report's table: one row per stage with its size, quality, drop and latency.
 
     With QAT the better of the PTQ and QAT int8 models becomes ``built.final_path`` and goes
-    last; the other is marked superseded.
+    last. The other is marked superseded.
     """
     task = job.task
     rows = [_torch_row(TORCH, job.source.model)]

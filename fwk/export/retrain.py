@@ -1,15 +1,15 @@
 """Training inside ``fwk export``: the engine retrains a pruned or fake-quantized model.
 
 Lottery-ticket rounds, the fine-tune after one-shot pruning and quantization-aware
-training all train through ``fwk.engine.trainer.train``, with the run's own config (model,
-data, optimizer, schedule, precision, memory): only the length changes (a share of the
-original steps), the learning rate may be scaled, and it runs here, in one process. The
-model to train is the export's (the pruned one with the weights to start from): the engine
+training all train through ``fwk.engine.trainer.train``, with the run's own config: model,
+data, optimizer, schedule, precision, memory. Only the length changes, to a share of the
+original steps. The learning rate may be scaled, and it runs here, in one process. The
+model to train is the export's, the pruned one with the weights to start from. The engine
 trains it in place of the one it would build.
 
-Each retrain is a small run dir inside the export (``rounds/<name>/``): its config,
-metrics and summary stay; its checkpoints are read once for the trained weights and then
-deleted (the export keeps the final weights itself).
+Each retrain is a small run dir inside the export, ``rounds/<name>/``. Its config,
+metrics and summary stay. Its checkpoints are read once for the trained weights and then
+deleted, since the export keeps the final weights itself.
 """
 
 from __future__ import annotations

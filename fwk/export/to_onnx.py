@@ -1,16 +1,17 @@
-"""Stage 2: export the folded torch model to one ONNX file with the current (dynamo) exporter.
+"""Stage 2: export the folded torch model to one ONNX file with the current, dynamo exporter.
 
-``torch.export.export`` captures the graph first (non-strict: the model's Python runs,
-so an error points at the user's line), then ``torch.onnx.export`` translates the
-ExportedProgram. Doing the two steps apart lets a failure name what failed: the module
+``torch.export.export`` captures the graph first, then ``torch.onnx.export`` translates the
+ExportedProgram. The capture is non-strict: the model's Python runs, so an error points at
+the user's line. Doing the two steps apart lets a failure name what failed: the module
 and line that torch.export could not capture, or the operator that has no ONNX function
 and the module that called it. The exporter's own chatter goes to a log file beside the
 model, not to the terminal.
 
-The batch axis is dynamic (named ``batch``); for language models the sequence axis too
-(``seq``, at most the length the model was verified at). The file is a single .onnx with
-the weights inside while they are under 2 GB (protobuf's limit), and it passes
-``onnx.checker.check_model``. Graph optimization is the next stage, not the exporter's.
+The batch axis is dynamic and named ``batch``. For language models the sequence axis is
+dynamic too, named ``seq``, at most the length the model was verified at. The file is a
+single .onnx with the weights inside while they are under 2 GB (protobuf's limit), and it
+passes ``onnx.checker.check_model``. Graph optimization is the next stage, not the
+exporter's.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Stage 5: measure every stage on the validation set, and time the deployable ones.
 
 Quality: one pass over the validation batches runs every model on the same batch, so
-nothing is stored: accuracy (classification) or loss per token (lm), top-1 agreement
-with torch fp32, and the largest absolute difference of the outputs from torch fp32.
+nothing is stored. It measures accuracy for classification or loss per token for lm, top-1
+agreement with torch fp32, and the largest absolute difference of the outputs from torch fp32.
 
 Latency: torch eager fp32 and each ONNX model in onnxruntime, at batch 1 and batch N,
 with the same fixed number of intra-op threads for all. Timing runs in rounds: each
-round runs every model several times in a row (after one untimed call), so load from
-other processes on the machine falls on all models alike; p50/p90 are over all timed
+round runs every model several times in a row, after one untimed call, so load from
+other processes on the machine falls on all models alike. p50/p90 are over all timed
 calls.
 """
 

@@ -1,19 +1,22 @@
-"""`fwk export --format hf|safetensors`: write a finished run's weights in the formats other
-tools read.
+"""`fwk export --format hf|safetensors`: a finished run's weights, in the formats other tools read.
 
-- ``safetensors``: ``model.safetensors``, the raw weights of any fwk model (state_dict names,
-  tied tensors stored once), with the run id and step in its metadata.
+- ``safetensors``: ``model.safetensors``, the raw weights of any fwk model, under their
+  state_dict names and with tied tensors stored once, with the run id and step in its
+  metadata.
 - ``hf``: a ``model=hf`` run as the folder ``save_pretrained`` writes: ``config.json``,
-  ``generation_config.json`` for a generative model, ``model.safetensors`` (sharded above
-  ``fwk.export.formats.hf.SHARD``), and the tokenizer the run trained with (the data's, ``DataBundle.tokenizer``:
-  a folder, or for bytes ``fwk.data.hf_tokens.byte_tokenizer``, ids = UTF-8 bytes; else
-  ``model.path``'s when it has one). ``AutoModelFor*`` and ``AutoTokenizer`` of transformers load it back.
+  ``generation_config.json`` for a generative model, ``model.safetensors``, sharded above
+  ``fwk.export.formats.hf.SHARD``, and the tokenizer the run trained with. That is the
+  data's, ``DataBundle.tokenizer``: a folder, or for bytes
+  ``fwk.data.hf_tokens.byte_tokenizer``, whose ids are UTF-8 bytes. Otherwise it is
+  ``model.path``'s, when it has one. ``AutoModelFor*`` and ``AutoTokenizer`` of transformers
+  load it back.
 
-Both are verified before they count: the files are loaded back the way their users will load
-them (a fresh fwk model, or ``AutoModelFor*.from_pretrained``), run on held-out validation
-inputs, and their outputs compared with the checkpoint's model. Beyond ``TOLERANCE`` (max abs
-difference of the outputs) the export fails, its files kept. Written to
-``runs/<id>/exports/<export-id>/`` (with ``weights_report.json``), renamed into place whole.
+Both are verified before they count. The files are loaded back the way their users will
+load them, as a fresh fwk model or with ``AutoModelFor*.from_pretrained``, run on held-out
+validation inputs, and their outputs compared with the checkpoint's model. Beyond
+``TOLERANCE``, the max abs difference of the outputs, the export fails, its files kept.
+The export is written to ``runs/<id>/exports/<export-id>/``, with ``weights_report.json``,
+and renamed into place whole.
 """
 
 from __future__ import annotations

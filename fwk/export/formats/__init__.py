@@ -64,10 +64,10 @@ class Backend(ABC):
 
 @dataclass(frozen=True)
 class Format(Backend):
-    """Write the trained weights as they are, for a format without settings of its own.
+    """A format that writes the trained weights as they are, with no settings of its own.
 
-    A format of this kind only writes and reloads; fwk checks the flags, runs the reloaded
-    model on held-out inputs against the checkpoint's, and keeps the report. ``how``: how the
+    A format of this kind only writes and reloads. fwk checks the flags, runs the reloaded
+    model on held-out inputs against the checkpoint's, and keeps the report. ``how`` says how the
     reloaded model was made, for the log line.
     """
 
