@@ -136,11 +136,19 @@ def _failed(what: str, code: int, log: Path) -> RuntimeError:
     return RuntimeError(f"{what} exited {code}: {lines[-1] if lines else 'no output'}")
 
 
-def fwk_side(overrides: list[str], metric: str, target: float, cache: Path, work: Path, stop: bool = True) -> Outcome:
+def fwk_side(
+    overrides: list[str],
+    metric: str,
+    target: float,
+    cache: Path,
+    work: Path,
+    stop: bool = True,
+    runs: Path | None = None,
+) -> Outcome:
     """``fwk train OVERRIDES train.stop_at=...`` as a user types it, in a fresh runs folder
-    under ``work``, with its caches in ``cache`` (fresh: cold; filled: warm). ``stop``
-    False: no ``train.stop_at``, the whole budget (then ``seconds`` is None)."""
-    runs = Path(tempfile.mkdtemp(prefix="runs-", dir=work))
+    under ``work`` (or ``runs``), with its caches in ``cache`` (fresh: cold; filled: warm).
+    ``stop`` False: no ``train.stop_at``, the whole budget (then ``seconds`` is None)."""
+    runs = runs or Path(tempfile.mkdtemp(prefix="runs-", dir=work))
     until = [f"train.stop_at={stop_at(metric, target)}"] if stop else []
     argv = [str(FWK), "train", *overrides, *until, f"paths.runs={runs}"]
     log = runs / "fwk.log"

@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 # What every `fwk train` imports: torch, TorchDynamo (every optimizer's first step imports it),
-# TensorBoard (the default sink), Hydra and fwk's own modules.
+# TensorBoard's event messages (the default sink), Hydra and fwk's own modules.
 PRELOAD = (
     "torch",
     "torch._dynamo",
-    "torch.utils.tensorboard",
+    "tensorboard.compat.proto.event_pb2",
     "hydra",
     "fwk.cli",
     "fwk.launch.worker",

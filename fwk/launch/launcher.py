@@ -4,6 +4,7 @@ under torchrun."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ from typing import Any
 
 from fwk.config.layouts import describe as describe_layout
 from fwk.config.resolve import Resolved
+from fwk.config.schema import Config
 from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
 from fwk.track import index, startup
@@ -82,12 +84,14 @@ def launch(
     lineage: dict[str, str] | None = None,
     overrides: list[str] | None = None,
     orders: dict[str, Any] | None = None,
+    typed: Config | None = None,
 ) -> tuple[int, RunDir]:
     """Run the plan, and return the exit status and the run dir. torchrun's status is passed
     through. ``lineage`` and ``overrides`` are recorded in meta.json (see ``open_run``).
     ``orders``, such as ``--redecide`` or a replay's decisions, go to this launch's workers
     through the run dir. They are written on every launch, so that none outlives the launch
-    that gave it."""
+    that gave it. ``typed`` is ``config_yaml`` as the typed config, which a worker in this
+    process then need not read back and validate again."""
     first = {**(lineage or {}), "data": p.data}
     run = make_run_dir(p.run_dir.parent, p.run_id)
     # Each machine's launcher opens the same shared run dir in a multi-node run, and their
@@ -107,7 +111,10 @@ def launch(
                 from fwk.launch.worker import run_worker
 
                 startup.mark("launch")
-                status = run_worker(run.path)
+                # the worker in this process trains the config already typed, unless the run
+                # dir's record differs from it (a relaunch keeps the first launch's settings)
+                same = typed is not None and run.config.read_text() == config_yaml
+                status = run_worker(run.path, copy.deepcopy(typed) if same else None)
             else:
                 # torchrun's agent holds the lock too
                 keep = (held.fileno(),) if isinstance(held, RunLock) else ()

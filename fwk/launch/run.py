@@ -106,7 +106,7 @@ def run(
         logger.info(line)
     config = job.resolved.config
     status, run_dir = launch(
-        job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides, orders=job.orders
+        job.plan, job.resolved.as_yaml, config.parallel.nnodes, job.lineage, job.overrides, job.orders, config
     )
     summary = run_dir.read_summary()
     if status == 0 and summary is not None:

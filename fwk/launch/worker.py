@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from fwk.config.schema import Config
 from fwk.config.validate import to_typed
 from fwk.errors import UserError
 from fwk.launch.supervise import die_with_agent, redirect_worker_output
@@ -19,8 +20,11 @@ from fwk.track import startup
 from fwk.track.store import RunDir
 
 
-def run_worker(run_dir: Path) -> int:
-    """Train the run in this process. Return 0 when it finished or stopped cleanly."""
+def run_worker(run_dir: Path, cfg: Config | None = None) -> int:
+    """Train the run in this process. Return 0 when it finished or stopped cleanly.
+
+    ``cfg`` is the run dir's config already typed, as the launcher of a one-process run has
+    it. Without it the worker reads the recorded config and validates it."""
     from fwk.components.sinks import Tracking
     from fwk.distributed.group import shutdown
     from fwk.engine.assemble import build_run
@@ -30,7 +34,8 @@ def run_worker(run_dir: Path) -> int:
     startup.mark("imports")
     redirect_worker_output(int(os.environ.get("RANK", "0")))  # under torchrun: into runs/<id>/logs/
     run = RunDir(Path(run_dir))
-    cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
+    if cfg is None:
+        cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
     is_main = os.environ.get("RANK", "0") == "0"
     tracking = Tracking(cfg.tracking, run, is_main)
     startup.mark("tracking")

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -120,12 +119,17 @@ def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool =
     """Return the {"model", "optimizer"} state as DTensor shards, keyed by parameter names.
     With ``flat`` the optimizer's is one entry per parameter and value, so that ranks holding
     different parameters, the pipeline stages, write and read only their own."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": _strided_whole(model_sd), "optimizer": _strided_whole(optim_sd)}
 
 
 def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    # torch.distributed.checkpoint's import is paid only by a sharded run, where it is needed
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
     flat = any(isinstance(k, str) and k.startswith(("state.", "param_groups.")) for k in state["optimizer"])
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
     if flat:  # the whole tensors _strided_whole wrote go back to this rank's slices
@@ -163,6 +167,8 @@ def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
 
     The optimizer's state is keyed by parameter index, in the order it was built over the
     same model's parameters. The names let ``set_state_dict`` place it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
     names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     whole = state["optimizer"]

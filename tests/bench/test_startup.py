@@ -25,7 +25,18 @@ def test_rows_name_the_gap_and_each_phase_fwk_adds() -> None:
         "digits_cnn: fwk's config",
         "digits_cnn: fwk's other",
     ]
-    assert added[1].notes.startswith("0.450 s: Hydra's import and compose")
+    assert added[1].notes.startswith("0.450 s: Hydra's import (0.15 s) and compose")
+
+
+def test_the_same_command_again_has_its_own_row() -> None:
+    fwk = [_side(3.4, {"config": 0.4}), _side(3.6, {"config": 0.5})]
+    again = [_side(2.9, {"config": 0.05}), _side(3.1, {"config": 0.07})]
+    plain = [_side(2.4, {"imports": 1.3}), _side(2.5, {"imports": 1.4})]
+    whole, second, *_ = startup._rows("digits_cnn", fwk, plain, again)
+    assert second.name == "digits_cnn: the same command again"
+    assert second.median == pytest.approx((2.9 / 2.4 + 3.1 / 2.5) / 2)
+    assert second.notes.startswith("fwk - plain: +0.55 s (bound: +0.5 s, not met); 2 reps, decisions cold")
+    assert second.notes.endswith("config 0.060 s")
 
 
 def test_both_sides_start_and_report_their_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,4 +44,6 @@ def test_both_sides_start_and_report_their_phases(tmp_path: Path, monkeypatch: p
     whole, *added = startup.one("digits_cnn", quick=True)
     assert whole.a.value > 0 and whole.b.value > 0 and not whole.failed
     assert "fwk's phases: python " in whole.notes and "plain's: imports " in whole.notes
+    second = added.pop(0)
+    assert second.name == "digits_cnn: the same command again" and second.a.value > 0
     assert {r.name for r in added} >= {"digits_cnn: fwk's config", "digits_cnn: fwk's launch"}

@@ -186,3 +186,15 @@ def test_a_recorded_config_with_a_moved_key_says_where_it_went() -> None:
     recorded["train"]["label_smoothing"] = 0.1
     with pytest.raises(UserError, match=r"^train.label_smoothing is gone; label smoothing is a method now"):
         from_dict(recorded)
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
+def test_the_hashed_dict_is_omegaconfs_round_trip_of_the_typed_config(recipe: str) -> None:
+    """``from_dict`` takes ``dataclasses.asdict`` for the dict the run id hashes: for every
+    recipe it must equal what OmegaConf's structured round trip gives (no enums, no tuples)."""
+    from omegaconf import OmegaConf
+
+    from fwk.config.resolve import resolve
+
+    r = resolve([f"recipe={recipe}"])
+    assert r.as_dict == OmegaConf.to_container(OmegaConf.structured(r.config), resolve=True)

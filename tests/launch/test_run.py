@@ -97,7 +97,7 @@ def test_a_launchs_orders_reach_its_workers_through_the_run_dir_and_end_with_it(
     from fwk.track.store import RunDir
 
     seen: list[dict] = []
-    monkeypatch.setattr(worker, "run_worker", lambda path: seen.append(RunDir(path).read_orders()) or 0)
+    monkeypatch.setattr(worker, "run_worker", lambda path, cfg=None: seen.append(RunDir(path).read_orders()) or 0)
     resolved = resolve([*TINY, f"paths.runs={tmp_path}"])
     p = plan(resolved)
     for orders in ({"redecide": True}, None, {"replay": {"jit": {"choice": "eager"}}}):
@@ -106,6 +106,39 @@ def test_a_launchs_orders_reach_its_workers_through_the_run_dir_and_end_with_it(
     assert seen == [{"redecide": True}, {}, {"replay": {"jit": {"choice": "eager"}}}]
     launch(p, resolved.as_yaml, 1)
     assert not (p.run_dir / "orders.json").exists()  # a plain launch leaves no orders behind
+
+
+def test_the_worker_in_this_process_gets_the_typed_config_unless_the_record_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-process launch hands its typed config to the worker, which then need not read
+    config.yaml back; a copy, so the engine cannot change the launcher's. A run dir whose
+    record is not this launch's YAML makes the worker read the record."""
+    import yaml
+
+    from fwk.config.resolve import resolve
+    from fwk.config.validate import to_typed
+    from fwk.launch import worker
+    from fwk.launch.launcher import launch, plan
+
+    given: list = []
+    monkeypatch.setattr(worker, "run_worker", lambda path, cfg=None: given.append(cfg) or 0)
+    resolved = resolve([*TINY, f"paths.runs={tmp_path}"])
+    p = plan(resolved)
+    launch(p, resolved.as_yaml, 1, typed=resolved.config)
+    assert given[0] == resolved.config and given[0] is not resolved.config
+    assert given[0] == to_typed(yaml.safe_load((p.run_dir / "config.yaml").read_text()))  # as the worker reads it
+    monkeypatch.setattr("fwk.launch.launcher.open_run", lambda *a, **k: _with_record(p.run_dir, "seed: 1\n"))
+    launch(p, resolved.as_yaml, 1, typed=resolved.config)
+    assert given[1] is None
+
+
+def _with_record(run_dir: Path, text: str):
+    from fwk.track.store import RunDir
+
+    run = RunDir(run_dir)
+    run.config.write_text(text)
+    return run
 
 
 def test_unreadable_orders_are_one_line(tmp_path: Path) -> None:
