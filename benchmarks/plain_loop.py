@@ -21,6 +21,7 @@ FOLDER/spec.json says what to train (``sides.plain_side`` writes it):
 
 It writes FOLDER/summary.json as fwk's worker does: ``first_step_at`` and ``target.at``
 (Unix times), ``startup`` (the seconds of its phases: imports, data, model, optimizer, other),
+``startup_memory_mib`` (the resident memory each phase added, and the whole at the first step),
 ``target.train_time_s``, ``final_step`` and the last ``eval``.
 """
 
@@ -79,7 +80,7 @@ def main(folder: Path) -> None:
     step, trained, rows, window, first, hit, last = 0, 0.0, [], [], None, None, {}
     while step < spec["max_steps"] and hit is None:
         for x, y in loader:
-            first = first or time.time()
+            first = first or startup.first_step()
             t0 = time.perf_counter()
             x, y = x.to(device), y.to(device)
             with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
@@ -114,6 +115,7 @@ def main(folder: Path) -> None:
     summary = {
         "first_step_at": first,
         "startup": startup.phases(first),
+        "startup_memory_mib": startup.memory(),
         "final_step": step,
         "eval": last,
         "target": hit or {"reached": False},

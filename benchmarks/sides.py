@@ -48,6 +48,7 @@ class Outcome:
     reached: bool
     run_dir: Path | None = None
     phases: dict[str, float] | None = None  # summary.json's start-up phases, in seconds
+    memory: dict[str, float] | None = None  # the resident MiB each start-up phase added, and at the first step
 
 
 def stop_at(metric: str, target: float) -> str:
@@ -121,6 +122,7 @@ def _outcome(summary: dict, started: float, peak: float, wall: float, metric: st
         seconds=target["at"] - started if reached else None,
         startup=first - started if first else None,
         phases=summary.get("startup"),
+        memory=summary.get("startup_memory_mib"),
         train_s=target.get("train_time_s") if reached else None,
         steps=target.get("step") if reached else summary.get("final_step"),
         final=(summary.get("eval") or {}).get(metric),

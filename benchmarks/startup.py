@@ -97,11 +97,32 @@ def _rows(name: str, fwk: list[Outcome], plain: list[Outcome], again: list[Outco
     rows = [ratio_row("startup", f"{name}: process start to first step", ratios, a, b, "fwk/plain seconds", "", notes)]
     if again:
         rows.append(_again_row(name, again, plain))
+    if all(r.memory for r in [*fwk, *plain]):
+        rows.append(_memory_row(name, fwk, plain))
     for phase, what in ADDED.items():
         seconds = _median(fwk, phase)
         if seconds > 0:
             rows.append(Row("startup", f"{name}: fwk's {phase}", "", notes=f"{seconds:.3f} s: {what}"))
     return rows
+
+
+def _mib(runs: list[Outcome], phase: str) -> float:
+    return statistics.median((r.memory or {}).get(phase, 0.0) for r in runs)
+
+
+def _memory_row(name: str, fwk: list[Outcome], plain: list[Outcome]) -> Row:
+    """The resident memory at the first step, and what each phase added to it, on both sides."""
+    pairs = zip(fwk, plain, strict=True)
+    ratios = [(a.memory or {})["at_first_step"] / (b.memory or {})["at_first_step"] for a, b in pairs]
+    a = Side("fwk", _mib(fwk, "at_first_step"), "MiB")
+    b = Side("plain", _mib(plain, "at_first_step"), "MiB")
+
+    def added(runs: list[Outcome]) -> str:
+        names = [k for k in (runs[0].memory or {}) if k != "at_first_step"]
+        return ", ".join(f"{k} {_mib(runs, k):.0f}" for k in names)
+
+    notes = f"fwk - plain: {a.value - b.value:+.0f} MiB; MiB each phase added, fwk: {added(fwk)}; plain: {added(plain)}"
+    return ratio_row("startup", f"{name}: resident memory at the first step", ratios, a, b, "fwk/plain MiB", "", notes)
 
 
 def _again_row(name: str, again: list[Outcome], plain: list[Outcome]) -> Row:

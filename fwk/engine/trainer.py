@@ -51,7 +51,7 @@ def steps(run: Run) -> Iterator[int]:
     try:
         while run.step < cfg.train.max_steps and run.clock.reached is None:
             t0 = time.perf_counter()
-            p.first_step_at = p.first_step_at or time.time()
+            p.first_step_at = p.first_step_at or startup.first_step()
             run.step_fn.begin(run.step)
             trials.before(run.step)
             samples_per_step = cfg.train.batch_size * strategies.plan.accum_steps
@@ -163,6 +163,7 @@ def finish(run: Run) -> dict[str, Any]:
         "wall_time_s": time.perf_counter() - run.started,
         "first_step_at": p.first_step_at,
         "startup": startup.phases(p.first_step_at),
+        "startup_memory_mib": startup.memory(),
         "train_time_s": p.train_time,
         "samples_per_s": p.samples / max(p.train_time, 1e-9),
         "data_wait": min(1.0, p.data_wait / max(p.train_time, 1e-9)),  # share of train time spent waiting for data

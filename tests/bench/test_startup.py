@@ -8,8 +8,8 @@ from benchmarks import startup
 from benchmarks.sides import Outcome
 
 
-def _side(seconds: float, phases: dict[str, float]) -> Outcome:
-    return Outcome(None, seconds, None, 1, 2.0, 600.0, seconds + 1, False, None, phases)
+def _side(seconds: float, phases: dict[str, float], memory: dict[str, float] | None = None) -> Outcome:
+    return Outcome(None, seconds, None, 1, 2.0, 600.0, seconds + 1, False, None, phases, memory)
 
 
 def test_rows_name_the_gap_and_each_phase_fwk_adds() -> None:
@@ -26,6 +26,17 @@ def test_rows_name_the_gap_and_each_phase_fwk_adds() -> None:
         "digits_cnn: fwk's other",
     ]
     assert added[1].notes.startswith("0.450 s: Hydra's import (0.15 s) and compose")
+
+
+def test_the_memory_row_names_what_each_phase_added_on_both_sides() -> None:
+    fwk = [_side(3.4, {}, {"python": 60, "imports": 400, "data": 5, "at_first_step": 465})] * 2
+    plain = [_side(2.4, {}, {"imports": 380, "data": 5, "at_first_step": 385})] * 2
+    *_, memory = startup._rows("digits_cnn", fwk, plain)
+    assert memory.name == "digits_cnn: resident memory at the first step"
+    assert memory.median == pytest.approx(465 / 385) and memory.a.value == 465
+    assert memory.notes == (
+        "fwk - plain: +80 MiB; MiB each phase added, fwk: python 60, imports 400, data 5; plain: imports 380, data 5"
+    )
 
 
 def test_the_same_command_again_has_its_own_row() -> None:
@@ -46,4 +57,7 @@ def test_both_sides_start_and_report_their_phases(tmp_path: Path, monkeypatch: p
     assert "fwk's phases: python " in whole.notes and "plain's: imports " in whole.notes
     second = added.pop(0)
     assert second.name == "digits_cnn: the same command again" and second.a.value > 0
+    memory = added.pop(0)
+    assert memory.name == "digits_cnn: resident memory at the first step"
+    assert memory.a.value > 100 and memory.b.value > 100  # MiB: torch alone is more
     assert {r.name for r in added} >= {"digits_cnn: fwk's config", "digits_cnn: fwk's launch"}

@@ -18,6 +18,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     monkeypatch.setattr(startup, "process_started", lambda: 100.0)
     monkeypatch.setattr(startup, "_marks", [])
     monkeypatch.setattr(startup, "_origin", [])
+    monkeypatch.setattr(startup, "_resident", [])
+    monkeypatch.setattr(startup, "_first", [])
     return now
 
 
@@ -45,3 +47,26 @@ def test_the_process_start_is_read_from_the_kernel() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
     assert 0.3 <= float(out.stdout) < 3.0
     assert startup.process_started() <= time.time()
+
+
+def test_each_phase_says_the_memory_it_added(clock: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    held = [0]
+    monkeypatch.setattr(startup, "resident", lambda: held[0])
+    for phase, mib in [("python", 20), ("imports", 400), ("data", 410), ("imports", 450)]:
+        held[0] = mib * 2**20
+        startup.mark(phase)
+    held[0] = 500 * 2**20
+    clock[0] = 103.0
+    assert startup.first_step() == 103.0
+    held[0], clock[0] = 900 * 2**20, 104.0
+    assert startup.first_step() == 103.0  # only the first counts
+    assert startup.memory() == {"python": 20.0, "imports": 420.0, "data": 10.0, "other": 50.0, "at_first_step": 500.0}
+    startup.restart()
+    assert startup.memory() == {}
+
+
+def test_the_resident_set_is_read_from_the_kernel() -> None:
+    before = startup.resident()
+    block = bytearray(64 * 2**20)  # touched: zero-filled pages are written
+    assert startup.resident() - before >= 60 * 2**20
+    del block
