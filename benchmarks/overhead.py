@@ -7,6 +7,9 @@
 - command: the whole ``fwk train`` (digits_cnn, N steps, into a fresh runs root) against
   benchmarks/plain_train.py (the same training, ~40 lines) as processes, end to end.
 
+- fixed cost: the same two steps on a digits_cnn one channel wide at batch 1, where a step is
+  mostly dispatch: fwk's cost per step whatever the model, against the 1% bound of a digits step.
+
 Targets: step <= 1.02x, whole command <= 1.10x (fwk time / plain time).
 Run by benchmarks/harness.py (``make bench``).
 """
@@ -14,6 +17,7 @@ Run by benchmarks/harness.py (``make bench``).
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -116,6 +120,44 @@ def step_rows(quick: bool) -> list:
     return rows
 
 
+TINY = ["model.channels1=1", "model.channels2=1", "model.hidden=2", "train.batch_size=1"]  # compute ~0
+
+
+def fixed_rows(quick: bool) -> list:
+    """fwk's fixed cost per step: its step against the plain one on a digits_cnn so narrow
+    (one channel, batch 1) that a step is mostly dispatch, so the difference is what fwk's
+    hooks cost whatever the model, shown against a digits_cnn step at the recipe's size."""
+    reps, k = (5, 50) if quick else (31, 200)
+    cfg, (x, y), _ = workload(["recipe=digits_cnn", *TINY])
+    fwk = engine_step(cfg, torch.device("cpu"), 1).step
+    fwk_k, plain_k = k_steps(fwk, plain_step(cfg), x, y, k)
+    pair = measure_pair(fwk_k, plain_k, reps=reps, warmup=1)
+    us = lambda ts: 1e6 * statistics.median(ts) / k  # noqa: E731
+    full, (fx, fy), _ = workload(["recipe=digits_cnn"])
+    digits = plain_step(full)
+    digits(fx, fy)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        digits(fx, fy)
+    step_us = 1e6 * (time.perf_counter() - t0) / 5
+    cost = us(pair.a) - us(pair.b)
+    return [
+        ratio_row(
+            "overhead",
+            "fixed cost per step (digits_cnn 1 channel, batch 1)",
+            pair.ratios(),
+            Side("fwk", us(pair.a), "us/step"),
+            Side("plain", us(pair.b), "us/step"),
+            "fwk/plain step time",
+            "",
+            f"fwk - plain: {cost:+.0f} us a step, {100 * cost / step_us:.1f}% of a digits_cnn step "
+            f"({step_us / 1000:.1f} ms at batch {full.train.batch_size}; bound 1%); the NaN check of the loss and "
+            "gradients (one copy to the host), the strategies' hooks, the loop's bookkeeping; "
+            f"median of {reps} reps x {k}",
+        )
+    ]
+
+
 def _timed(argv: list[str], env: dict | None = None) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -152,6 +194,8 @@ def command_rows(quick: bool) -> list:
 
 
 def rows(quick: bool) -> list:
-    return guarded("overhead", "step", lambda: step_rows(quick)) + guarded(
-        "overhead", "whole command", lambda: command_rows(quick)
+    return (
+        guarded("overhead", "step", lambda: step_rows(quick))
+        + guarded("overhead", "fixed cost", lambda: fixed_rows(quick))
+        + guarded("overhead", "whole command", lambda: command_rows(quick))
     )

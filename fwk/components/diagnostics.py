@@ -122,9 +122,9 @@ class Diagnostics:
         """Return True when the optimizer may step. Otherwise the bad step has been handled, or
         this raises. Pass ``trial`` for a trial step (``fwk/components/trials.py``): it is
         redone later, so it is no rollback point."""
-        value = float(loss)  # the step's one host sync
+        value, grads_finite = self._values(loss)  # the step's one host sync
         kind = 0.0
-        if not math.isfinite(value) or not self._grads_finite():
+        if not math.isfinite(value) or not grads_finite:
             kind = _NAN
         elif self._spike(value):
             kind = _SPIKE
@@ -145,13 +145,22 @@ class Diagnostics:
         model and the optimizer state in host memory."""
         return self.cfg.on_nan == "rollback"
 
-    def _grads_finite(self) -> bool:
-        if self.precision.scaling:  # fp16: the scaler finds and skips inf/NaN gradients
-            return True
-        grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-        # One norm per gradient, checked together: a norm is finite iff every element is. Not
-        # get_total_norm: its grouping by device and dtype costs more than the norms on a small model.
-        return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
+    def _values(self, loss: torch.Tensor) -> tuple[float, bool]:
+        """Return the loss as a float and whether every gradient is finite, from one copy to the host.
+
+        A norm is finite iff every element of its gradient is, so the loss and one norm per
+        gradient go to the host together. The gradients are those the optimizer steps, found
+        from its groups rather than by walking the model's modules (which cost more than the
+        norms on a small model). Not get_total_norm: its grouping by device and dtype costs
+        more too. Under fp16 the scaler finds and skips inf/NaN gradients itself."""
+        grads = [] if self.precision.scaling else self._grads()
+        if not grads:
+            return float(loss), True
+        values = torch.stack([loss.detach().reshape(()), *torch._foreach_norm(grads)]).tolist()
+        return values[0], all(map(math.isfinite, values[1:]))
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [_local(p.grad) for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
 
     def _spike(self, value: float) -> bool:
         if self.cfg.spike_k <= 0 or len(self.losses) < self.cfg.spike_window:

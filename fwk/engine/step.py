@@ -129,7 +129,7 @@ class TrainStep:
         device = self.dist.device
         pieces = self.plan.pieces(batches)
         total = sum(y.numel() for _, y in pieces)
-        loss_sum = torch.zeros((), device=device)
+        loss_sum: torch.Tensor | None = None
         for i, (x, y) in enumerate(pieces):
             weight = y.numel() / total
             last = i == len(pieces) - 1
@@ -148,7 +148,9 @@ class TrainStep:
                         for scale in self._scale:
                             scaled = scale(scaled)
                         scaled.backward()
-            loss_sum += loss.detach() * weight
+            part = loss.detach() if weight == 1.0 else loss.detach() * weight
+            loss_sum = part if loss_sum is None else loss_sum + part
+        assert loss_sum is not None  # a step has at least one piece
         for ready in self.split.grads_ready:
             ready()
         # a non-finite loss or gradient (or a spike) never reaches the optimizer

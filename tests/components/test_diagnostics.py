@@ -64,6 +64,24 @@ def test_a_nan_born_in_the_backward_is_located_where_the_gradient_turns() -> Non
     assert (found.module, found.where) == ("1", "gradient")
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_finite_loss_with_a_non_finite_gradient_is_a_bad_step(bad: float, said: pytest.LogCaptureFixture) -> None:
+    """The loss and the gradients' norms reach the host together: a gradient of the
+    optimizer's that is not finite makes the step bad even when the loss is finite."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    diag = _diagnostics(model, on_nan="skip")
+    x = torch.randn(8, 4)
+    loss = _backward(model, x)
+    assert diag.check(0, loss, lambda: _backward(model, x))
+    assert diag.losses[-1] == float(loss)  # the value kept is the loss itself
+    loss = _backward(model, x)
+    model[1].bias.grad[0] = bad
+    assert math.isfinite(float(loss))
+    assert not diag.check(1, loss, lambda: _backward(model, x))
+    assert diag.bad_steps == 1 and all(p.grad is None for p in model.parameters())  # the update dropped
+
+
 def test_transient_nan_and_bad_input_are_told_apart() -> None:
     model = nn.Sequential(nn.Linear(4, 2))
     diag = _diagnostics(model)
