@@ -16,3 +16,4 @@ def test_the_fixed_cost_row_times_both_steps_and_names_the_share_of_a_digits_ste
     cost, share, step_ms = int(found[1]), float(found[2]), float(found[3])
     assert abs(cost - (row.a.value - row.b.value)) <= 1
     assert abs(share - 100 * cost / (1000 * step_ms)) < 0.2
+    assert re.search(r"and the rollback snapshots: [+-]\d+ us \(measured against fwk's step without them\)", row.notes)
