@@ -44,9 +44,11 @@ def profile(
 
     from fwk.config.grammar import typed_keys
     from fwk.config.resolve import resolve
+    from fwk.track import startup
 
     resolved = resolve(words)
     config = resolved.config
+    startup.mark("config")
 
     from rich.console import Console
 
@@ -60,6 +62,7 @@ def profile(
         typer.echo(line)
     out = p.run_dir / "profile"
     out.mkdir(parents=True, exist_ok=True)
+    startup.mark("imports")  # the plan and the pre-flight checks, which import torch
     captured = capture(config, warmup, steps, out)
     settings = {
         "recipe": config.recipe,

@@ -46,6 +46,8 @@ class Captured:
     device: str  # "cpu" or "cuda"
     hardware: dict[str, Any]  # bf16_fast, text, memory_bytes
     notes: list[str] = field(default_factory=list)
+    startup: dict[str, float] = field(default_factory=dict)  # this process's start-up phases, in seconds
+    startup_memory: dict[str, float] = field(default_factory=dict)  # the resident MiB each phase added
 
 
 class ModuleLabels:
@@ -167,6 +169,7 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path) -> Captured:
     from fwk.distributed.group import pick_device
     from fwk.engine import trainer
     from fwk.engine.assemble import build_run, fresh_model
+    from fwk.track import startup
     from fwk.track.store import RunDir
 
     short, notes = profile_config(cfg, warmup, steps)
@@ -189,6 +192,7 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path) -> Captured:
         contextlib.redirect_stdout(engine),
         prof,
     ):
+        startup.mark("profiler")  # the engine's modules and the profiler's start
         run = build_run(short, RunDir(Path(tmp)), model=labels.attach(fresh_model(short)))
         for _ in trainer.steps(run):
             if device.type == "cuda":  # the step's queued kernels first: each recorded step holds its own work
@@ -199,4 +203,7 @@ def capture(cfg: Config, warmup: int, steps: int, out: Path) -> Captured:
         raise UserError("fwk profile was interrupted; run the same command again")
     if not trace.exists():
         raise UserError(f"the profiler wrote no trace to {trace}")
-    return Captured(trace, steps, labels.types, device.type, _hardware(device), notes)
+    startup = {"seconds": summary.get("startup") or {}, "memory": summary.get("startup_memory_mib") or {}}
+    return Captured(
+        trace, steps, labels.types, device.type, _hardware(device), notes, startup["seconds"], startup["memory"]
+    )

@@ -399,3 +399,19 @@ def compute_facts(trace: Trace) -> dict[str, float]:
         "short_call_share": short_calls / calls if calls else 0.0,
         "short_time_share": short_time / (sum(durations) or 1.0),
     }
+
+
+def startup(seconds: dict[str, float], memory: dict[str, float]) -> dict[str, Any]:
+    """Return the profiled process's start-up, phase by phase: seconds and resident MiB added.
+
+    They come from the run's summary (``fwk/track/startup.py``). This process composed the
+    config, imported torch for its pre-flight checks, then started the profiler (``profiler``)
+    and built the engine under it, so its seconds are a little longer than ``fwk train``'s;
+    ``fwk runs show`` gives a trained run's own.
+    """
+    rows = [{"phase": phase, "seconds": s, "mib": memory.get(phase)} for phase, s in seconds.items()]
+    total = sum(seconds.values())
+    held = memory.get("at_first_step")
+    line = f"start-up {total:.2f} s to the first step" + (f", {held:.0f} MiB resident then" if held else "")
+    title = "Start-up of this process, phase by phase (under the profiler)"
+    return {"rows": rows, "seconds_total": round(total, 3), "mib_at_first_step": held, "line": line, "title": title}

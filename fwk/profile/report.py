@@ -34,6 +34,7 @@ def build(captured: Captured, settings: dict[str, Any], out: Path) -> dict[str, 
         "memory": figures.memory(trace, captured.hardware["memory_bytes"]),
         "facts": figures.compute_facts(trace),
         "notes": captured.notes,
+        "startup": figures.startup(captured.startup, captured.startup_memory),
     }
     for r in figs["modules"]["rows"]:
         r["share_of_step"] = (r["forward_ms_per_step"] + r["backward_ms_per_step"]) / max(
@@ -136,6 +137,17 @@ def show(figs: dict[str, Any], console: Console) -> None:
     for r in split["rows"]:
         table.add_row(r["part"], _ms(r["ms_per_step"]), f"{r['share']:.1%}")
     console.print(table)
+
+    start = figs.get("startup") or {"rows": []}
+    if start["rows"]:
+        table = Table(title=start["title"], title_justify="left", min_width=64)
+        for col in ("phase", "seconds", "MiB added"):
+            table.add_column(col, justify="left" if col == "phase" else "right")
+        for r in start["rows"]:
+            mib = "-" if r["mib"] is None else f"{r['mib']:.0f}"
+            table.add_row(r["phase"], f"{r['seconds']:.2f}", mib)
+        console.print(table)
+        console.print(start["line"])
 
     if figs["advice"]:
         console.print("[bold]Advice[/bold]")

@@ -65,6 +65,19 @@ def test_figures_add_up(profiled: tuple[subprocess.CompletedProcess, Path, Path]
     assert ops["n"] == len(ops["rows"])
 
 
+def test_the_start_up_is_shown_phase_by_phase(profiled: tuple[subprocess.CompletedProcess, Path, Path]) -> None:
+    out, _, run = profiled
+    start = json.loads((run / "profile" / "profile.json").read_text())["startup"]
+    phases = [r["phase"] for r in start["rows"]]
+    assert phases[:4] == ["python", "config", "imports", "profiler"] and {"data", "model", "strategies"} <= set(phases)
+    assert start["seconds_total"] == pytest.approx(sum(r["seconds"] for r in start["rows"]), abs=1e-3)
+    assert all(r["mib"] is not None for r in start["rows"])
+    assert start["mib_at_first_step"] > 100  # torch's libraries, wherever this process imported them
+    assert start["mib_at_first_step"] == pytest.approx(sum(r["mib"] for r in start["rows"]), abs=1.0)
+    assert "Start-up of this process, phase by phase" in out.stdout
+    assert re.search(r"start-up \d+\.\d\d s to the first step, \d+ MiB resident then", out.stdout)
+
+
 def test_modules_have_real_names(profiled: tuple[subprocess.CompletedProcess, Path, Path]) -> None:
     out, _, run = profiled
     rows = {r["name"]: r for r in json.loads((run / "profile" / "profile.json").read_text())["modules"]["rows"]}
