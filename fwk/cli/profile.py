@@ -3,6 +3,8 @@ time and memory go and what to change."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 
@@ -64,20 +66,7 @@ def profile(
     out.mkdir(parents=True, exist_ok=True)
     startup.mark("imports")  # the plan and the pre-flight checks, which import torch
     captured = capture(config, warmup, steps, out)
-    settings = {
-        "recipe": config.recipe,
-        "run_id": p.run_id,
-        "warmup": warmup,
-        "precision": config.precision.name,
-        "memory": config.memory.name,
-        "jit": config.jit.name,
-        "parallel": config.parallel.name,
-        "comm_hook": config.parallel.comm_hook,
-        "num_workers": config.loader.num_workers,
-        "pin_memory": config.loader.pin_memory,
-        "batch_size": config.train.batch_size,
-    }
-    figs = build(captured, settings, out)
+    figs = build(captured, _settings(config, p.run_id, warmup), out)
     if graph:
         from fwk.profile.graph import write_graph
 
@@ -88,3 +77,20 @@ def profile(
     typer.echo(f"profile of run {p.run_id} in {out}")
     for name, path in figs["files"].items():
         typer.echo(f"  {name:<13} {path}")
+
+
+def _settings(config: Any, run_id: str, warmup: int) -> dict[str, Any]:
+    """Return the settings the profile ran under, which its advice reads and profile.json keeps."""
+    return {
+        "recipe": config.recipe,
+        "run_id": run_id,
+        "warmup": warmup,
+        "precision": config.precision.name,
+        "memory": config.memory.name,
+        "jit": config.jit.name,
+        "parallel": config.parallel.name,
+        "comm_hook": config.parallel.comm_hook,
+        "num_workers": config.loader.num_workers,
+        "pin_memory": config.loader.pin_memory,
+        "batch_size": config.train.batch_size,
+    }

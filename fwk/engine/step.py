@@ -148,7 +148,8 @@ class TrainStep:
                         for scale in self._scale:
                             scaled = scale(scaled)
                         scaled.backward()
-            part = loss.detach() if weight == 1.0 else loss.detach() * weight
+            part = loss.detach().float()  # the step's loss in fp32, whatever its pieces' precision
+            part = part if weight == 1.0 else part * weight
             loss_sum = part if loss_sum is None else loss_sum + part
         assert loss_sum is not None  # a step has at least one piece
         for ready in self.split.grads_ready:

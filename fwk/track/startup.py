@@ -20,6 +20,7 @@ _marks: list[tuple[str, float]] = []
 _origin: list[float] = []  # where the next run's start-up begins, once this process trained one
 _resident: list[tuple[str, int]] = []  # bytes resident at each mark
 _first: list[tuple[float, int]] = []  # the first step's start: Unix time, bytes resident
+_base: list[int] = []  # bytes resident where the next run's start-up begins, once this process trained one
 
 
 def process_started() -> float:
@@ -62,19 +63,22 @@ def first_step() -> float:
 def memory() -> dict[str, float]:
     """Return the MiB of resident memory each phase added, in the order they ran.
 
-    The first phase counts from nothing, so it holds the interpreter. The time from the last
-    mark to the first step is ``other``, and ``at_first_step`` is the whole resident set then.
-    A phase marked twice adds up. Without /proc it is empty.
+    The first phase counts from nothing, so it holds the interpreter. In a process that trains
+    one run after another, the next run's counts from where the last one ended. The time from
+    the last mark to the first step is ``other``, and ``at_first_step`` is the whole resident
+    set then. A phase marked twice adds up. Without /proc it is empty.
     """
+    if not any(held for _, held in _resident):
+        return {}
     out: dict[str, float] = {}
-    before = 0
+    before = _base[-1] if _base else 0
     for phase, held in _resident:
         out[phase] = round(out.get(phase, 0.0) + (held - before) / 2**20, 1)
         before = held
     if _first and _first[0][1]:
         out["other"] = round((_first[0][1] - before) / 2**20, 1)
         out["at_first_step"] = round(_first[0][1] / 2**20, 1)
-    return out if before else {}
+    return out
 
 
 def phases(until: float | None = None) -> dict[str, float]:
@@ -99,3 +103,4 @@ def restart() -> None:
     _resident.clear()
     _first.clear()
     _origin[:] = [time.time()]
+    _base[:] = [resident()]

@@ -20,6 +20,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     monkeypatch.setattr(startup, "_origin", [])
     monkeypatch.setattr(startup, "_resident", [])
     monkeypatch.setattr(startup, "_first", [])
+    monkeypatch.setattr(startup, "_base", [])
     return now
 
 
@@ -61,8 +62,12 @@ def test_each_phase_says_the_memory_it_added(clock: list[float], monkeypatch: py
     held[0], clock[0] = 900 * 2**20, 104.0
     assert startup.first_step() == 103.0  # only the first counts
     assert startup.memory() == {"python": 20.0, "imports": 420.0, "data": 10.0, "other": 50.0, "at_first_step": 500.0}
-    startup.restart()
+    held[0] = 600 * 2**20
+    startup.restart()  # a sweep's next run in this process
     assert startup.memory() == {}
+    held[0] = 610 * 2**20
+    startup.mark("data")
+    assert startup.memory() == {"data": 10.0}  # from where the last run ended, not from nothing
 
 
 def test_the_resident_set_is_read_from_the_kernel() -> None:
