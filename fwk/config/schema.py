@@ -151,6 +151,9 @@ class PrecisionConfig:
         3, "auto: timed steps of fp32 and of the hardware's fast format, interleaved, after the range probe"
     )
     min_speedup: float = doc(1.05, "auto: the fast format is kept only when this much faster than fp32 per step")
+    max_trial_share: float = doc(
+        0.05, "auto: time the formats only if the probe and trial steps, run twice, are at most this share of the run"
+    )
 
 
 @dataclass
@@ -220,6 +223,8 @@ class MemoryConfig:
     modules: list[str] = doc([], "checkpoint: module names (globs) to checkpoint; empty = the model's blocks")
     micro_batches: int = doc(4, "microbatch: split each rank's batch into this many micro-batches")
     budget_gb: float = doc(0.0, "auto: memory budget per process in GB; 0 = free device memory (CUDA only)")
+    offload_ahead: int = doc(1, "offload: saved activations brought back ahead of backward's need")
+    offload_dir: str = doc("", "offload on CPU: the spill file's folder; empty = the system's temporary folder")
 
 
 @dataclass

@@ -7,6 +7,7 @@ the registries' config dataclasses, without torch, but never Hydra's composition
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -299,6 +300,7 @@ def _precision_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield pr.fp16_headroom >= 1, "precision.fp16_headroom", pr.fp16_headroom, "a number >= 1"
     yield pr.trial_steps >= 1, "precision.trial_steps", pr.trial_steps, "an integer >= 1"
     yield pr.min_speedup >= 1, "precision.min_speedup", pr.min_speedup, "a number >= 1"
+    yield 0 <= pr.max_trial_share <= 1, "precision.max_trial_share", pr.max_trial_share, "a share in [0, 1]"
 
 
 def _memory_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
@@ -309,6 +311,10 @@ def _memory_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield m.every >= 1, "memory.every", m.every, "an integer >= 1 (1 = every block)"
     yield m.micro_batches >= 1, "memory.micro_batches", m.micro_batches, "an integer >= 1"
     yield m.budget_gb >= 0, "memory.budget_gb", m.budget_gb, "a number >= 0 (0 = free device memory)"
+    yield m.offload_ahead >= 1, "memory.offload_ahead", m.offload_ahead, "an integer >= 1"
+    spill = m.offload_dir
+    allowed = "an existing folder this user can write to (empty = the system's temporary folder)"
+    yield not spill or (os.path.isdir(spill) and os.access(spill, os.W_OK)), "memory.offload_dir", spill, allowed
     yield (
         m.name != "microbatch" or per_rank % m.micro_batches == 0,
         "memory.micro_batches",

@@ -77,6 +77,14 @@ class AutoChoice:
             why = f"{features.text}; not timed against fp32 (train.deterministic=true)"
         elif start + len(order) >= max_steps:
             why = f"{features.text}; {max_steps} steps are too few to time {self.fast} against fp32"
+        elif start + len(order) > self.cfg.max_trial_share * max_steps:
+            # the trial's steps are redone once decided: a short run would pay more for them than
+            # a wrong prior is likely to cost it
+            why = (
+                f"{features.text}; untimed: the {start + len(order)} trial steps, redone once decided, would be "
+                f"{(start + len(order)) / max_steps:.0%} of this run's {max_steps} steps, over "
+                f"precision.max_trial_share={self.cfg.max_trial_share:g} (a longer run times it)"
+            )
         else:
             self.trial = {"start": start, "order": order}
             self.times = {f: [] for f in (self.fast, "fp32")}

@@ -4,8 +4,9 @@
 - ``checkpoint``: non-reentrant activation checkpointing of every ``every``-th block
   (ResNet bottlenecks, GPT blocks, or the module names in ``modules``), recomputed in
   backward. Gradients are bit-identical to ``none``.
-- ``offload``: saved activations are copied to host memory during forward and back for
-  backward (``torch.autograd.graph.save_on_cpu``, pinned on CUDA).
+- ``offload``: saved activations leave the training device during forward and come back
+  one ahead of backward's need (``offload.py``): to pinned host memory on CUDA, to a spill
+  file on CPU. Gradients are bit-identical to ``none``.
 - ``microbatch``: each rank's batch is split into ``micro_batches`` pieces whose
   gradients are accumulated (see ``step.py``). DDP syncs only on the last.
 - ``auto``: on CUDA, or on CPU when ``budget_gb`` is set, once precision has decided, the
@@ -41,6 +42,7 @@ from fwk.distributed.group import Dist
 from fwk.errors import UserError
 from fwk.strategies.decisions import Decisions
 from fwk.strategies.modules import blocks, fitting, match, outermost, wrap_forward
+from fwk.strategies.offload import Offload
 from fwk.strategies.per_step import PerStep
 from fwk.strategies.saved_tensors import SavedTensorMeter
 
@@ -150,6 +152,7 @@ class Memory(PerStep):
         if cfg.name == "auto" and not self.budget and dist.is_main:
             logger.info("memory=auto chose none: on CPU a budget is needed to decide (set memory.budget_gb)")
         self.targets: list[str] = []
+        self.offloaded: Offload | None = None  # the last piece's offload, for its counts
 
     def apply(self, model: nn.Module) -> nn.Module:
         """Install the switchable checkpoint wrappers on the plain model."""
@@ -217,12 +220,21 @@ class Memory(PerStep):
 
     def around_piece(self) -> contextlib.AbstractContextManager:
         """Return what wraps forward and backward of one micro-batch: offload, or the meter while auto measures."""
-        offload = (
-            torch.autograd.graph.save_on_cpu(pin_memory=self.dist.device.type == "cuda") if self.plan.offload else None
-        )
-        if self.measuring:
-            return self.meter.counting(offload)
-        return offload if offload is not None else contextlib.nullcontext()
+        if self.plan.offload:
+            return self._offloading()
+        return self.meter.counting(None) if self.measuring else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _offloading(self) -> Iterator[None]:
+        """Offload the piece's saved activations (``offload.py``), counted while auto measures."""
+        off = Offload(self.dist.device, self.meter.ignore, self.cfg.offload_ahead, self.cfg.offload_dir)
+        hooks = torch.autograd.graph.saved_tensors_hooks(off.pack, off.unpack)
+        try:
+            with self.meter.counting(hooks) if self.measuring else hooks:
+                yield
+        finally:
+            off.close()
+            self.offloaded = off
 
     @property
     def measuring(self) -> bool:

@@ -87,7 +87,7 @@ def test_a_replay_re_applies_the_measured_decisions(tmp_path: Path, monkeypatch:
     as decided; the replay, on one without (and so with nothing to time), follows the choice
     from step 0 without trial steps and matches exactly. --redecide decides afresh."""
     runs = tmp_path / "runs"
-    steps = ["train.max_steps=30", "train.log_every=5", "train.eval_every=15"]
+    steps = ["train.max_steps=30", "train.log_every=5", "train.eval_every=15", "precision.max_trial_share=1"]
     monkeypatch.setenv("FWK_CPU_BF16", "1")
     out = run_fwk("train", *steps, runs=runs)
     assert out.returncode == 0 and "timing bf16 against fp32 on steps 0-7" in out.stdout, out.stdout + out.stderr

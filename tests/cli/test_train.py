@@ -20,11 +20,12 @@ FAST = ["train.max_steps=150", "train.eval_every=75", "train.log_every=25"]
 def test_digits_trains_and_second_run_does_not_retrain(runs: Path, cpu_bf16: bool) -> None:
     out = run_fwk("train", *FAST, runs=runs)
     assert out.returncode == 0, out.stderr
-    # the default recipe as on either CPU: with bf16 units, bf16 timed against fp32 (and
-    # channels-last, which follows the units), the faster kept; without, fp32 untimed
+    # the default recipe as on either CPU: with bf16 units, bf16 (and channels-last, which
+    # follows the units), untimed in a run this short (8 trial steps, redone, are 5.3% of 150);
+    # without, fp32 untimed. A run of the recipe's own 300 steps times bf16 (the next test)
     if cpu_bf16:
-        assert "timing bf16 against fp32 on steps 0-7 (3 steps each, interleaved)" in out.stdout
-        assert re.search(r"precision=auto chose (bf16|fp32): .*ms/step, 3 steps each\)", out.stdout), out.stdout
+        assert "precision=auto chose bf16: CPU" in out.stdout
+        assert "untimed: the 8 trial steps, redone once decided, would be 5% of this run's 150 steps" in out.stdout
     else:
         assert "precision=auto chose fp32: CPU" in out.stdout
     assert ("channels_last" in out.stdout) is cpu_bf16
@@ -184,7 +185,25 @@ def test_gpt_with_jit_auto_switches_to_compiled(runs: Path) -> None:
     assert summary["jit"] in ("compiled", "off") and summary["final_step"] == 12
 
 
-MEASURED = ["train.max_steps=40", "train.eval_every=0", "train.log_every=10"]
+def test_the_default_recipe_times_bf16_against_fp32_on_a_cpu_with_bf16_units(
+    runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default command, all 300 steps: its 8 trial steps are 2.7% of them, within
+    precision.max_trial_share, so the formats are timed and the faster kept."""
+    monkeypatch.setenv("FWK_CPU_BF16", "1")
+    out = run_fwk("train", "checkpoint.every=0", runs=runs)
+    assert out.returncode == 0, out.stderr
+    assert "timing bf16 against fp32 on steps 0-7 (3 steps each, interleaved)" in out.stdout
+    assert re.search(r"precision=auto chose (bf16|fp32): .*ms/step, 3 steps each\)", out.stdout), out.stdout
+    assert "steps 1-8 were trial steps: redone as decided" in out.stdout
+
+
+MEASURED = [
+    "train.max_steps=40",
+    "train.eval_every=0",
+    "train.log_every=10",
+    "precision.max_trial_share=1",
+]  # a short run that times
 
 
 def test_the_same_command_reuses_its_measured_decisions_and_computes_the_same(

@@ -110,6 +110,7 @@ def test_a_trial_is_redone_from_its_snapshot_and_ends_where_a_run_without_it_end
 
 ARGS = [
     "train.max_steps=24",
+    "precision.max_trial_share=1",  # a short run that times its formats all the same
     "train.batch_size=32",
     "train.eval_every=0",
     "train.log_every=4",

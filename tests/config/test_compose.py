@@ -154,6 +154,8 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         (["precision.backoff_factor=1.5"], "precision.backoff_factor=1.5 is not allowed: expected a number in (0, 1)"),
         (["train.accum_steps=0"], "train.accum_steps=0 is not allowed"),
         (["memory.budget_gb=-1"], "memory.budget_gb=-1.0 is not allowed"),
+        (["memory.offload_dir=/no/such/folder"], "memory.offload_dir='/no/such/folder' is not allowed: expected an"),
+        (["precision.max_trial_share=2"], "precision.max_trial_share=2.0 is not allowed: expected a share in [0, 1]"),
         (
             ["parallel.nnodes=1:2", "parallel.rdzv_backend=static"],
             "parallel.rdzv_backend='static' is not allowed: expected c10d with an elastic range",

@@ -33,6 +33,7 @@ gpu-check report shows for its part (it runs pytest with ``-s``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import math
@@ -348,3 +349,40 @@ def test_nvjpeg(where: str) -> None:
             if y.tolist() != [want[i][1] for i in range(len(want))]:
                 pytest.fail(f"nvjpeg: decode=gpu's {split} labels {y.tolist()} differ from decode=cpu's")
     print(f"ok: nvjpeg ({library}, {len(files)} files) " + "; ".join(figures))
+
+
+@ON_BOTH
+def test_offload(where: str) -> None:
+    """memory=offload: gradients equal memory=none's bit for bit; on CUDA the peak falls, the
+    activations waiting in pinned host memory and coming back on the side stream."""
+    import torchvision
+
+    from fwk.strategies.offload import Offload
+
+    device = torch.device(where)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).to(device)
+    x, y = torch.randn(32, 3, 64, 64, device=device), torch.randint(0, 10, (32,), device=device)
+    ignore = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+
+    def grads(off: Offload | None) -> tuple[list[torch.Tensor], int]:
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        hooks = torch.autograd.graph.saved_tensors_hooks(off.pack, off.unpack) if off else contextlib.nullcontext()
+        with hooks:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        if off:
+            off.close()
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+        return [p.grad.clone() for p in model.parameters()], peak
+
+    grads(None)  # warm-up: cuDNN's choices and workspaces are made once
+    expected, plain_peak = grads(None)
+    off = Offload(device, ignore)
+    got, offload_peak = grads(off)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert off.offloaded_bytes > 10_000_000 and off.hits >= 0.9 * len(off.saved)
+    if device.type == "cuda":
+        assert offload_peak < 0.8 * plain_peak, (offload_peak, plain_peak)

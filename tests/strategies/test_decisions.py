@@ -39,7 +39,7 @@ def _replay_orders(original: Decisions) -> dict:
     return json.loads(json.dumps({"replay": original.records()}))
 
 
-def _precision(monkeypatch, cfg: Config, features=BF16_CPU, max_steps: int = 100, decisions=None) -> Precision:
+def _precision(monkeypatch, cfg: Config, features=BF16_CPU, max_steps: int = 1000, decisions=None) -> Precision:
     monkeypatch.setattr(hardware, "probe", lambda device: features)
     d = decisions if decisions is not None else Decisions(cfg, SOLO)
     p = Precision(cfg.precision, SOLO, max_steps, d)
@@ -131,6 +131,30 @@ def test_too_short_a_run_keeps_the_prior_untimed(
     p = _precision(monkeypatch, _config(), max_steps=8)
     assert said.messages[0].endswith("8 steps are too few to time bf16 against fp32")
     assert _train(p, range(8), {"bf16": 1.0}) == ["bf16"] * 8
+
+
+@pytest.mark.parametrize(("max_steps", "timed"), [(160, True), (159, False)])
+def test_a_trial_costing_over_its_share_of_the_run_keeps_the_prior_untimed(
+    monkeypatch: pytest.MonkeyPatch,
+    said: pytest.LogCaptureFixture,
+    decision_cache: Path,
+    max_steps: int,
+    timed: bool,
+) -> None:
+    # 8 trial steps (two warm-ups, three pairs), redone once decided: 5% of 160 steps
+    p = _precision(monkeypatch, _config(), max_steps=max_steps)
+    formats = _train(p, range(12), {"bf16": 188.0, "fp32": 88.0})
+    if timed:
+        assert formats[:8] == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"]
+        assert formats[8:] == ["fp32"] * 4  # measured slower: dropped
+    else:
+        assert formats == ["bf16"] * 12
+        assert said.messages[0] == (
+            "precision=auto chose bf16: test CPU with bf16 units; untimed: the 8 trial steps, redone once "
+            f"decided, would be {8 / max_steps:.0%} of this run's {max_steps} steps, over "
+            "precision.max_trial_share=0.05 (a longer run times it)"
+        )
+        assert not decision_cache.exists()  # nothing was measured: nothing cached
 
 
 def test_the_next_run_reuses_the_cached_decision_without_trial_steps(
@@ -346,7 +370,7 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
     cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
     cfg.jit = JitConfig(name="auto", stable_steps=2, min_remaining_s=1e9)  # decides, stays eager
     d = Decisions(cfg, SOLO)
-    precision = Precision(cfg.precision, SOLO, 40, d)
+    precision = Precision(cfg.precision, SOLO, 1000, d)  # long enough for its trial
     memory = Memory(cfg.memory, SOLO, 8, d)
     jit = Jit(cfg.jit, SOLO, 40, decisions=d)
     torch.manual_seed(0)
@@ -444,7 +468,7 @@ def test_channels_last_follows_the_step_as_the_format_does(
     monkeypatch.setattr(hardware, "probe", lambda device: BF16_CPU)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-    p = Precision(_config().precision, SOLO, 100, Decisions(_config(), SOLO))
+    p = Precision(_config().precision, SOLO, 1000, Decisions(_config(), SOLO))
     model = p.prepare(net)
     weight = model[0].weight
     layouts = []
@@ -455,7 +479,7 @@ def test_channels_last_follows_the_step_as_the_format_does(
     assert layouts == [True] * 8 + [layout_after] * 4  # the trial: steps 0-7
     assert model[0].weight is weight  # converted in place: the optimizer keeps its parameters
     assert weight.is_contiguous(memory_format=torch.channels_last if layout_after else torch.contiguous_format)
-    again = Precision(_config().precision, SOLO, 100, Decisions(_config(), SOLO))
+    again = Precision(_config().precision, SOLO, 1000, Decisions(_config(), SOLO))
     again.prepare(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)))
     assert again.channels_last is layout_after
 

@@ -48,6 +48,7 @@ def test_sharded_training_digits(runs: Path, strategy: list[str], mesh: str, ran
         "train.max_steps=40",
         "train.eval_every=40",
         "train.log_every=10",
+        "precision.max_trial_share=1",  # a short run that times its formats all the same
         *strategy,
         runs=runs,
         timeout=600,
@@ -133,6 +134,7 @@ ARGS = [
     "train.log_every=10",
     "checkpoint.every=20",  # stopped after the first: 20 steps to go, saved and resumed mid-run
     "checkpoint.keep=10",
+    "precision.max_trial_share=1",  # a short run that times its formats all the same
     "jit=off",  # jit=auto compiles or not by measured step times, which differ between two runs
 ]
 

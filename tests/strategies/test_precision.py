@@ -37,7 +37,7 @@ def _net() -> nn.Sequential:
     return nn.Sequential(nn.Linear(8, 8), Recorder(8), nn.ReLU(), nn.Linear(8, 4))
 
 
-def _precision(monkeypatch: pytest.MonkeyPatch, bf16_fast: bool = False, max_steps: int = 100, **cfg) -> Precision:
+def _precision(monkeypatch: pytest.MonkeyPatch, bf16_fast: bool = False, max_steps: int = 1000, **cfg) -> Precision:
     features = hardware.Features(bf16_fast=bf16_fast, fp16_works=True, text="test CPU")
     monkeypatch.setattr(hardware, "probe", lambda device: features)
     return Precision(PrecisionConfig(**cfg), SOLO, max_steps)
