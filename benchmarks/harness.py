@@ -3,16 +3,16 @@
     .venv/bin/python -m benchmarks [--only overhead,auto,tta:gpt_stdlib] [--quick]
         [--out bench/results] [--txt bench/cpu/NAME.txt]
 
-Each group (overhead, startup, auto, decode, shards, fingerprint, datawait, tta, ablation, precision,
-channels_last, memory, jit, kernels, parallel, layouts, export, resnet50, serve) runs in its own child process with a
-wall-clock budget, so that one benchmark's failure, hang or leftover state (compiled graphs,
-threads, page cache) never reaches the next: a group that fails or runs out of time becomes
-one failed row with its one-line reason, and the others still run. ``GROUP:CASE+CASE`` runs
-only those cases of a group that has several (tta, ablation: their ``CASES``). Every row is
-a ratio measured side by side in the same run: ``measure_pair`` warms both sides up, then
-interleaves them A,B,B,A,A,B... (whoever went first goes second next time), and the row
-shows the median of the per-rep ratios with their min and max, and both sides' absolute
-medians beside it.
+Each group (overhead, startup, auto, decode, shards, fingerprint, datawait, tta, ablation,
+precision, precision_whole, channels_last, memory, jit, kernels, parallel, layouts, export,
+resnet50, serve) runs in its own child process with a wall-clock budget, so that one benchmark's
+failure, hang or leftover state (compiled graphs, threads, page cache) never reaches the next: a
+group that fails or runs out of time becomes one failed row with its one-line reason, and the
+others still run. ``GROUP:CASE+CASE`` runs only those cases of a group that has several (tta,
+ablation: their ``CASES``). Every row is a ratio measured side by side in the same run:
+``measure_pair`` warms both sides up, then interleaves them A,B,B,A,A,B... (whoever went first
+goes second next time), and the row shows the median of the per-rep ratios with their min and
+max, and both sides' absolute medians beside it.
 
 The table goes to stdout. Every run writes a new file of its rows and the machine they were
 measured on, bench/results/<YYYY-MM-DD>-<HHMMSS>-<cpu model>.json: created, never written
@@ -172,6 +172,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "tta": ("tta", "rows", 8100),
     "ablation": ("ablation", "rows", 3600),
     "precision": ("precision", "rows", 300),
+    "precision_whole": ("precision_whole", "rows", 900),
     "channels_last": ("channels_last", "rows", 120),
     "memory": ("memory", "rows", 240),
     "jit": ("jit", "rows", 30),
