@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fwk.config.schema import ExportConfig
+from fwk.config.export_schema import ExportConfig
 from fwk.export.settings import PrunePlan
 
 

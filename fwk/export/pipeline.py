@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fwk.config.schema import ExportConfig
+from fwk.config.export_schema import ExportConfig
 from fwk.errors import UserError
 from fwk.export import report as rep
 from fwk.export.job import Built, Job

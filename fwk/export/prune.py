@@ -52,7 +52,7 @@ from fwk.export.report import HISTORY
 from fwk.models.pruning import History, count, per_round, prune_round, replay  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
-    from fwk.config.schema import ExportConfig
+    from fwk.config.export_schema import ExportConfig
     from fwk.export.settings import PrunePlan
     from fwk.export.source import Source
 

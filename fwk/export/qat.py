@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from fwk.config.schema import ExportConfig
+    from fwk.config.export_schema import ExportConfig
 
 logger = logging.getLogger(__name__)
 

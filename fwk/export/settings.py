@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fwk.config.schema import QUANTIZATIONS, SWITCHES, ExportConfig
+from fwk.config.export_schema import QUANTIZATIONS, ExportConfig
+from fwk.config.schema import SWITCHES
 from fwk.errors import UserError
 
 METHODS = ("none", "magnitude", "taylor", "lottery_ticket")

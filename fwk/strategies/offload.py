@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,7 +61,7 @@ class _Saved:
     host: torch.Tensor | None = None  # CUDA: the pinned copy
     written: Any = None  # CPU: the write's Future; CUDA: the copy-out event
     back: Any = None  # the prefetch: CPU a Future of the tensor; CUDA (tensor, event)
-    kept: list[torch.Tensor] = field(default_factory=list)  # CPU: the tensor until it is written
+    kept: torch.Tensor | None = None  # CPU: the tensor until it is written
     asked: bool = False  # backward has asked for it
 
 
@@ -144,15 +144,16 @@ class Offload:
     # ---- CPU: a spill file, a writer and a reader thread ----------------------------------
     def _out_cpu(self, s: _Saved, t: torch.Tensor) -> None:
         s.offset, self._end = self._end, self._end + s.nbytes
-        s.kept.append(t)  # alive until written; then its memory is freed
+        s.kept = t  # alive until written; then its memory is freed
         s.written = self._writer.submit(self._write, s)
 
     def _write(self, s: _Saved) -> None:
-        data = _bytes(s.kept[0]).numpy()
+        assert s.kept is not None
+        data = _bytes(s.kept).numpy()
         done = 0
         while done < s.nbytes:
             done += os.pwrite(self._file, data[done:], s.offset + done)
-        s.kept.clear()
+        s.kept = None
         _give_back()
 
     def _read(self, s: _Saved) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fwk.config.schema import ExportConfig
+from fwk.config.export_schema import ExportConfig
 from fwk.errors import UserError
 from fwk.export.settings import check_quantize, load_settings
 
