@@ -14,7 +14,6 @@ from fwk.cli.output import console, echo_json, metrics_text, num, when
 from fwk.cli.sweep_table import show_sweep
 from fwk.errors import UserError
 from fwk.log import show as show_lines
-from fwk.track.status import flatten
 
 runs = typer.Typer(
     help="List the runs under the runs root (newest first); show, diff, plot or remove them.",
@@ -131,7 +130,7 @@ def show(
     from fwk.track import lineage
     from fwk.track.index import query
     from fwk.track.lookup import find_run
-    from fwk.track.status import read_config, read_json, row_from_dir
+    from fwk.track.status import flatten, read_config, read_json, row_from_dir
 
     run = find_run(_root(root), run_id)
     row = row_from_dir(run)
@@ -241,7 +240,7 @@ def diff(
 ) -> None:
     """Compare two runs: the config keys that differ, then final metrics side by side."""
     from fwk.track.lookup import find_run
-    from fwk.track.status import read_config
+    from fwk.track.status import flatten, read_config
 
     run_a, run_b = find_run(_root(root), a), find_run(_root(root), b)
     conf_a, conf_b = flatten(read_config(run_a)), flatten(read_config(run_b))

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from fwk.distributed.group import Dist
+from fwk.distributed.sharded import is_sharded
 from fwk.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -354,9 +355,9 @@ class Checkpointer:
 def model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Return the model and optimizer state to checkpoint. That is full tensors, or this rank's
     shards under FSDP."""
-    from fwk.strategies import fsdp  # torch.distributed.fsdp: imported by sharded runs only
+    if is_sharded(model):
+        from fwk.strategies import fsdp  # torch.distributed.fsdp: imported by sharded runs only
 
-    if fsdp.is_sharded(model):
         return fsdp.model_state(model, optimizer, flat=True)
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
@@ -390,12 +391,14 @@ def is_flat(optimizer_state: dict[str, Any]) -> bool:
 
 
 def load_model_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    from fwk.strategies import fsdp
+    sharded = is_sharded(model)
+    if sharded or _by_name(state["optimizer"]):
+        from fwk.strategies import fsdp
 
-    if fsdp.is_sharded(model) and not _by_name(state["optimizer"]):  # written unsharded, by one process
-        fsdp.load_whole_state(model, optimizer, state)
-    elif fsdp.is_sharded(model) or _by_name(state["optimizer"]):
-        fsdp.load_model_state(model, optimizer, state)
+        if sharded and not _by_name(state["optimizer"]):  # written unsharded, by one process
+            fsdp.load_whole_state(model, optimizer, state)
+        else:
+            fsdp.load_model_state(model, optimizer, state)
     else:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from fwk.distributed.group import Dist
+from fwk.distributed.sharded import is_dtensor
 
 
 def _all_reduce(values: list[float], dist: Dist, op: tdist.ReduceOp.RedOpType) -> list[float]:
@@ -45,7 +45,7 @@ def all_reduce_max(values: list[float], dist: Dist) -> list[float]:
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """Return the whole tensor of a DTensor, which is a collective, or else ``t`` itself."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.full_tensor() if is_dtensor(t) else t
 
 
 def replicas_in_sync(model: nn.Module, dist: Dist, group: tdist.ProcessGroup | None = None) -> bool:
@@ -95,7 +95,7 @@ def clip_grad_norm_(
     whole = torch.zeros((), dtype=torch.float64, device=device)
     partial: dict[tuple[int, tuple[int, ...]], tuple[Any, torch.Tensor]] = {}
     for g in (g for g in grads if id(g) not in skip):
-        if isinstance(g, DTensor):
+        if is_dtensor(g):
             dims = tuple(i for i, pl in enumerate(g.placements) if isinstance(pl, (Shard, _StridedShard)))
             local = g.to_local()
             square = torch.linalg.vector_norm(local, dtype=torch.float64) ** 2
@@ -116,7 +116,7 @@ def clip_grad_norm_(
     norm = total.sqrt()
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for g in grads:
-        (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+        (g.to_local() if is_dtensor(g) else g).mul_(coef.to(g.dtype))
     return norm
 
 
@@ -126,15 +126,15 @@ def grads_laid_out_as_params(model: nn.Module) -> None:
     gets the whole table's. Taking this rank's rows is local. The optimizer, the gradient norm
     and the pipeline's sum of a tied weight's copies then see each shard with its own rows."""
     for param in model.parameters():
-        if isinstance(param, DTensor) and param.requires_grad:
+        if is_dtensor(param) and param.requires_grad:
             param.register_hook(_laid_out_as(param))
 
 
-def _laid_out_as(param: DTensor) -> Any:
+def _laid_out_as(param: Any) -> Any:  # a DTensor
     mesh, placements = param.device_mesh, param.placements
 
     def hook(grad: torch.Tensor) -> torch.Tensor:
-        if isinstance(grad, DTensor) and grad.placements != placements:
+        if is_dtensor(grad) and grad.placements != placements:
             return grad.redistribute(mesh, placements)
         return grad
 

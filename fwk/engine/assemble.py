@@ -41,6 +41,7 @@ from fwk.data.prefetch import DevicePrefetcher, OnDevice
 from fwk.distributed.collectives import broadcast_object
 from fwk.distributed.group import Dist, init
 from fwk.distributed.resize import derived_seed, written_batch_degree
+from fwk.distributed.sharded import is_sharded
 from fwk.distributed.shares import split
 from fwk.engine.evaluate import EvalWeights, evaluate
 from fwk.engine.state import Clock, seed_everything
@@ -51,7 +52,6 @@ from fwk.models.loss import CrossEntropy
 from fwk.optim import build_optimizer, build_schedule, check_sharding, notes, state_floats_per_param
 from fwk.optim.schedule_free import AveragedPoint
 from fwk.strategies.decisions import Decisions
-from fwk.strategies.fsdp import is_sharded
 from fwk.strategies.parallelize import Strategies
 from fwk.track import startup
 from fwk.track.store import RunDir

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from fwk.distributed.collectives import all_reduce_max, all_reduce_sum
 from fwk.distributed.group import Dist
-from fwk.strategies.fsdp import is_sharded
+from fwk.distributed.sharded import is_sharded
 from fwk.strategies.precision import Precision
 
 

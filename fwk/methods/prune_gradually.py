@@ -110,7 +110,7 @@ class PruneGradually(Method):
     def attach(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, reshaped: Callable[[int | None], None]
     ) -> None:
-        from fwk.strategies.fsdp import is_sharded
+        from fwk.distributed.sharded import is_sharded
 
         if is_sharded(model):  # parallel=auto chose FSDP for a model too big to replicate
             raise UserError(

@@ -107,14 +107,6 @@ class Sharded(nn.Module):
             root.set_requires_gradient_sync(True)
 
 
-def is_sharded(model: nn.Module) -> bool:
-    """Tell whether this rank holds less than the whole model as plain tensors: FSDP shards, tensor
-    parallel's DTensors, or one pipeline stage (``fwk/strategies/pipeline.py``)."""
-    if isinstance(model, FSDPModule) or getattr(model, "pipeline_part", False):
-        return True
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict[str, Any]:
     """Return the {"model", "optimizer"} state as DTensor shards, keyed by parameter names.
     With ``flat`` the optimizer's is one entry per parameter and value, so that ranks holding

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from fwk.config.schema import PrecisionConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist
+from fwk.distributed.sharded import is_dtensor
 from fwk.errors import UserError
 from fwk.strategies import hardware
 from fwk.strategies.auto_precision import AutoChoice
@@ -217,7 +217,7 @@ class Precision(PerStep):
         if want == self.channels_last:
             return
         self.channels_last = want
-        if not any(isinstance(p, DTensor) for p in self._model.parameters()):
+        if not any(is_dtensor(p) for p in self._model.parameters()):
             self._model.to(memory_format=torch.channels_last if want else torch.contiguous_format)
         if self.dist.is_main:
             logger.info(f"step {step}: precision=auto runs {'channels-last' if want else 'contiguous'} from here")
