@@ -180,7 +180,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "parallel": ("parallel", "rows", 150),
     "layouts": ("layouts", "rows", 1500),
     "export": ("export", "rows", 30),
-    "resnet50": ("resnet50", "rows", 1500),
+    "resnet50": ("resnet50", "rows", 2700),
     "serve": ("serve_overload", "rows", 600),
 }
 

@@ -10,7 +10,9 @@
 - ``microbatch``: each rank's batch is split into ``micro_batches`` pieces whose
   gradients are accumulated (see ``step.py``). DDP syncs only on the last.
 - ``auto``: on CUDA, or on CPU when ``budget_gb`` is set, once precision has decided, the
-  next steps are run under each candidate plan and measured. The fastest plan that fits
+  next steps are run under each candidate plan (none, microbatch x2, checkpoint, offload)
+  and measured: on CUDA the allocator's peak, on CPU the activations a step holds (saved
+  tensors, and what offload held at once of those it moved). The fastest plan that fits
   the budget is kept, and an out-of-memory step is redone with twice the micro-batches. The
   choice is cached per machine and model (``decisions.py``). A later run, or a replay,
   switches to it when its turn comes, without trials. A measuring run does the same: the
@@ -146,9 +148,8 @@ class Memory(PerStep):
             self.budget = free + torch.cuda.memory_reserved(dist.device)  # what this process holds is ours too
         # auto's trials, plan -> (peak bytes, seconds). None once decided, or when it never decides
         self.trials: dict[MemoryPlan, tuple[float, float]] | None = {} if cfg.name == "auto" and self.budget else None
-        self.candidates = [MemoryPlan(), MemoryPlan(micro_batches=2), MemoryPlan(checkpoint=True)] + (
-            [MemoryPlan(offload=True)] if cuda else []
-        )
+        plans = [MemoryPlan(), MemoryPlan(micro_batches=2), MemoryPlan(checkpoint=True), MemoryPlan(offload=True)]
+        self.candidates = plans
         if cfg.name == "auto" and not self.budget and dist.is_main:
             logger.info("memory=auto chose none: on CPU a budget is needed to decide (set memory.budget_gb)")
         self.targets: list[str] = []
@@ -230,7 +231,7 @@ class Memory(PerStep):
         off = Offload(self.dist.device, self.meter.ignore, self.cfg.offload_ahead, self.cfg.offload_dir)
         hooks = torch.autograd.graph.saved_tensors_hooks(off.pack, off.unpack)
         try:
-            with self.meter.counting(hooks) if self.measuring else hooks:
+            with self.meter.counting(hooks, lambda: off.resident_peak) if self.measuring else hooks:
                 yield
         finally:
             off.close()

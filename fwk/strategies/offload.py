@@ -12,7 +12,9 @@ forward's order). Where they go depends on the device:
 - CPU: the training device is host memory already, so the next tier is a spill file
   (``memory.offload_dir``, the system's temporary folder by default). A writer thread
   writes each activation and a reader thread reads the next ones back; file I/O and
-  copies release the GIL, so both overlap the step's compute.
+  copies release the GIL, so both overlap the step's compute. Forward waits when more than
+  ``ahead`` activations await their write, so what offload holds in memory stays bounded
+  (``resident_peak``, which memory=auto weighs against its budget) however fast the disk is.
 
 The bytes come back unchanged, so gradients equal those of memory=none exactly. Small
 tensors (under ``min_bytes``), the model's own parameters and buffers, and layouts that
@@ -28,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -89,7 +92,13 @@ class Offload:
         self.saved: list[_Saved] = []
         self.hits = 0  # unpacks that found their tensor brought back already
         self.offloaded_bytes = 0
+        # CPU: bytes of offloaded activations in memory now, and at most at once: awaiting their
+        # write, or read back and not yet handed on
+        self.resident = self.resident_peak = 0
+        self._pending: deque[Future] = deque()  # CPU: the writes not yet known to be done
+        self._handed: _Saved | None = None  # the last one unpacked, in autograd's hands
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
         self._cuda = device.type == "cuda"
         self._dir = self._file = None
         self._end = 0
@@ -139,13 +148,27 @@ class Offload:
                     brought += 1
         t = self._wait(s)
         s.back = None  # autograd holds it now; unpacked again (retain_graph), it comes back again
+        if not self._cuda:  # the one unpacked before is used by now: backward has moved on
+            with self._lock:
+                if self._handed is not None:
+                    self._count(-self._handed.nbytes)
+                self._handed = s
         return t
+
+    def _count(self, nbytes: int) -> None:
+        with self._count_lock:
+            self.resident += nbytes
+            self.resident_peak = max(self.resident_peak, self.resident)
 
     # ---- CPU: a spill file, a writer and a reader thread ----------------------------------
     def _out_cpu(self, s: _Saved, t: torch.Tensor) -> None:
         s.offset, self._end = self._end, self._end + s.nbytes
         s.kept = t  # alive until written; then its memory is freed
+        self._count(s.nbytes)
         s.written = self._writer.submit(self._write, s)
+        self._pending.append(s.written)
+        while len(self._pending) > self.ahead:  # at most ``ahead`` awaiting their write
+            self._pending.popleft().exception()  # waits; a failed write surfaces where it is read
 
     def _write(self, s: _Saved) -> None:
         assert s.kept is not None
@@ -154,6 +177,7 @@ class Offload:
         while done < s.nbytes:
             done += os.pwrite(self._file, data[done:], s.offset + done)
         s.kept = None
+        self._count(-s.nbytes)
         _give_back()
 
     def _read(self, s: _Saved) -> torch.Tensor:
@@ -185,6 +209,7 @@ class Offload:
     def _bring(self, s: _Saved) -> None:
         """Start bringing ``s`` back to the device."""
         if not self._cuda:
+            self._count(s.nbytes)
             s.back = self._reader.submit(self._read, s)
             return
         assert s.host is not None

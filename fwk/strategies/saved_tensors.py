@@ -6,6 +6,7 @@ reports a peak."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,8 +42,12 @@ class SavedTensorMeter:
             if storage.data_ptr() not in self.ignore:
                 self._seen[storage.data_ptr()] = storage.nbytes()
 
-    def counting(self, inner: torch.autograd.graph.saved_tensors_hooks | None) -> contextlib.AbstractContextManager:
-        """Return saved-tensor hooks that count what ``inner``, offload or none, keeps."""
+    def counting(
+        self, inner: torch.autograd.graph.saved_tensors_hooks | None, moved: Callable[[], int] | None = None
+    ) -> contextlib.AbstractContextManager:
+        """Return saved-tensor hooks that count what ``inner``, offload or none, keeps. ``moved``
+        gives, at the block's end, the most bytes that ``inner`` held at once of the tensors it
+        moved (offload's ``resident_peak``), which count too."""
         pack = inner.pack_hook if inner is not None else (lambda t: t)
         unpack = inner.unpack_hook if inner is not None else (lambda t: t)
 
@@ -53,13 +58,13 @@ class SavedTensorMeter:
 
         stack = contextlib.ExitStack()
         self.active = True
-        stack.callback(self._close)
+        stack.callback(lambda: self._close(moved() if moved is not None else 0))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counted, unpack))
         return stack
 
-    def _close(self) -> None:
+    def _close(self, moved: int) -> None:
         self.active = False
-        self.peak = max(self.peak, sum(self._seen.values()))
+        self.peak = max(self.peak, sum(self._seen.values()) + moved)
         self._seen = {}
 
     def take(self) -> int:

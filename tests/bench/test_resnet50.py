@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness, resnet50
+from benchmarks import harness, resnet50, sides
 
 
 def test_the_group_is_registered_with_a_budget_for_its_full_run():
@@ -51,3 +51,31 @@ def test_quick_size_runs_every_side_and_their_ratios():
     for row, side in zip(rows[3:], "bc", strict=True):
         assert row.median == pytest.approx(mem[side][0] / mem["a"][0]) and row.target == "<= 0.63x"
     assert "(a) plain: " in rows[0].notes and "(c) fwk fast: " in rows[0].notes and "MISSED" not in rows[0].notes
+
+
+def _fixed(wall: float, startup: float, steps: int, peak: float) -> sides.Outcome:
+    return sides.Outcome(None, startup, None, steps, 0.1, peak, wall, False)
+
+
+def test_the_seeds_setting_is_step_time_and_memory_over_fixed_steps():
+    size = resnet50.SIZES["seed"]
+    assert (size.image_size, size.batch, size.fixed, size.target) == (224, 64, True, 2.0)  # a target no run reaches
+    got = {
+        "a": [_fixed(100.0, 4.0, 8, 8000.0)],
+        "b": [_fixed(60.0, 6.0, 8, 4000.0)],
+        "c": [_fixed(40.0, 8.0, 8, 6000.0)],
+    }
+    mem = {side: [o.peak_mb for o in outs] for side, outs in got.items()}
+    rows = resnet50.fixed_rows(size, got, mem, 0.0, 1)
+    assert [r.ratio for r in rows] == [
+        "(b)/(a) seconds per step",
+        "(c)/(a) seconds per step",
+        "(b)/(a) peak memory",
+        "(c)/(a) peak memory",
+    ]
+    assert rows[0].a.value == pytest.approx(54 / 8) and rows[0].b.value == pytest.approx(96 / 8)  # first step to exit
+    assert rows[0].median == pytest.approx(54 / 96) and rows[0].met  # <= 0.58x
+    assert rows[1].median == pytest.approx(32 / 96) and rows[1].met
+    assert rows[2].median == pytest.approx(0.5) and rows[2].met and rows[3].median == pytest.approx(0.75)
+    assert not rows[3].met and rows[3].target == "<= 0.63x"
+    assert "(b) fwk: startup 6 s, 6.8 s a step, 8 steps, 4000 MB" in rows[0].notes

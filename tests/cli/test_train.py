@@ -202,8 +202,8 @@ MEASURED = [
     "train.max_steps=40",
     "train.eval_every=0",
     "train.log_every=10",
-    "precision.max_trial_share=1",
-]  # a short run that times
+    "precision.max_trial_share=1",  # a short run that times its formats all the same
+]
 
 
 def test_the_same_command_reuses_its_measured_decisions_and_computes_the_same(

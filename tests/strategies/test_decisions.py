@@ -387,10 +387,10 @@ def test_one_decision_at_a_time_precision_then_memory_then_jit(monkeypatch: pyte
         trying.append(step_fn.trying)
         step_fn(step, [(torch.randint(0, 32, (8, 16), generator=g), torch.randint(0, 32, (8, 16), generator=g))])
     assert precision.trial_end == 8  # trial steps 0-7 (bf16: no range probe before them)
-    assert [s for s, _ in memory.timeline] == [8, 9, 10, 11]  # a warm-up, then its 3 candidate plans
-    assert jit.record is not None and jit.record["decided_at"] == 13  # 2 stable steps after memory chose
+    assert [s for s, _ in memory.timeline] == [8, 9, 10, 11, 12]  # a warm-up, then its 4 candidate plans
+    assert jit.record is not None and jit.record["decided_at"] == 14  # 2 stable steps after memory chose
     assert list(d.records()) == ["precision", "memory", "jit"]
-    assert trying == [True] * 12 + [False] * 8  # the loop redoes these (here, nothing is redone)
+    assert trying == [True] * 13 + [False] * 7  # the loop redoes these (here, nothing is redone)
 
 
 def _memory(cfg: Config, d: Decisions, max_steps: int | None = None):
@@ -409,12 +409,12 @@ def _memory_steps(memory, steps: range) -> list[str]:
     return plans
 
 
-@pytest.mark.parametrize(("max_steps", "timed"), [(6, True), (5, False)])
+@pytest.mark.parametrize(("max_steps", "timed"), [(7, True), (6, False)])
 def test_memory_times_no_plans_that_the_run_would_end_amid(
     max_steps: int, timed: bool, said: pytest.LogCaptureFixture
 ) -> None:
-    """Its turn at step 2, a warm-up and 3 plans: 4 steps, which a 6-step run has after it
-    and a 5-step run does not (it keeps the plain plan, untimed, uncached, and says why)."""
+    """Its turn at step 2, a warm-up and 4 plans: 5 steps, which a 7-step run has after it
+    and a 6-step run does not (it keeps the plain plan, untimed, uncached, and says why)."""
     from fwk.config.schema import MemoryConfig
 
     cfg = _config()
@@ -422,11 +422,11 @@ def test_memory_times_no_plans_that_the_run_would_end_amid(
     d = Decisions(cfg, SOLO)
     memory = _memory(cfg, d, max_steps=max_steps)
     plans = _memory_steps(memory, range(max_steps))
-    assert [s for s, _ in memory.timeline] == ([2, 3, 4, 5] if timed else [])
+    assert [s for s, _ in memory.timeline] == ([2, 3, 4, 5, 6] if timed else [])
     assert ("memory" in d.records()) is timed
     if not timed:
-        assert plans == ["none"] * 5 and not memory.trying
-        assert said.messages == ["memory=auto chose none: the 3 step(s) left are too few to time its 3 plans (4 steps)"]
+        assert plans == ["none"] * 6 and not memory.trying
+        assert said.messages == ["memory=auto chose none: the 4 step(s) left are too few to time its 4 plans (5 steps)"]
 
 
 def test_memory_reuses_its_cached_plan_and_so_does_a_replay(
@@ -438,7 +438,7 @@ def test_memory_reuses_its_cached_plan_and_so_does_a_replay(
     cfg.memory = MemoryConfig(name="auto", budget_gb=10.0)
     first = _memory(cfg, Decisions(cfg, SOLO))
     plans = _memory_steps(first, range(8))
-    assert [s for s, _ in first.timeline] == [2, 3, 4, 5]  # its turn: a warm-up, then 3 candidate plans
+    assert [s for s, _ in first.timeline] == [2, 3, 4, 5, 6]  # its turn: a warm-up, then 4 candidate plans
     chosen = plans[-1]
 
     said.clear()  # the second run's lines only

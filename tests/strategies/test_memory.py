@@ -4,6 +4,7 @@ accumulation the same step as one big batch, auto decides within a budget and su
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -52,9 +53,11 @@ def _batch(model: nn.Module, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, channels, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
-def _stepper(model: nn.Module, memory: MemoryConfig, lr: float = 0.1, **train) -> tuple[TrainStep, Memory]:
+def _stepper(
+    model: nn.Module, memory: MemoryConfig, lr: float = 0.1, decisions: Any = None, **train
+) -> tuple[TrainStep, Memory]:
     precision = Precision(PrecisionConfig(name="fp32"), SOLO, 100)
-    mem = Memory(memory, SOLO, per_rank_batch=16)
+    mem = Memory(memory, SOLO, per_rank_batch=16, decisions=decisions)
     model = mem.apply(precision.prepare(model))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     jit = Jit(JitConfig(name="off"), SOLO, 100)
@@ -246,3 +249,47 @@ def test_checkpoint_keeps_less_for_backward() -> None:
         counted[strategy] = mem.meter.take()
     # 3 blocks: each keeps only its input instead of ~20 tensors of attention and MLP
     assert 0 < counted["checkpoint"] < 0.3 * counted["none"]
+
+
+def test_auto_on_cpu_counts_what_offload_holds_and_chooses_it_when_only_it_fits() -> None:
+    def deep() -> nn.Module:  # 12 convolutions at one size: every saved activation 2 MiB, over offload's 64 KiB
+        torch.manual_seed(0)
+        layers = [nn.Conv2d(3, 32, 3, padding=1), nn.ReLU()]
+        for _ in range(11):
+            layers += [nn.Conv2d(32, 32, 3, padding=1), nn.ReLU()]
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+    def batch(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(1)
+        return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    def decide(budget_gb: float) -> tuple[Memory, dict[str, float]]:
+        kept = _Kept()
+        step, mem = _stepper(deep(), MemoryConfig(name="auto", budget_gb=budget_gb), decisions=kept)
+        for i in range(6):  # a warm-up, then one step under each of the 4 plans
+            step(i, [batch()])
+        assert mem.trials is None  # decided
+        return mem, {name: peak for name, peak, _ in kept.kept["memory"]["trials"]}
+
+    _, measured = decide(1.0)
+    assert set(measured) == {"none", "microbatch x2", "checkpoint", "offload"}
+    none, offload = measured["none"], measured["offload"]
+    assert none > 20 * 2**20  # 12 activations of 2 MiB (a ReLU and the next convolution share one)
+    assert 0 < offload < 0.45 * none  # what waits for its write or was read back, not every activation
+    others = min(v for name, v in measured.items() if name != "offload")
+    assert offload < 0.8 * others
+    tight, _ = decide(0.95 * others / 1e9)  # below every plan but offload
+    assert tight.plan == MemoryPlan(offload=True)
+
+
+class _Kept:
+    """Where memory=auto puts its decision: here, only kept to be read."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Any] = {}
+
+    def recall(self, name: str) -> tuple[None, str]:
+        return None, ""  # nothing measured before: auto measures
+
+    def keep(self, name: str, record: dict[str, Any], source: str) -> None:
+        self.kept[name] = record

@@ -117,3 +117,30 @@ def test_a_spill_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch:
         off.unpack(handle)
     off.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_what_offload_holds_stays_bounded_when_the_disk_is_slow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import time
+
+    from fwk.strategies import offload
+
+    write = os.pwrite
+
+    def slow(fd: int, data: object, at: int) -> int:
+        time.sleep(0.02)  # a disk slower than forward: without the bound, every tensor would wait in memory
+        return write(fd, data, at)
+
+    monkeypatch.setattr(offload.os, "pwrite", slow)
+    mib = 1 << 20
+    ahead = 1  # the default (memory.offload_ahead); more brings ``ahead`` back per unpack, so it runs further ahead
+    off = Offload(CPU, set(), ahead=ahead, spill_dir=str(tmp_path))
+    tensors = [torch.full((mib // 4,), float(i)) for i in range(10)]  # 1 MiB each
+    handles = [off.pack(t) for t in tensors]
+    assert off.offloaded_bytes == 10 * mib
+    assert off.resident_peak <= (ahead + 1) * mib  # forward waited for the writes past ``ahead``
+    for i, h in reversed(list(enumerate(handles))):  # backward's order
+        assert torch.equal(off.unpack(h), tensors[i])
+    # backward: ``ahead`` on the way, the one asked for and the one in use, while the last
+    # ``ahead`` writes of forward may still be finishing: bounded, well under the 10 MiB moved
+    assert off.resident_peak <= (2 * ahead + 2) * mib
+    off.close()
