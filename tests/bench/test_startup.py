@@ -25,7 +25,7 @@ def test_rows_name_the_gap_and_each_phase_fwk_adds() -> None:
         "digits_cnn: fwk's config",
         "digits_cnn: fwk's other",
     ]
-    assert added[1].notes.startswith("0.450 s: Hydra's import (0.15 s) and compose")
+    assert added[1].notes.startswith("0.450 s: Hydra's import (0.13 s) and compose (0.13 s")
 
 
 def test_the_memory_row_names_what_each_phase_added_on_both_sides() -> None:
