@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fwk.components.checkpoint import load_model_state, model_state
 from fwk.components.host_copy import host_copy, host_copy_into
+from fwk.components.train_state import load_model_state, model_state
 from fwk.config.schema import DiagnosticsConfig
 from fwk.distributed.collectives import all_reduce_max
 from fwk.distributed.group import Dist

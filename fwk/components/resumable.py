@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from fwk.components.checkpoint import load_model_state, model_state, named_model_state
+from fwk.components.train_state import load_model_state, model_state, named_model_state
 
 
 class Resumable:

@@ -20,9 +20,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from fwk.components.checkpoint import load_model_state, rng_state, set_rng_state
 from fwk.components.host_copy import host_copy
 from fwk.components.resumable import Resumable
+from fwk.components.train_state import load_model_state, rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,13 @@ import torch
 from torch import nn
 
 from fwk.components.best import BestKeeper
-from fwk.components.checkpoint import Checkpointer, RewindPoint, set_rng_state
+from fwk.components.checkpoint import Checkpointer, RewindPoint
 from fwk.components.diagnostics import Diagnostics
 from fwk.components.metrics import Reporter
 from fwk.components.reproduce import deterministic, record_decisions, record_launch
 from fwk.components.resumable import Resumable
 from fwk.components.sinks import Tracking
+from fwk.components.train_state import set_rng_state
 from fwk.components.trials import Replayable
 from fwk.config.schema import Config
 from fwk.config.target import Target, parse_target

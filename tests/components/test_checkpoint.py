@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fwk.components.checkpoint import Checkpointer, RewindPoint, rng_state, set_rng_state
+from fwk.components.checkpoint import Checkpointer, RewindPoint
+from fwk.components.train_state import set_rng_state
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
 
@@ -108,11 +109,6 @@ def test_layout_mismatch_is_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"is unsharded \(parallel=ddp, or one process\) but this run is ") as err:
         sharded.load_latest()
     assert "\n" not in str(err.value) and str(path) in str(err.value)
-
-
-def test_rng_state_loads_with_weights_only(tmp_path: Path) -> None:
-    torch.save(rng_state(), tmp_path / "rng.pt")
-    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
 
 
 def test_rewind_point_saves_weights_once(tmp_path: Path) -> None:
