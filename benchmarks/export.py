@@ -1,12 +1,14 @@
-"""What `fwk export` buys: pruned + int8 ONNX vs int8 vs fp32 ONNX vs torch eager fp32.
+"""What `fwk export` buys: pruned + int8 ONNX vs int8 vs fp32 ONNX vs the torch.export program
+(pt2) vs its AOTInductor package (aoti) vs torch eager fp32.
 
     .venv/bin/python -m benchmarks.export [--recipes digits_cnn,resnet_digits] [--rounds 8]
 
 For each recipe: trains it with `fwk train recipe=NAME` (or finds the finished run: the
 same command is the same run), exports it twice with `fwk export`'s own pipeline
 (--quantize int8; then --prune lottery_ticket --ratio R --quantize int8, the export
-group's defaults), then times torch eager fp32 and the four ONNX models in onnxruntime,
-with the same intra-op threads, at batch 1 and batch N: ``rounds`` interleaved rounds,
+group's defaults) and as --format pt2 and aoti, then times torch eager fp32, the four ONNX
+models in onnxruntime and the two programs in torch (loaded as a user loads them: no model
+code), with the same intra-op threads, at batch 1 and batch N: ``rounds`` interleaved rounds,
 each model several calls in a row per round (after an untimed one); the median over all
 timed calls is shown with the fastest and slowest. Accuracies and sizes come from the
 exports' reports (the whole validation set).
@@ -71,6 +73,40 @@ def _kept(recipe: str, runs: Path, method: str) -> tuple[RunDir, dict, dict]:
     raise SystemExit(f"--retime: no run of {recipe} under {runs} has an int8 export and a {method} one")
 
 
+PROGRAMS = {"pt2 (torch.export)": "pt2", "aoti": "aoti"}  # runner name -> fwk export --format
+
+
+def program_exports(run: RunDir) -> dict[str, tuple[Path, dict]]:
+    """Make (or find) the run's pt2 and aoti exports; return each runner name's file and report."""
+    import json
+
+    from fwk.export.formats import get
+    from fwk.export.weights import REPORT, run_weights_export
+
+    made = {}
+    for name, fmt in PROGRAMS.items():
+        report = run_weights_export(run, get(fmt), None, False)
+        for path in run.path.glob(f"exports/*/{REPORT}"):
+            if json.loads(path.read_text()) == report:
+                made[name] = (path.parent / report["final"], report)
+    return made
+
+
+def program_runner(fmt: str, path: Path) -> verify.Runner:
+    """A runner of a pt2 or aoti file, loaded by torch alone (``fwk.export.reload``)."""
+    import torch
+
+    from fwk.export.reload import loader
+
+    module = loader(fmt, path)
+
+    def run(x):
+        with torch.inference_mode():
+            return module(torch.from_numpy(x)).numpy()
+
+    return run
+
+
 def measure(recipe: str, args: argparse.Namespace):
     """Train (or find) the run, export it twice, time the five models: everything the table shows."""
     if args.retime:  # time the exports made by an earlier run of this script, on a quieter machine
@@ -96,6 +132,10 @@ def measure(recipe: str, args: argparse.Namespace):
         "pruned onnx fp32": verify.ort_runner(pexport / "fp32.onnx", threads),
         "pruned onnx int8": verify.ort_runner(pexport / "int8.onnx", threads),
     }
+    programs = program_exports(run)
+    runners |= {name: program_runner(PROGRAMS[name], path) for name, (path, _) in programs.items()}
+    for name, (path, made) in programs.items():  # torch fp32's math: checked against it at export, not re-scored
+        stages[name] = {"size_bytes": path.stat().st_size, "max_abs_diff": made["max_abs_diff"]}
     load_before = os.getloadavg()[0]
     lat = verify.latency(
         runners,
@@ -133,9 +173,14 @@ def bench(recipe: str, args: argparse.Namespace) -> list[str]:
         size = s["size_bytes"]
         b1, bn = lat[name][1], lat[name][args.batch]
         smaller = "-" if name.startswith("torch") else f"{fp32_size / size:.2f}x smaller"
+        acc, drop = (
+            (f"{s['val_acc'] * 100:.2f}%", f"{s['drop']:+.2f}")
+            if "val_acc" in s
+            else (f"torch's (max abs diff {s['max_abs_diff']:.1g})", "-")
+        )
         rows.append(
-            f"| {name} | {size / 1e6:.2f} MB | {smaller} | {s['val_acc'] * 100:.2f}% "
-            f"| {s['drop']:+.2f} | {_ms(b1)} | {torch_ms[1].p50_ms / b1.p50_ms:.2f}x | {_ms(bn)} "
+            f"| {name} | {size / 1e6:.2f} MB | {smaller} | {acc} "
+            f"| {drop} | {_ms(b1)} | {torch_ms[1].p50_ms / b1.p50_ms:.2f}x | {_ms(bn)} "
             f"| {torch_ms[args.batch].p50_ms / bn.p50_ms:.2f}x |"
         )
     for name, stage in (("onnx fp32", "onnx fp32"), ("onnx int8", "onnx int8")):  # this run's timings decide
@@ -264,6 +309,27 @@ def rows(quick: bool) -> list:
                 f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)",
             )
         )
+    for name in PROGRAMS:  # the compiled programs against eager torch and the fp32 ONNX model of the same run
+        for ref in ("torch eager fp32", "onnx fp32"):
+            for b in (1, args.batch):
+                r = lat[ref][b].p50_ms / lat[name][b].p50_ms
+                rounds = [t / m for t, m in zip(lat[ref][b].round_p50_ms, lat[name][b].round_p50_ms, strict=True)]
+                out.append(
+                    Row(
+                        "export",
+                        f"digits_cnn {name} vs {ref}, batch {b}",
+                        f"{ref} ms/{name} ms (speed)",
+                        r,
+                        min(rounds),
+                        max(rounds),
+                        Side(name, lat[name][b].p50_ms, "ms p50"),
+                        Side(ref, lat[ref][b].p50_ms, "ms p50"),
+                        "",
+                        None,
+                        f"{threads} threads; ratio of p50s over {len(rounds)} interleaved rounds; "
+                        f"outputs within {stages[name]['max_abs_diff']:.1g} of torch's",
+                    )
+                )
     return out
 
 

@@ -19,7 +19,7 @@ from fwk.export.formats import FORMATS, Format
 class Npz(Format):
     name: str = "npz"
 
-    def write(self, source: Any, out: Path) -> tuple[Any, list[str]]:
+    def write(self, source: Any, out: Path, log: Path) -> tuple[Any, list[str]]:
         import numpy as np
         import torch
 

@@ -1,4 +1,5 @@
-"""`fwk export`: turn a finished run into a folded, quantized, verified ONNX model."""
+"""`fwk export`: turn a finished run into a verified model file: ONNX (pruned, quantized), a torch.export
+program, an AOTInductor package, or weights for other tools."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ def export(
     fmt: str = typer.Option(
         "onnx",
         "--format",
-        help="onnx (pruned, quantized, verified), hf (a model=hf run as the folder save_pretrained writes, "
-        "loadable by transformers' AutoModelFor*), or safetensors (the raw weights of any model).",
+        help="onnx (pruned, quantized, verified), pt2 (a torch.export program, dynamic batch), aoti (that "
+        "program compiled ahead of time by AOTInductor: native code, loadable from C++), hf (a model=hf run as "
+        "the folder save_pretrained writes, loadable by transformers' AutoModelFor*), or safetensors (the raw "
+        "weights of any model).",
     ),
     prune: str = typer.Option(
         "none",

@@ -110,7 +110,7 @@ def _convert(job: Job) -> Built:
     """Prune (when asked), fold the batch norms, export to ONNX and optimize the graph."""
     import torch
 
-    from fwk.export import fold, optimize, prune, to_onnx, verify
+    from fwk.export import capture, fold, optimize, prune, to_onnx, verify
     from fwk.export import quantize as quant
 
     model, pruned = job.source.model, None
@@ -123,7 +123,7 @@ def _convert(job: Job) -> Built:
     with job.stage("fold"):
         folded = fold.fold(model)
     with job.stage("onnx"):
-        example = to_onnx.example_input(job.source.data.val)
+        example = capture.example_input(job.source.data.val)
         exported = to_onnx.export_onnx(folded.model, example, job.task, raw_path, job.log)
     with job.stage("optimize"):
         optimized = optimize.optimize(raw_path, fp32_path)

@@ -96,7 +96,7 @@ class Pruned:
 
 def example_input(source: Source) -> torch.Tensor:
     """Return one validation sample as a batch of one, for torch-pruning to trace the model with."""
-    from fwk.export.to_onnx import example_input
+    from fwk.export.capture import example_input
 
     return example_input(source.data.val)[:1]
 

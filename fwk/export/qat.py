@@ -278,7 +278,7 @@ def train_and_quantize(
 ) -> Trained:
     """Train ``folded`` with QAT through the engine for ``steps`` steps, and write
     ``out/int8-qat.onnx`` with the learned ranges."""
-    from fwk.export import optimize, to_onnx
+    from fwk.export import capture, optimize, to_onnx
     from fwk.export import quantize as quant
     from fwk.export.retrain import retrain, retrain_config
 
@@ -291,7 +291,7 @@ def train_and_quantize(
     trained.eval()
     learned = to_float(trained)
     raw, fp32 = out / "qat-exported.onnx", out / "qat-fp32.onnx"
-    to_onnx.export_onnx(learned.model, to_onnx.example_input(source.data.val), source.data.task, raw, log)
+    to_onnx.export_onnx(learned.model, capture.example_input(source.data.val), source.data.task, raw, log)
     optimize.optimize(raw, fp32)
     raw.unlink()
     ranges = overrides(fp32, learned, to_onnx.OUTPUT)

@@ -1,4 +1,4 @@
-"""`fwk export --format hf|safetensors`: a finished run's weights, in the formats other tools read.
+"""`fwk export --format hf|safetensors|pt2|aoti`: a finished run's model, in the formats other tools read.
 
 - ``safetensors``: ``model.safetensors``, the raw weights of any fwk model, under their
   state_dict names and with tied tensors stored once, with the run id and step in its
@@ -10,11 +10,13 @@
   ``fwk.data.hf_tokens.byte_tokenizer``, whose ids are UTF-8 bytes. Otherwise it is
   ``model.path``'s, when it has one. ``AutoModelFor*`` and ``AutoTokenizer`` of transformers
   load it back.
+- ``pt2`` and ``aoti``: the folded model's ``torch.export`` program, saved or compiled ahead of
+  time (``fwk.export.program``), reloaded in a fresh process.
 
 Both are verified before they count. The files are loaded back the way their users will
 load them, as a fresh fwk model or with ``AutoModelFor*.from_pretrained``, run on held-out
-validation inputs, and their outputs compared with the checkpoint's model. Beyond
-``TOLERANCE``, the max abs difference of the outputs, the export fails, its files kept.
+validation inputs, and their outputs compared with the checkpoint's model. Beyond the
+format's ``tolerance``, the max abs difference of the outputs, the export fails, its files kept.
 The export is written to ``runs/<id>/exports/<export-id>/``, with ``weights_report.json``,
 and renamed into place whole.
 """
@@ -34,9 +36,9 @@ from fwk.track.store import RunDir
 
 logger = logging.getLogger(__name__)
 
-TOLERANCE = 1e-4  # max abs difference of the outputs, fp32 on both sides: the same weights, the same math
 HELD_OUT = 8  # validation samples the reloaded model is run on
 REPORT = "weights_report.json"  # beside a weights export's files, never copied to --output
+LOG = "export.log"  # the exporter's own output, for the formats that have one; never copied either
 
 
 def _export_id(run: RunDir, checkpoint: Path, fmt: str) -> str:
@@ -75,8 +77,11 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
         final_dir.parent.mkdir(exist_ok=True)
         tmp = final_dir.parent / f".tmp-{eid}-{os.getpid()}"
         tmp.mkdir()
+        # beside the export, not in the temp dir: after a failure the error line points at it
+        log = final_dir.parent / f"{eid}.export.log"
+        log.unlink(missing_ok=True)  # an earlier attempt's
         try:
-            reloaded, files = form.write(source, tmp)
+            reloaded, files = form.write(source, tmp, log)
             x = _held_out(source)
             with torch.no_grad():
                 expected, got = source.model(x), reloaded(x)
@@ -89,11 +94,14 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
                 "files": files,
                 "held_out": int(x.shape[0]),
                 "max_abs_diff": diff,
-                "tolerance": TOLERANCE,
-                "passed": diff <= TOLERANCE,
+                "tolerance": form.tolerance,
+                "passed": diff <= form.tolerance,
+                **form.details(source),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
             (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+            if log.exists():
+                os.replace(log, tmp / LOG)
             os.rename(tmp, final_dir)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

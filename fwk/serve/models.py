@@ -1,9 +1,11 @@
 """Exports on disk, loaded into onnxruntime sessions with their input and output metadata.
 
-An export is ``<runs root>/<run id>/exports/<export id>/`` holding ``export_report.json``;
-the report's ``final`` names the model file to serve (int8.onnx, fp32.onnx, ...). Export
-ids hash their parent run, so they are unique across runs. A user names an export by its
-id, by a run id (then the run's newest export), or by a unique prefix of either.
+An export is ``<runs root>/<run id>/exports/<export id>/`` holding ``export_report.json``
+(ONNX), or ``weights_report.json`` with a ``runtime`` (``--format pt2`` or ``aoti``: loaded
+by ``fwk.serve.programs``); the report's ``final`` names the model file to serve (int8.onnx,
+fp32.onnx, model.pt2, ...). Export ids hash their parent run, so they are unique across runs.
+A user names an export by its id, by a run id (then the run's newest export), or by a unique
+prefix of either.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from fwk.serve.limits import read as read_limits
 from fwk.track.lookup import closest
 
 REPORT = "export_report.json"  # fwk/export/report.py's REPORT; not imported: it is torch-free, but keep serve light
+PROGRAM_REPORT = "weights_report.json"  # fwk/export/weights.py's REPORT: servable when it names a runtime
+ONNX = "onnxruntime"
 
 # onnxruntime's tensor types -> the v2 protocol's datatypes and numpy's
 DATATYPES = {
@@ -54,25 +58,38 @@ class Export:
     def created(self) -> str:
         return str(self.report.get("created", ""))
 
+    @property
+    def runtime(self) -> str:
+        return str(self.report.get("runtime", ONNX))
+
+    @property
+    def passed(self) -> tuple[bool, str]:
+        """Whether it passed its verification, and the reason it did not."""
+        if self.runtime == ONNX:
+            verdict = self.report.get("verdict") or {}
+            return bool(verdict.get("passed", False)), str(verdict.get("reason", "no verdict"))
+        diff = f"max abs diff {self.report.get('max_abs_diff')} > {self.report.get('tolerance')}"
+        return bool(self.report.get("passed", False)), diff
+
 
 def all_exports(root: Path) -> list[Export]:
     """List every export under ``root`` with a readable report, oldest first."""
     found = []
-    for report in sorted(root.glob(f"*/exports/*/{REPORT}")):
+    for report in sorted([*root.glob(f"*/exports/*/{REPORT}"), *root.glob(f"*/exports/*/{PROGRAM_REPORT}")]):
         try:
             data = json.loads(report.read_text())
         except (OSError, ValueError):
             continue  # half-written or edited by hand: not servable, and not ours to report here
+        if report.name == PROGRAM_REPORT and not data.get("runtime"):
+            continue  # weights for other tools (hf, safetensors): nothing to serve
         found.append(Export(report.parent.name, report.parent.parent.parent.name, report.parent, data))
     return sorted(found, key=lambda e: (e.created, e.path.stat().st_mtime))
 
 
 def _servable(e: Export) -> Export:
-    verdict = e.report.get("verdict") or {}
-    if not verdict.get("passed", False):
-        raise UserError(
-            f"export {e.id} failed its verification ({verdict.get('reason', 'no verdict')}); serve another export"
-        )
+    passed, reason = e.passed
+    if not passed:
+        raise UserError(f"export {e.id} failed its verification ({reason}); serve another export")
     if not e.model_file.is_file():
         raise UserError(f"export {e.id} has no {e.report['final']} in {e.path}; export the run again")
     return e
@@ -152,8 +169,13 @@ class Loaded:
         return ort.RunOptions()
 
 
-def load(export: Export, intra_op_threads: int) -> Loaded:
-    """Open an onnxruntime CPU session of the export's final model. Refuse models it cannot batch."""
+def load(export: Export, intra_op_threads: int) -> Any:
+    """Open an onnxruntime CPU session of the export's final model (a ``Loaded``), or load a
+    pt2/aoti program (``fwk.serve.programs.Program``). Refuse models it cannot batch."""
+    if export.runtime != ONNX:
+        from fwk.serve.programs import load_program
+
+        return load_program(export, intra_op_threads)
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

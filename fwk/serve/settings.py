@@ -31,7 +31,9 @@ class ServeConfig:
     warmup: int = doc(2, "warm-up inferences at each batch size 1..max_batch_size before a version takes traffic")
     threads: int = doc(0, "inference threads (batches run at once); 0 = the cores this process may use")
     intra_op_threads: int = doc(
-        1, "onnxruntime threads inside one inference; 1 with a thread per core avoids oversubscribing the cores"
+        1,
+        "threads inside one inference (onnxruntime's; torch's for pt2 and aoti exports); 1 with a thread per core "
+        "avoids oversubscribing the cores",
     )
     canary_share: float = doc(0.05, "share of a model's traffic routed to its canary version (--canary), in (0, 1)")
     auto_promote_requests: int = doc(1000, "--auto-promote: decide after this many requests served by the canary")

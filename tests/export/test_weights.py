@@ -95,8 +95,8 @@ def test_safetensors_of_an_fwk_model_and_what_cannot_be_asked(tmp_path: Path) ->
     )
     for args, message in (
         (["--format", "hf"], "--format hf writes model=hf runs; run "),
-        (["--format", "hf", "--quantize", "int8"], "--quantize applies to --format onnx; --format hf writes the"),
-        (["--format", "tflite"], "--format tflite is not one of onnx, hf, safetensors"),
+        (["--format", "hf", "--quantize", "int8"], "--quantize applies to --format onnx; --format hf exports the"),
+        (["--format", "tflite"], "--format tflite is not one of onnx, aoti, hf, pt2, safetensors"),
     ):
         out = run_fwk("export", *args, runs=runs)
         assert out.returncode == 2, out.stdout + out.stderr
@@ -143,8 +143,8 @@ def test_a_reload_that_differs_fails_the_export_and_keeps_its_files(
 
     write = Safetensors.write
 
-    def off(self, source, out):  # what a lossy writer would give back
-        reloaded, files = write(self, source, out)
+    def off(self, source, out, log):  # what a lossy writer would give back
+        reloaded, files = write(self, source, out, log)
         with torch.no_grad():
             next(reloaded.parameters()).add_(1e-2)
         return reloaded, files

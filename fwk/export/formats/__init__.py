@@ -64,7 +64,7 @@ class Backend(ABC):
 
 @dataclass(frozen=True)
 class Format(Backend):
-    """A format that writes the trained weights as they are, with no settings of its own.
+    """A format that writes the trained model as it is, with no settings of its own.
 
     A format of this kind only writes and reloads. fwk checks the flags, runs the reloaded
     model on held-out inputs against the checkpoint's, and keeps the report. ``how`` says how the
@@ -72,11 +72,16 @@ class Format(Backend):
     """
 
     how: str = "a fresh model"
+    tolerance: float = 1e-4  # max abs difference of the outputs, fp32 on both sides: the same weights, the same math
 
     @abstractmethod
-    def write(self, source: Any, out: Path) -> tuple[Any, list[str]]:
+    def write(self, source: Any, out: Path, log: Path) -> tuple[Any, list[str]]:
         """Write the run's model into ``out``, and return the model reloaded from it and the
-        files written."""
+        files written. ``log`` takes an exporter's own output, for the formats that have one."""
+
+    def details(self, source: Any) -> dict[str, Any]:
+        """Return what the report should hold beyond the files and the check: none by default."""
+        return {}
 
     def export(self, request: Request) -> None:
         from fwk.errors import UserError
@@ -88,7 +93,7 @@ class Format(Backend):
         onnx_only += ["--qat-steps"] if r.qat_steps != "0" else []
         if onnx_only:
             raise UserError(
-                f"{onnx_only[0]} applies to --format onnx; --format {self.name} writes the trained weights as they are"
+                f"{onnx_only[0]} applies to --format onnx; --format {self.name} exports the trained model as it is"
             )
         if r.overrides():
             raise UserError(
@@ -103,12 +108,12 @@ class Format(Backend):
         """Copy the verified export to ``--output``."""
         import shutil
 
-        from fwk.export.weights import REPORT
+        from fwk.export.weights import LOG, REPORT
 
         if self.folder:
-            shutil.copytree(final_dir, output, ignore=shutil.ignore_patterns(REPORT))
+            shutil.copytree(final_dir, output, ignore=shutil.ignore_patterns(REPORT, LOG))
         else:
-            (single,) = [p for p in final_dir.iterdir() if p.name != REPORT]
+            (single,) = [p for p in final_dir.iterdir() if p.name not in (REPORT, LOG)]
             shutil.copyfile(single, output)
 
 

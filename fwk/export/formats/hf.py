@@ -41,7 +41,7 @@ class HF(Format):
     folder: bool = True
     how: str = "AutoModel.from_pretrained"
 
-    def write(self, source: Any, out: Path) -> tuple[Any, list[str]]:
+    def write(self, source: Any, out: Path, log: Path) -> tuple[Any, list[str]]:
         from fwk.models.hf import AUTO, HFModel, transformers
 
         model = source.model

@@ -17,7 +17,7 @@ from fwk.export.formats import FORMATS, Format
 class Safetensors(Format):
     name: str = "safetensors"
 
-    def write(self, source: Any, out: Path) -> tuple[Any, list[str]]:
+    def write(self, source: Any, out: Path, log: Path) -> tuple[Any, list[str]]:
         from safetensors.torch import load_model, save_model
 
         from fwk.models.build import build_model
