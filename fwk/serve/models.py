@@ -169,13 +169,9 @@ class Loaded:
         return ort.RunOptions()
 
 
-def load(export: Export, intra_op_threads: int) -> Any:
-    """Open an onnxruntime CPU session of the export's final model (a ``Loaded``), or load a
-    pt2/aoti program (``fwk.serve.programs.Program``). Refuse models it cannot batch."""
-    if export.runtime != ONNX:
-        from fwk.serve.programs import load_program
-
-        return load_program(export, intra_op_threads)
+def load(export: Export, intra_op_threads: int) -> Loaded:
+    """Open an onnxruntime CPU session of the export's final model. Refuse models it cannot
+    batch. (A pt2 or aoti export: ``fwk.serve.programs.load_program``.)"""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

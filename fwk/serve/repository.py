@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from fwk.serve.batcher import Batcher
 from fwk.serve.metrics import Metrics
-from fwk.serve.models import Export, Loaded, example, load
+from fwk.serve.models import ONNX, Export, Loaded, example, load
+from fwk.serve.programs import Program, load_program
 from fwk.serve.routing import Router
 from fwk.serve.settings import ServeConfig
 
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Version:
     export: Export
-    loaded: Loaded | None = None
+    loaded: Loaded | Program | None = None
     batcher: Batcher | None = None
     warm_s: float | None = None  # seconds the warm-up took, once done
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -88,7 +89,8 @@ class Repository:
                 assert self._executor is not None and self._slots is not None, "start() first"
                 loop = asyncio.get_running_loop()
                 t0 = time.perf_counter()
-                loaded = await loop.run_in_executor(self._executor, load, entry.export, self.cfg.intra_op_threads)
+                opens = load if entry.export.runtime == ONNX else load_program  # pt2, aoti: torch
+                loaded = await loop.run_in_executor(self._executor, opens, entry.export, self.cfg.intra_op_threads)
                 batcher = Batcher(
                     loaded.run,
                     self._executor,
@@ -109,7 +111,7 @@ class Repository:
                 )
         return entry
 
-    def _warm_up(self, model: str, version: str, loaded: Loaded, batcher: Batcher) -> None:
+    def _warm_up(self, model: str, version: str, loaded: Loaded | Program, batcher: Batcher) -> None:
         for rows in range(1, self.cfg.max_batch_size + 1):
             x = example(loaded.input, rows)
             for _ in range(self.cfg.warmup):
