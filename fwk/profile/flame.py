@@ -15,7 +15,8 @@ from html import escape
 from typing import Any
 
 from fwk.profile.capture import MODULE_PREFIX
-from fwk.profile.figures import _BACKWARD, Span, Trace, _lineage, backward_modules, called_modules
+from fwk.profile.figures import _lineage, backward_modules, called_modules
+from fwk.profile.trace import BACKWARD, Span, Trace
 
 Stack = tuple[str, ...]
 
@@ -35,7 +36,7 @@ def _frames(span: Span, trace: Trace, seq_module: dict[int, str], types: dict[st
         elif s.name.startswith(MODULE_PREFIX):
             name = s.name[len(MODULE_PREFIX) :]
             frames.append(f"{name} {types.get(name, '')}".strip())
-        elif s.name.startswith(_BACKWARD) and s.args.get("Sequence number") in seq_module:
+        elif s.name.startswith(BACKWARD) and s.args.get("Sequence number") in seq_module:
             module = seq_module[s.args["Sequence number"]]
             frames += [f"{m} {types.get(m, '')}".strip() for m in _lineage(module) if m in called]  # child: the node
         else:

@@ -15,6 +15,7 @@ from rich.table import Table
 from fwk.profile import advice as rules
 from fwk.profile import figures, flame
 from fwk.profile.capture import Captured
+from fwk.profile.trace import Trace
 
 TOP_OPERATORS = 15
 TOP_MODULES = 15
@@ -22,7 +23,7 @@ TOP_MODULES = 15
 
 def build(captured: Captured, settings: dict[str, Any], out: Path) -> dict[str, Any]:
     """Read the trace, write the flame graphs and profile.json, and return the figures."""
-    trace = figures.Trace.load(captured.trace)
+    trace = Trace.load(captured.trace)
     figs: dict[str, Any] = {
         "device": captured.device,
         "hardware": captured.hardware,

@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from fwk.profile import figures, flame
+from fwk.profile.trace import Trace
 
 
 def _x(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1, **args: object) -> dict:
@@ -52,7 +53,7 @@ def _events(cuda: bool) -> list[dict]:
 
 
 def test_cpu_figures() -> None:
-    trace = figures.Trace(_events(cuda=False))
+    trace = Trace(_events(cuda=False))
     ops = figures.operators(trace)
     by_name = {r["name"]: r for r in ops["rows"]}
     # own (self) time: each op's duration less its children's
@@ -84,7 +85,7 @@ def test_cpu_figures() -> None:
 
 
 def test_cuda_figures_use_kernel_time() -> None:
-    trace = figures.Trace(_events(cuda=True))
+    trace = Trace(_events(cuda=True))
     assert trace.on_device
     ops = figures.operators(trace)
     assert ops["basis"] == "device"
@@ -109,6 +110,6 @@ def test_cuda_figures_use_kernel_time() -> None:
 def test_uncalled_containers_get_no_backward() -> None:
     # blocks.0 lives in an nn.ModuleList "blocks", which has no forward of its own
     events = [{**e, "name": "fwk.module: blocks.0"} if e["name"] == "fwk.module: fc" else e for e in _events(False)]
-    rows = {r["name"]: r for r in figures.modules(figures.Trace(events), {})["rows"]}
+    rows = {r["name"]: r for r in figures.modules(Trace(events), {})["rows"]}
     assert "blocks" not in rows
     assert rows["blocks.0"]["backward_ms_per_step"] == pytest.approx(0.380)
