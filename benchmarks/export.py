@@ -1,17 +1,19 @@
 """What `fwk export` buys: pruned + int8 ONNX vs int8 vs fp32 ONNX vs the torch.export program
-(pt2) vs its AOTInductor package (aoti) vs torch eager fp32.
+(pt2) vs its AOTInductor package (aoti) vs ExecuTorch programs (pte fp32 and int8, XNNPACK)
+vs torch eager fp32.
 
     .venv/bin/python -m benchmarks.export [--recipes digits_cnn,resnet_digits] [--rounds 8]
 
 For each recipe: trains it with `fwk train recipe=NAME` (or finds the finished run: the
 same command is the same run), exports it twice with `fwk export`'s own pipeline
 (--quantize int8; then --prune lottery_ticket --ratio R --quantize int8, the export
-group's defaults) and as --format pt2 and aoti, then times torch eager fp32, the four ONNX
-models in onnxruntime and the two programs in torch (loaded as a user loads them: no model
-code), with the same intra-op threads, at batch 1 and batch N: ``rounds`` interleaved rounds,
-each model several calls in a row per round (after an untimed one); the median over all
-timed calls is shown with the fastest and slowest. Accuracies and sizes come from the
-exports' reports (the whole validation set).
+group's defaults) and as --format pt2, aoti and pte (fp32 and int8), then times torch eager
+fp32, the four ONNX models in onnxruntime, the two programs in torch and the two .pte files in
+ExecuTorch's runtime (loaded as a user loads them: no model code), with the same intra-op
+threads, at batch 1 and batch N: ``rounds`` interleaved rounds, each model several calls in a
+row per round (after an untimed one); the median over all timed calls is shown with the
+fastest and slowest. Accuracies and sizes come from the exports' reports (the whole
+validation set).
 
 Then ResNet-50 at 224 px (torchvision's, untrained: latency only, accuracy needs
 ImageNet): torch eager fp32 against the same pruning ratio (magnitude, one shot) + int8.
@@ -92,6 +94,41 @@ def program_exports(run: RunDir) -> dict[str, tuple[Path, dict]]:
     return made
 
 
+EDGE = {"pte fp32": "none", "pte int8": "int8"}  # runner name -> fwk export --format pte --quantize
+EDGE_REF = {"pte fp32": "onnx fp32", "pte int8": "onnx int8"}  # the ONNX model of the same math
+
+
+def edge_exports(run: RunDir, batch: int) -> dict[str, tuple[Path, dict]]:
+    """Make (or find) the run's ExecuTorch exports, fp32 and int8, planned for batches up to ``batch``."""
+    from fwk.export.edge_pipeline import PTE, run_pte_export
+
+    cfg = load_settings([f"export.max_batch={max(batch, 64)}"])
+    made = {}
+    for name, quantize in EDGE.items():
+        report = run_pte_export(run, PrunePlan(), quantize, cfg, 100.0, None, False)
+        (path,) = [p for p in run.path.glob(f"exports/*/{PTE}") if _same(p.parent, report)]
+        made[name] = (path, report)
+    return made
+
+
+def _same(export: Path, report: dict) -> bool:
+    import json
+
+    from fwk.export.weights import REPORT
+
+    return (export / REPORT).is_file() and json.loads((export / REPORT).read_text()) == report
+
+
+def edge_runner(path: Path) -> verify.Runner:
+    """A runner of a .pte file, run by ExecuTorch's runtime (``fwk.export.edge.loader``)."""
+    import torch
+
+    from fwk.export.edge import loader
+
+    forward = loader(path)
+    return lambda x: forward(torch.from_numpy(x)).numpy()
+
+
 def program_runner(fmt: str, path: Path) -> verify.Runner:
     """A runner of a pt2 or aoti file, loaded by torch alone (``fwk.export.reload``)."""
     import torch
@@ -136,6 +173,11 @@ def measure(recipe: str, args: argparse.Namespace):
     runners |= {name: program_runner(PROGRAMS[name], path) for name, (path, _) in programs.items()}
     for name, (path, made) in programs.items():  # torch fp32's math: checked against it at export, not re-scored
         stages[name] = {"size_bytes": path.stat().st_size, "max_abs_diff": made["max_abs_diff"]}
+    for name, (path, made) in edge_exports(run, args.batch).items():
+        runners[name] = edge_runner(path)
+        scored = made["quality"][name]
+        stages[name] = {"size_bytes": path.stat().st_size, "val_acc": scored["val_acc"], "drop": made["drop"]}
+        stages[name]["max_abs_diff"] = made["max_abs_diff"]
     load_before = os.getloadavg()[0]
     lat = verify.latency(
         runners,
@@ -309,27 +351,50 @@ def rows(quick: bool) -> list:
                 f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)",
             )
         )
+
+    def speed(name: str, ref: str, b: int, notes: str) -> Row:
+        r = lat[ref][b].p50_ms / lat[name][b].p50_ms
+        rounds = [t / m for t, m in zip(lat[ref][b].round_p50_ms, lat[name][b].round_p50_ms, strict=True)]
+        return Row(
+            "export",
+            f"digits_cnn {name} vs {ref}, batch {b}",
+            f"{ref} ms/{name} ms (speed)",
+            r,
+            min(rounds),
+            max(rounds),
+            Side(name, lat[name][b].p50_ms, "ms p50"),
+            Side(ref, lat[ref][b].p50_ms, "ms p50"),
+            "",
+            None,
+            f"{threads} threads; ratio of p50s over {len(rounds)} interleaved rounds; {notes}",
+        )
+
     for name in PROGRAMS:  # the compiled programs against eager torch and the fp32 ONNX model of the same run
         for ref in ("torch eager fp32", "onnx fp32"):
             for b in (1, args.batch):
-                r = lat[ref][b].p50_ms / lat[name][b].p50_ms
-                rounds = [t / m for t, m in zip(lat[ref][b].round_p50_ms, lat[name][b].round_p50_ms, strict=True)]
-                out.append(
-                    Row(
-                        "export",
-                        f"digits_cnn {name} vs {ref}, batch {b}",
-                        f"{ref} ms/{name} ms (speed)",
-                        r,
-                        min(rounds),
-                        max(rounds),
-                        Side(name, lat[name][b].p50_ms, "ms p50"),
-                        Side(ref, lat[ref][b].p50_ms, "ms p50"),
-                        "",
-                        None,
-                        f"{threads} threads; ratio of p50s over {len(rounds)} interleaved rounds; "
-                        f"outputs within {stages[name]['max_abs_diff']:.1g} of torch's",
-                    )
-                )
+                out.append(speed(name, ref, b, f"outputs within {stages[name]['max_abs_diff']:.1g} of torch's"))
+    for name in EDGE:  # ExecuTorch (XNNPACK) against eager torch and the ONNX model of the same math
+        s = stages[name]
+        scored = f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)"
+        for ref in ("torch eager fp32", EDGE_REF[name]):
+            for b in (1, args.batch):
+                out.append(speed(name, ref, b, f"ExecuTorch's runtime; {scored}"))
+        r = torch_size / s["size_bytes"]
+        out.append(
+            Row(
+                "export",
+                f"digits_cnn {name} size",
+                "torch fp32/model bytes",
+                r,
+                r,
+                r,
+                Side(name, s["size_bytes"] / 1e6, "MB"),
+                Side("torch fp32", torch_size / 1e6, "MB"),
+                "",
+                None,
+                f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)",
+            )
+        )
     return out
 
 

@@ -22,8 +22,14 @@ from benchmarks.gpu.part import Part
 
 PY = sys.executable
 FWK = [PY, "-m", "fwk"]
-# The CUDA-only tests of the suite (they skip on a CPU): the kernels compiled, not interpreted
-CUDA_TESTS = ["tests/kernels", "tests/data/test_gpu_decode.py", "tests/data/test_prefetch.py"]
+# The CUDA-only tests of the suite (they skip on a CPU): the kernels compiled, not interpreted;
+# --format tensorrt built, reloaded and timed against aoti (skipped where torch-tensorrt is missing)
+CUDA_TESTS = [
+    "tests/kernels",
+    "tests/data/test_gpu_decode.py",
+    "tests/data/test_prefetch.py",
+    "tests/export/test_tensorrt.py",
+]
 PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
 TINY = ["--device", "cpu", "--image-size", "32", "--batch", "2", "--gpt-batch", "2", "--rounds", "1"]
 FULL = ["--device", "cuda", "--image-size", "224", "--batch", "128", "--gpt-batch", "32"]
@@ -48,7 +54,7 @@ PARTS = [
     Part("doctor", "doctor", "versions, device, capability, free memory, NCCL", 15, [*FWK, "doctor"],
          [*FWK, "doctor"], 30),
     # --- correctness ---
-    Part("cuda-tests", "correctness", "the suite's CUDA tests: Triton kernels compiled, nvJPEG, prefetcher", 40,
+    Part("cuda-tests", "correctness", "the suite's CUDA tests: Triton kernels, nvJPEG, prefetcher, TensorRT export", 40,
          [*PYTEST, *CUDA_TESTS], None, env=WIDE),
     Part("triton-gpt", "correctness", "kernels=triton vs kernels=torch on the GPT: loss and gradients", 25,
          correct("triton_gpt"), correct("triton_gpt", dry=True), 90, env=WIDE,

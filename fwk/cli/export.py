@@ -22,7 +22,8 @@ def export(
         "onnx",
         "--format",
         help="onnx (pruned, quantized, verified), pt2 (a torch.export program, dynamic batch), aoti (that "
-        "program compiled ahead of time by AOTInductor: native code, loadable from C++), hf (a model=hf run as "
+        "program compiled ahead of time by AOTInductor: native code, loadable from C++), pte (an ExecuTorch program "
+        "for phones and edge boards, XNNPACK; takes --prune and --quantize int8), hf (a model=hf run as "
         "the folder save_pretrained writes, loadable by transformers' AutoModelFor*), or safetensors (the raw "
         "weights of any model).",
     ),
@@ -40,7 +41,7 @@ def export(
         None,
         "--quantize",
         help="none, int8 (static QDQ, calibrated on training batches: conv nets; the default), dynamic_int8 "
-        "(transformers) or fp16.",
+        "(transformers) or fp16. --format pte: none (the default) or int8 (PT2E, XNNPACK's quantizer).",
     ),
     output: Path | None = typer.Option(
         None, "--output", help="Also write the final model to this path (refused if it exists, unless --overwrite)."

@@ -32,6 +32,7 @@ class ExportConfig:
         "int8 / dynamic_int8: 7-bit weights, so u8*s8 products cannot overflow int16 on x86 CPUs without "
         "VNNI (AVX2/AVX512 only); auto (on such a CPU), true, false",
     )
+    max_batch: int = doc(64, "--format pte: the largest batch the program takes (ExecuTorch plans its memory for it)")
     latency_batch: int = doc(32, "batch N of the latency figures (batch 1 is always timed)")
     threads: int = doc(0, "intra-op threads of onnxruntime and torch while timing; 0 = the cores this process may use")
     warmup: int = doc(3, "untimed runs of each model and batch size before timing")

@@ -56,8 +56,9 @@ def example_input(val: torch.utils.data.Dataset) -> torch.Tensor:
     return torch.stack(xs * (2 if len(xs) == 1 else 1))
 
 
-def dynamic_shapes(x: torch.Tensor, task: str) -> tuple[dict[int, torch.export.Dim], ...]:
-    axes = {0: torch.export.Dim("batch")}
+def dynamic_shapes(x: torch.Tensor, task: str, max_batch: int | None = None) -> tuple[dict[int, torch.export.Dim], ...]:
+    """The free axes of ``x``: the batch (at most ``max_batch`` when given) and, for token ids, the sequence."""
+    axes = {0: torch.export.Dim("batch", max=max_batch) if max_batch else torch.export.Dim("batch")}
     if task == "lm" and x.dim() == 2 and x.shape[1] > 2:  # (B, T) token ids
         axes[1] = torch.export.Dim("seq", min=2, max=int(x.shape[1]))
     return (axes,)
@@ -98,13 +99,22 @@ def log_traceback(log: Path) -> None:
         f.write(traceback.format_exc())
 
 
-def capture(model: nn.Module, example: torch.Tensor, task: str, log: Path, target: str) -> torch.export.ExportedProgram:
-    """Return ``model``'s program (call it in eval mode), its batch (and sequence) axis dynamic.
-    On failure raise a UserError naming the module and line; ``target`` names the format in it
-    ("ONNX", "a pt2 program")."""
+def capture(
+    model: nn.Module,
+    example: torch.Tensor,
+    task: str,
+    log: Path,
+    target: str,
+    max_batch: int | None = None,
+) -> torch.export.ExportedProgram:
+    """Return ``model``'s program (call it in eval mode), its batch (and sequence) axis dynamic,
+    the batch at most ``max_batch`` when given. On failure raise a UserError naming the module
+    and line; ``target`` names the format in it ("ONNX", "a pt2 program")."""
     with output_to(log), torch.no_grad():
         try:
-            return torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes(example, task), strict=False)
+            return torch.export.export(
+                model, (example,), dynamic_shapes=dynamic_shapes(example, task, max_batch), strict=False
+            )
         except Exception as exc:
             log_traceback(log)
             where = user_frame(exc, model)

@@ -63,10 +63,12 @@ def export_id(
     cfg: ExportConfig,
     max_drop: float,
     qat_steps: int | str = 0,
+    fmt: str = "onnx",
 ) -> str:
     from fwk.track.run_id import code_version
 
     payload = {
+        "format": fmt,
         "run": run.id,
         "checkpoint": checkpoint.name,
         "prune": asdict(plan),
@@ -247,6 +249,31 @@ def made(run: RunDir, final_dir: Path, name: str) -> dict[str, Any] | None:
     return None
 
 
+def built_whole(final_dir: Path, name: str, build: Callable[[Path, Path], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``build(tmp, log)``, which writes an export into the temp dir ``tmp`` and returns its
+    report (file ``name``), then rename the dir to ``final_dir``, the exporter's log moved in as
+    ``export.log``. The log is kept beside the export, not in the temp dir, so that after a
+    failure the error line can point at it; an error removes the temp dir and nothing else."""
+    eid = final_dir.name
+    final_dir.parent.mkdir(exist_ok=True)
+    tmp = final_dir.parent / f".tmp-{eid}-{os.getpid()}"
+    tmp.mkdir()
+    log = final_dir.parent / f"{eid}.export.log"
+    log.unlink(missing_ok=True)  # an earlier attempt's
+    try:
+        report = build(tmp, log)
+        if log.exists():
+            os.replace(log, tmp / "export.log")
+        try:
+            os.rename(tmp, final_dir)
+        except OSError:  # the same export, run at the same time, finished first: keep that one
+            if not (final_dir / name).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # our own temp dir, after an error; gone after the rename
+    return report
+
+
 def write_output(src: Path, output: Path, overwrite: bool) -> None:
     """Copy the final model to --output: a temp file beside it, then one rename."""
     check_output(output, overwrite)  # again: it may have appeared while the export ran
@@ -286,22 +313,8 @@ def run_export(
     report = made(run, final_dir, rep.REPORT)
     if report is None:
         source = load(run)
-        final_dir.parent.mkdir(exist_ok=True)
-        tmp = final_dir.parent / f".tmp-{eid}-{os.getpid()}"
-        tmp.mkdir()
-        # beside the export, not in the temp dir: after a failure the error line points at it
-        log = final_dir.parent / f"{eid}.export.log"
-        try:
-            report = _build(Job(source, eid, plan, quantize, cfg, max_drop, tmp, log, qat_steps))
-            if log.exists():
-                os.replace(log, tmp / "export.log")
-            try:
-                os.rename(tmp, final_dir)
-            except OSError:  # the same export, run at the same time, finished first: keep that one
-                if not (final_dir / rep.REPORT).is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # our own temp dir, after an error; gone after the rename
+        job = lambda tmp, log: Job(source, eid, plan, quantize, cfg, max_drop, tmp, log, qat_steps)  # noqa: E731
+        report = built_whole(final_dir, rep.REPORT, lambda tmp, log: _build(job(tmp, log)))
     show(rep.table(report))
     for line in rep.summary_lines(report, str(final_dir)):
         logger.info(line)

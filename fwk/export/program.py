@@ -38,11 +38,12 @@ class FreshProcess:
     path: Path
 
     def __call__(self, x: Any) -> Any:
+        """Return the program's output for the batch ``x``, or the list of outputs for a list of batches."""
         import torch
 
         with tempfile.TemporaryDirectory(prefix="fwk-reload-") as tmp:
             inputs, outputs = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
-            torch.save(x.detach().cpu(), inputs)
+            torch.save([b.detach().cpu() for b in x] if isinstance(x, list) else x.detach().cpu(), inputs)
             argv = [sys.executable, "-m", "fwk.export.reload", self.fmt, str(self.path), str(inputs), str(outputs)]
             done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
             if done.returncode != 0:
@@ -75,30 +76,35 @@ class Program(Format):
         return FreshProcess(self.name, out / self.file), [self.file]
 
     def details(self, source: Any) -> dict[str, Any]:
-        """What fwk serve needs to serve the file without the run: the runtime, the file, the
-        input and output (-1: a dynamic axis) and, for token ids, the vocabulary and longest
-        sequence (``fwk.serve.limits``' ids and longest)."""
-        import torch
+        return details(source, self.runtime, self.file)
 
-        from fwk.export import capture
 
-        example = capture.example_input(source.data.val)
-        dynamic = capture.dynamic_shapes(example, source.data.task)[0]
-        with torch.no_grad():
-            out = source.model(example)
+def details(source: Any, runtime: str, file: str, max_batch: int | None = None) -> dict[str, Any]:
+    """What fwk serve needs to serve a program without the run: the runtime, the file, the
+    input and output (-1: a dynamic axis) and, for token ids, the vocabulary and longest
+    sequence (``fwk.serve.limits``' ids and longest); ``max_batch`` when the batch is bounded."""
+    import torch
 
-        def shape(t: Any) -> list[int]:
-            return [-1 if i in dynamic else int(n) for i, n in enumerate(t.shape)]
+    from fwk.export import capture
 
-        given = {"dtype": str(example.dtype).removeprefix("torch."), "shape": shape(example)}
-        if not example.dtype.is_floating_point and source.data.task == "lm":
-            longest = [-1 if i == 0 else int(n) for i, n in enumerate(example.shape)]  # seq: at most the captured
-            given |= {"ids": int(out.shape[-1]), "longest": longest}  # ids index the vocabulary the logits span
-        return {
-            "runtime": self.runtime,
-            "final": self.file,
-            "recipe": source.config.recipe,
-            "task": source.data.task,
-            "input": given,
-            "output": {"dtype": str(out.dtype).removeprefix("torch."), "shape": shape(out)},
-        }
+    example = capture.example_input(source.data.val)
+    dynamic = capture.dynamic_shapes(example, source.data.task)[0]
+    with torch.no_grad():
+        out = source.model(example)
+
+    def shape(t: Any) -> list[int]:
+        return [-1 if i in dynamic else int(n) for i, n in enumerate(t.shape)]
+
+    given = {"dtype": str(example.dtype).removeprefix("torch."), "shape": shape(example)}
+    if not example.dtype.is_floating_point and source.data.task == "lm":
+        longest = [-1 if i == 0 else int(n) for i, n in enumerate(example.shape)]  # seq: at most the captured
+        given |= {"ids": int(out.shape[-1]), "longest": longest}  # ids index the vocabulary the logits span
+    return {
+        "runtime": runtime,
+        "final": file,
+        "recipe": source.config.recipe,
+        "task": source.data.task,
+        "input": given,
+        "output": {"dtype": str(out.dtype).removeprefix("torch."), "shape": shape(out)},
+        **({"max_batch": max_batch} if max_batch else {}),
+    }

@@ -66,6 +66,7 @@ def _rules(c: ExportConfig) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.batch_size > 0, "export.batch_size", c.batch_size, "an integer > 0"
     yield c.val_batches >= 0, "export.val_batches", c.val_batches, "an integer >= 0 (0 = the whole validation set)"
     yield c.calib_batches > 0, "export.calib_batches", c.calib_batches, "an integer > 0"
+    yield c.max_batch >= 1, "export.max_batch", c.max_batch, "an integer >= 1"
     yield c.latency_batch > 1, "export.latency_batch", c.latency_batch, "an integer > 1 (batch 1 is always timed)"
     yield c.threads >= 0, "export.threads", c.threads, "an integer >= 0 (0 = the cores this process may use)"
     yield c.warmup >= 0, "export.warmup", c.warmup, "an integer >= 0"

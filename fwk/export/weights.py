@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -63,7 +62,7 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
     """
     import torch
 
-    from fwk.export.pipeline import VerificationFailed, check_output, made
+    from fwk.export.pipeline import VerificationFailed, built_whole, check_output, made
     from fwk.export.source import check_exportable, load
 
     fmt = form.name
@@ -74,13 +73,8 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
     report = made(run, final_dir, REPORT)
     if report is None:
         source = load(run)
-        final_dir.parent.mkdir(exist_ok=True)
-        tmp = final_dir.parent / f".tmp-{eid}-{os.getpid()}"
-        tmp.mkdir()
-        # beside the export, not in the temp dir: after a failure the error line points at it
-        log = final_dir.parent / f"{eid}.export.log"
-        log.unlink(missing_ok=True)  # an earlier attempt's
-        try:
+
+        def build(tmp: Path, log: Path) -> dict[str, Any]:
             reloaded, files = form.write(source, tmp, log)
             x = _held_out(source)
             with torch.no_grad():
@@ -100,11 +94,9 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
             (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
-            if log.exists():
-                os.replace(log, tmp / LOG)
-            os.rename(tmp, final_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            return report
+
+        report = built_whole(final_dir, REPORT, build)
     logger.info(
         f"{fmt}: {', '.join(report['files'])}; reloaded with {form.how}, on {report['held_out']} held-out inputs: "
         f"max abs diff {report['max_abs_diff']:.3g} (tolerance {report['tolerance']:g})"

@@ -1,7 +1,7 @@
 """Exports on disk, loaded into onnxruntime sessions with their input and output metadata.
 
 An export is ``<runs root>/<run id>/exports/<export id>/`` holding ``export_report.json``
-(ONNX), or ``weights_report.json`` with a ``runtime`` (``--format pt2`` or ``aoti``: loaded
+(ONNX), or ``weights_report.json`` with a ``runtime`` (``--format pt2``, ``aoti`` or ``pte``: loaded
 by ``fwk.serve.programs``); the report's ``final`` names the model file to serve (int8.onnx,
 fp32.onnx, model.pt2, ...). Export ids hash their parent run, so they are unique across runs.
 A user names an export by its id, by a run id (then the run's newest export), or by a unique
@@ -63,13 +63,19 @@ class Export:
         return str(self.report.get("runtime", ONNX))
 
     @property
+    def max_batch(self) -> int | None:
+        """The largest batch the export takes, when it has one: a pte program's memory is planned for it."""
+        bound = self.report.get("max_batch")
+        return int(bound) if bound else None
+
+    @property
     def passed(self) -> tuple[bool, str]:
         """Whether it passed its verification, and the reason it did not."""
         if self.runtime == ONNX:
             verdict = self.report.get("verdict") or {}
             return bool(verdict.get("passed", False)), str(verdict.get("reason", "no verdict"))
         diff = f"max abs diff {self.report.get('max_abs_diff')} > {self.report.get('tolerance')}"
-        return bool(self.report.get("passed", False)), diff
+        return bool(self.report.get("passed", False)), str(self.report.get("reason") or diff)
 
 
 def all_exports(root: Path) -> list[Export]:

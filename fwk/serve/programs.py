@@ -1,5 +1,6 @@
-"""``--format pt2`` and ``aoti`` exports, served: the program loaded by torch alone
-(``torch.export.load(...).module()`` or ``torch._inductor.aoti_load_package``), with the
+"""``--format pt2``, ``aoti`` and ``pte`` exports, served: the program loaded by torch alone
+(``torch.export.load(...).module()`` or ``torch._inductor.aoti_load_package``) or by
+ExecuTorch's runtime, with at most the batch a pte program was planned for, and with the
 input and output its report records, so that the protocol, batching, warm-up and canary are
 the ONNX exports' own (``fwk.serve.models.Loaded``'s interface).
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fwk.errors import UserError
+from fwk.export.edge import RUNTIME
 from fwk.serve.models import DATATYPES, Export, Tensor
 
 _NUMPY = {numpy: datatype for datatype, numpy in DATATYPES.values()}  # float32 -> FP32
@@ -57,5 +59,5 @@ def load_program(export: Export, intra_op_threads: int) -> Program:
         raise UserError(f"export {export.id}: input '{x.name}' has no free batch dimension (shape {list(x.shape)})")
     if intra_op_threads > 0:
         torch.set_num_threads(intra_op_threads)
-    fmt = "aoti" if export.runtime == "aoti" else "pt2"
+    fmt = {"aoti": "aoti", RUNTIME: "pte", "tensorrt": "tensorrt"}.get(export.runtime, "pt2")
     return Program(export, loader(fmt, export.model_file), x, [_tensor("logits", report["output"])])

@@ -89,13 +89,13 @@ class Repository:
                 assert self._executor is not None and self._slots is not None, "start() first"
                 loop = asyncio.get_running_loop()
                 t0 = time.perf_counter()
-                opens = load if entry.export.runtime == ONNX else load_program  # pt2, aoti: torch
+                opens = load if entry.export.runtime == ONNX else load_program  # pt2, aoti, pte: torch
                 loaded = await loop.run_in_executor(self._executor, opens, entry.export, self.cfg.intra_op_threads)
                 batcher = Batcher(
                     loaded.run,
                     self._executor,
                     self._slots,
-                    self.cfg.max_batch_size,
+                    min(self.cfg.max_batch_size, entry.export.max_batch or self.cfg.max_batch_size),
                     self.cfg.max_delay_ms,
                     self.cfg.adaptive,
                     on_batch=self.metrics.on_batch(model, version),
@@ -112,7 +112,7 @@ class Repository:
         return entry
 
     def _warm_up(self, model: str, version: str, loaded: Loaded | Program, batcher: Batcher) -> None:
-        for rows in range(1, self.cfg.max_batch_size + 1):
+        for rows in range(1, batcher.max_batch_size + 1):
             x = example(loaded.input, rows)
             for _ in range(self.cfg.warmup):
                 _, seconds = batcher.timed_run(x)

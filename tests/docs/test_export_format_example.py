@@ -37,9 +37,8 @@ def test_a_format_of_your_own_writes_the_checkpoints_weights(tmp_path: Path) -> 
     plugins = tmp_path / "plugins"
     missing = export(runs, plugins, "--format", "npz")
     assert missing.returncode != 0
-    assert (
-        missing.stderr.strip().splitlines()[-1].endswith("--format npz is not one of onnx, aoti, hf, pt2, safetensors")
-    )
+    known = "onnx, aoti, hf, pt2, pte, safetensors, tensorrt"
+    assert missing.stderr.strip().splitlines()[-1].endswith(f"--format npz is not one of {known}")
 
     (plugins / "fwk" / "export" / "formats").mkdir(parents=True)
     shutil.copyfile(EXAMPLE, plugins / "fwk" / "export" / "formats" / "npz.py")

@@ -96,7 +96,7 @@ def test_safetensors_of_an_fwk_model_and_what_cannot_be_asked(tmp_path: Path) ->
     for args, message in (
         (["--format", "hf"], "--format hf writes model=hf runs; run "),
         (["--format", "hf", "--quantize", "int8"], "--quantize applies to --format onnx; --format hf exports the"),
-        (["--format", "tflite"], "--format tflite is not one of onnx, aoti, hf, pt2, safetensors"),
+        (["--format", "tflite"], "--format tflite is not one of onnx, aoti, hf, pt2, pte, safetensors, tensorrt"),
     ):
         out = run_fwk("export", *args, runs=runs)
         assert out.returncode == 2, out.stdout + out.stderr

@@ -1,5 +1,5 @@
-"""`fwk serve` of `--format pt2` and `aoti` exports: the same protocol, batching and checks as
-ONNX exports, the program run by torch."""
+"""`fwk serve` of `--format pt2`, `aoti` and `pte` exports: the same protocol, batching and
+checks as ONNX exports, the program run by torch or by ExecuTorch's runtime."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from tests.serve.conftest import Exports, get, start_server, stop
 from tests.serve.test_lm import TINY
 
 
-def _program_export(runs: Path, fmt: str) -> str:
-    out = run_fwk("export", "--format", fmt, runs=runs)
+def _program_export(runs: Path, fmt: str, *words: str) -> str:
+    out = run_fwk("export", "--format", fmt, *words, runs=runs)
     assert out.returncode == 0, out.stdout + out.stderr
     (run,) = [p for p in runs.iterdir() if (p / "config.yaml").is_file()]
     reports = [json.loads(p.read_text()) | {"id": p.parent.name} for p in run.glob("exports/*/weights_report.json")]
@@ -63,6 +63,27 @@ def test_pt2_and_aoti_exports_are_served_with_the_programs_outputs(programs: Exp
                 want = direct(torch.from_numpy(x)).numpy()
             np.testing.assert_allclose(np.array(out["data"]).reshape(5, 10), want, rtol=1e-5, atol=1e-5)
         assert "ready: 2 version(s) warmed up" in server.output()
+    finally:
+        assert stop(server) == 0, server.output()
+
+
+def test_a_pte_export_is_served_in_batches_no_larger_than_its_program_takes(programs: Exports, tmp_path: Path) -> None:
+    from fwk.export.edge import loader
+
+    runs = tmp_path / "runs"
+    shutil.copytree(programs.runs / programs.run, runs / programs.run, ignore=shutil.ignore_patterns("exports"))
+    version = _program_export(runs, "pte", "--quantize", "int8", "export.max_batch=4")
+    pte = replace(programs, runs=runs, fp32=version, int8=version)
+    server = start_server(pte, version, "--preload", "serve.warmup=1", log=tmp_path / "serve.log")
+    try:
+        x = np.random.default_rng(1).random((5, 1, 8, 8), dtype=np.float32)
+        status, reply = _infer(server, x, version)  # 5 rows: batches of 4 and 1
+        assert status == 200, reply
+        (out,) = reply["outputs"]
+        direct = loader(runs / programs.run / "exports" / version / "model.pte")
+        want = np.concatenate([direct(torch.from_numpy(x[:4])).numpy(), direct(torch.from_numpy(x[4:])).numpy()])
+        np.testing.assert_allclose(np.array(out["data"]).reshape(5, 10), want, rtol=1e-5, atol=1e-5)
+        assert "ready: 1 version(s) warmed up" in server.output()
     finally:
         assert stop(server) == 0, server.output()
 

@@ -2,8 +2,9 @@
 
 The registry finds them and imports every module of this package. A format module names its
 format, says whether its output is a folder, and runs its export. ``onnx`` runs through the
-pruning, quantizing and verifying pipeline. The others (``Format``) write the run's weights,
-which fwk reloads and compares with the checkpoint's model. Format modules import torch only
+pruning, quantizing and verifying pipeline, and ``pte`` through ExecuTorch's, which shares its
+pruning. The others (``Format``) write the run's weights, which fwk reloads and compares with
+the checkpoint's model. Format modules import torch only
 inside their functions, so that listing the names stays fast, for ``--help`` or a wrong
 ``--format``. A folder ``X/fwk/export/formats/`` on ``sys.path`` (``PYTHONPATH=X``) adds its
 files to the package, so a format of your own needs no change to fwk."""
