@@ -155,10 +155,6 @@ def _evaluate(run: Run) -> bool:
 def finish(run: Run) -> dict[str, Any]:
     """Return the finished run's summary. Rank 0 writes it to ``summary.json``."""
     p, dist, target = run.progress, run.dist, run.target
-    cfg = run.cfg
-    after = run.methods.finished(
-        run.model, run.val, run.strategies.precision, run.data.task, dist, cfg.train.eval_batches
-    )
     summary = {
         "run_id": run.dir.id,
         "status": "complete",
@@ -176,7 +172,6 @@ def finish(run: Run) -> dict[str, Any]:
         "state_gib_per_rank": state_gib(run),
         **run.strategies.summary(),
         **run.diagnostics.summary(),
-        **after,  # what methods measured after training: early_exit's calibration
         **(
             {"target": {"stop_at": str(target), "reached": run.clock.reached is not None, **(run.clock.reached or {})}}
             if target

@@ -5,8 +5,7 @@ wraps it. ``attach`` runs once the optimizer is built. ``batch`` runs on each ba
 on the device. ``loss`` runs once, on the loss the step computes. ``after_step`` runs after
 each optimizer step. ``evaluated`` gives the module that evaluation and best checkpoints use,
 and ``exported`` the weights ``fwk export`` takes from a checkpoint. Those two are the
-evaluation-weights protocol (``fwk/engine/evaluate.py``). ``finished`` runs once after
-training, on every rank (early_exit calibrates there). A method keeps its state in the
+evaluation-weights protocol (``fwk/engine/evaluate.py``). A method keeps its state in the
 checkpoint (``state_dict``), and anything it changes is a function of the step or of that
 state, so a resumed run continues exactly.
 
@@ -80,11 +79,6 @@ class Method(ABC):
         """
         return loss
 
-    def finished(self, model: nn.Module, val: Any, precision: Any, task: str, dist: Any, max_batches: int) -> Any:
-        """Act once training is over, on every rank, with the plain model and the validation
-        loader; return what ``summary.json`` keeps under the method's name, or None."""
-        return None  # a hook: only early_exit calibrates after training
-
     @abstractmethod
     def describe(self) -> str:
         """Return one line that says what the method does and when. It is said once, at the start of a run."""
@@ -151,11 +145,6 @@ class Methods:
             for m in self.active:
                 model = stack.enter_context(m.evaluated(model))
             yield model
-
-    def finished(self, *args: Any) -> dict[str, Any]:
-        """Run each method's ``finished``; return the results by method name, for summary.json."""
-        results = {m.name: m.finished(*args) for m in self.active}
-        return {name: r for name, r in results.items() if r is not None}
 
     @staticmethod
     def exported(state: dict[str, Any]) -> dict[str, Any] | None:

@@ -69,8 +69,8 @@ def test_a_bad_method_name_is_one_line_before_any_run_dir(runs: Path) -> None:
     out = run_fwk("train", "methods=[ema,warp_drive]", runs=runs)
     assert out.returncode == 2
     assert out.stderr.strip() == (
-        "fwk: error: methods=['ema', 'warp_drive'] is not allowed: expected a list of early_exit, ema, "
-        "label_smoothing, progressive_resize, prune_gradually, seq_warmup (fix it with methods=...)"
+        "fwk: error: methods=['ema', 'warp_drive'] is not allowed: expected a list of ema, label_smoothing, "
+        "progressive_resize, prune_gradually, seq_warmup (fix it with methods=...)"
     )
     assert not runs.exists()
 
@@ -88,15 +88,6 @@ CASES = {
         "data.val_max_bytes=16384",
     ],
     "prune_gradually": ["methods=[prune_gradually]"],  # stages after steps 2, 5, 8, 10: the resume replays two
-    "early_exit": ["methods=[early_exit]"],  # the heads are the model's; the calibration runs on the resumed run
-    "early_exit_gpt": [
-        "methods=[early_exit]",
-        "recipe=gpt_stdlib",
-        "model.n_layer=4",
-        "model.n_embd=32",
-        "model.n_head=2",
-        "data.val_max_bytes=16384",
-    ],
 }
 
 
@@ -105,7 +96,7 @@ def test_a_run_stopped_mid_way_resumes_bit_exactly(tmp_path: Path, method: str) 
     args = ["train", *CASES[method], "train.max_steps=20", "train.eval_every=10", "train.log_every=5", "jit=off"]
     args += ["checkpoint.every=5", "checkpoint.keep=10", "train.batch_size=16"]
     straight, _, _ = resumes_bit_exactly(args, tmp_path, final_step=20)  # ema: its average's evaluation too
-    assert f"{method.removesuffix('_gpt')}: " in straight.stdout  # the method's line: what it does and when
+    assert f"{method}: " in straight.stdout  # the method's line: what it does and when
 
 
 def test_methods_under_two_process_ddp_keep_replicas_in_sync(runs: Path) -> None:
