@@ -75,7 +75,7 @@ class EarlyExitConfig:
             not self.weights or not self.exits or len(self.weights) == len(self.exits),
             f"{key}weights",
             self.weights,
-            f"one weight per exit ({len(self.exits)} exits: {self.exits})",
+            f"one weight per exit (exits {self.exits})",
         )
         yield self.max_drop is None or self.max_drop >= 0, f"{key}max_drop", self.max_drop, "a number >= 0, or none"
         if "early_exit" not in c.methods:
@@ -107,7 +107,7 @@ class EarlyExit(Method):
         if self.cfg.weights and len(self.cfg.weights) != n:
             raise UserError(
                 f"method.early_exit.weights={self.cfg.weights} is not allowed: expected one weight per exit "
-                f"({n} exits: {self.heads.exits})"
+                f"(exits {self.heads.exits})"
             )
         self.weights = tuple(float(w) for w in self.cfg.weights) or tuple((i + 1) / (n + 1) for i in range(n))
 
@@ -208,6 +208,7 @@ def at_threshold(entropy: torch.Tensor, score: torch.Tensor, threshold: float, d
     import torch
 
     exits, n = entropy.shape
+    entropy, score = entropy.double(), score.double()
     below = entropy < threshold
     taken = torch.where(below.any(0), below.int().argmax(0), exits)  # (N,): the first exit below, else the final
     share = torch.bincount(taken, minlength=exits + 1).double() / max(n, 1)

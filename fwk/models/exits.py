@@ -219,7 +219,8 @@ def exit_logits(model: nn.Module, x: torch.Tensor, threshold: float) -> tuple[to
     """
     outputs = exit_outputs(model, x)
     n = len(outputs) - 1
-    below = torch.stack([entropy(z) < threshold for z in outputs[:-1]])  # (exits, B) or (exits, B, T)
+    # in float64, as calibration compares: its threshold may lie just above an fp32 entropy
+    below = torch.stack([entropy(z).double() < threshold for z in outputs[:-1]])  # (exits, B) or (exits, B, T)
     taken = torch.where(below.any(0), below.int().argmax(0), n)  # argmax: the first exit that is below
     stacked = torch.stack(outputs)  # (exits + 1, B, ..., classes)
     index = taken.unsqueeze(0).unsqueeze(-1).expand(1, *stacked.shape[1:])
