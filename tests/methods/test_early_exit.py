@@ -263,3 +263,21 @@ def test_a_run_with_exits_stopped_mid_way_resumes_bit_exactly(tmp_path: Path) ->
     _, straight, resumed = resumes_bit_exactly(args, tmp_path, final_step=20)  # the heads' weights included
     a, b = (json.loads((run / "summary.json").read_text())["early_exit"] for run in (straight, resumed))
     assert a == b
+
+
+def test_two_process_ddp_keeps_the_heads_in_sync_and_calibrates_on_the_whole_val_split(runs: Path) -> None:
+    import torch.distributed as dist
+
+    from tests.conftest import require
+
+    require(dist.is_available() and dist.is_gloo_available(), "torch.distributed with gloo is needed")
+    out = run_fwk(
+        "train", "methods=[early_exit]", "parallel=ddp", "parallel.nproc_per_node=2", "train.max_steps=30",
+        "train.eval_every=30", "jit=off", runs=runs, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = _summary(runs)
+    assert summary["replicas_in_sync"] is True  # the heads are DDP's parameters too
+    found = summary["early_exit"]
+    assert found["full"] == summary["eval"]["val_acc"]  # both ranks' shards gathered: the same 300 samples
+    assert found["eval"]["val_acc"] == pytest.approx(found["with_exits"], abs=1e-12)
