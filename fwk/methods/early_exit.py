@@ -146,6 +146,17 @@ class EarlyExit(Method):
         )
         return result
 
+    @classmethod
+    def exported(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """Return the model's weights without the exit heads, which ``fwk export`` exports as the
+        plain model (it does not export the exits yet), or None for a run without exits."""
+        from fwk.models.exits import NAME
+
+        if cls.name not in (state.get("methods") or {}):
+            return None
+        weights = state.get("eval_weights") or state.get("model")  # schedule-free's x, where evaluation used it
+        return {k: v for k, v in weights.items() if not k.startswith(f"{NAME}.")} if weights else None
+
     def describe(self) -> str:
         weights = ", ".join(f"{w:.3g}" for w in self.weights)
         return (

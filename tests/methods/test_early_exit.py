@@ -242,6 +242,9 @@ def test_digits_train_with_an_exit_and_calibrate_within_max_drop(runs: Path) -> 
     (checkpoint,) = (next(runs.glob("*/")) / "checkpoints").glob("step-*")
     state = torch.load(checkpoint / "state.pt", weights_only=True)
     assert state["methods"]["early_exit"]["threshold"] == found["threshold"]  # saved again after calibrating
+    plain = Methods.exported(state)  # fwk export takes the model without its heads
+    assert plain is not None and not any(k.startswith("early_exits.") for k in plain)
+    SmallCNN(1, 32, 64, 128, 10).load_state_dict(plain)  # strict: digits_cnn's own weights, all of them
 
 
 def test_gpt_stdlib_trains_briefly_with_exits(runs: Path) -> None:
