@@ -72,6 +72,15 @@ def broadcast_object(value: object, dist: Dist) -> object:
     return box[0]
 
 
+def all_gather_objects(value: object, dist: Dist) -> list[object]:
+    """Return every rank's ``value``, in rank order: a picklable object, such as a few CPU tensors."""
+    if not dist.distributed:
+        return [value]
+    gathered: list[object] = [None] * dist.world_size
+    tdist.all_gather_object(gathered, value)
+    return gathered
+
+
 def clip_grad_norm_(
     params: list[torch.Tensor],
     max_norm: float,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from fwk.distributed.group import Dist, init
 from fwk.distributed.resize import derived_seed, written_batch_degree
 from fwk.distributed.sharded import is_sharded
 from fwk.distributed.shares import split
-from fwk.engine.evaluate import EvalWeights, evaluate
+from fwk.engine.evaluate import EvalWeights, Validation
 from fwk.engine.state import Clock, seed_everything
 from fwk.engine.step import TrainStep
 from fwk.methods.base import Methods
@@ -112,18 +112,38 @@ class Run:
     def save(self) -> None:
         self.checkpoints.save(self.step, self.resumable.state_dict(self.step))
 
-    def validate(self) -> dict[str, float]:
-        """Evaluate the weights the evaluation-weights sources give, else the trained ones, and
-        return the metrics. ema gives its average, and schedule-free its averaged point."""
+    @contextmanager
+    def evaluated(self) -> Iterator[nn.Module]:
+        """Give the weights the evaluation-weights sources give, else the trained ones, for one
+        evaluation. ema gives its average, and schedule-free its averaged point."""
         with ExitStack() as stack:
             model = self.model
             sources: tuple[EvalWeights, ...] = (self.averaged, self.methods)
             for source in sources:
                 model = stack.enter_context(source.evaluated(model))
-            precision, cfg = self.strategies.precision, self.cfg
             if self.strategies.pipeline is not None:  # through every stage, rank to rank
                 model = self.strategies.pipeline.evaluated()
-            return evaluate(model, self.val, precision, self.data.task, self.dist, cfg.train.eval_batches)
+            yield model
+
+    @property
+    def validation(self) -> Validation:
+        cfg = self.cfg
+        return Validation(self.val, self.strategies.precision, self.data.task, self.dist, cfg.train.eval_batches)
+
+    def validate(self) -> dict[str, float]:
+        """Evaluate the weights ``evaluated`` gives, and return the metrics."""
+        with self.evaluated() as model:
+            return self.validation(model)
+
+    def finish_methods(self) -> dict[str, Any]:
+        """Let the methods act on the trained run (early_exit calibrates its threshold), and return
+        their records for the summary. A method that keeps one changed its state: the final
+        checkpoint is saved again with it."""
+        with self.evaluated() as model:
+            records = self.methods.finished(model, self.validation)
+        if records:
+            self.save()
+        return records
 
 
 def fresh_model(cfg: Config) -> nn.Module:

@@ -1,10 +1,17 @@
 """Evaluation of the weights the run's evaluation-weights sources give (``EvalWeights``), on
-this rank's validation shard and summed over ranks."""
+this rank's validation shard and summed over ranks.
+
+A model with exit heads (``methods=[early_exit]``, ``fwk/models/exits.py``) is evaluated
+through them with a ``threshold``: each sample takes the first exit whose softmax entropy is
+below it. Without one, evaluation is the full model's, as in training. ``exit_samples``
+gathers each exit's entropy and score per sample, which the threshold is calibrated on.
+"""
 
 from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -12,9 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from fwk.distributed.collectives import all_reduce_max, all_reduce_sum
+from fwk.distributed.collectives import all_gather_objects, all_reduce_max, all_reduce_sum
 from fwk.distributed.group import Dist
 from fwk.distributed.sharded import is_sharded
+from fwk.models.exits import entropy, exit_logits, exit_outputs
 from fwk.strategies.precision import Precision
 
 
@@ -36,9 +44,16 @@ class EvalWeights(Protocol):
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, precision: Precision, task: str, dist: Dist, max_batches: int
+    model: nn.Module,
+    loader: DataLoader,
+    precision: Precision,
+    task: str,
+    dist: Dist,
+    max_batches: int,
+    threshold: float | None = None,
 ) -> dict[str, float]:
     """Return the mean loss per target, a token or an image, plus accuracy or perplexity.
+    With ``threshold``, the model's exit heads give each sample's logits (``exit_logits``).
 
     ``model`` is the unwrapped module (under pipeline parallel, the stages' forward: logits on
     the last stage, None before it): ranks may hold shards that differ by one batch,
@@ -60,7 +75,7 @@ def evaluate(
             break
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         with precision.autocast():
-            logits = model(x)
+            logits = model(x) if threshold is None else exit_logits(model, x, threshold)[0]
         if logits is None or not reports:  # a pipeline stage before the last; a peer's copy
             continue
         logits = logits.reshape(-1, logits.size(-1)).float()  # (N, classes): images or tokens
@@ -78,3 +93,58 @@ def evaluate(
     if task == "lm":
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
     return {"val_loss": loss, "val_acc": total_correct / max(total, 1.0)}
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The run's validation: its batches and how it evaluates them. Called with a model (and
+    a threshold for its exits), it returns ``evaluate``'s metrics."""
+
+    loader: Any
+    precision: Precision
+    task: str
+    dist: Dist
+    max_batches: int
+
+    def __call__(self, model: nn.Module, threshold: float | None = None) -> dict[str, float]:
+        return evaluate(model, self.loader, self.precision, self.task, self.dist, self.max_batches, threshold)
+
+
+@dataclass
+class ExitSamples:
+    """Each exit's softmax entropy and each exit's and the final output's score, per sample
+    (a token of an LM) of the validation set. The score is 1.0 or 0.0 for a right or wrong
+    class, or the cross-entropy of a token."""
+
+    entropy: torch.Tensor  # (exits, N) float64
+    score: torch.Tensor  # (exits + 1, N) float64: the final output's is the last row
+
+
+@torch.no_grad()
+def exit_samples(model: nn.Module, validation: Validation) -> ExitSamples:
+    """Return the exits' entropies and scores on the whole validation set, gathered from every
+    rank's shard. The model is whole on each rank (early_exit refuses FSDP, tp and pp)."""
+    was_training = model.training
+    model.eval()
+    v = validation
+    local = min(len(v.loader), v.max_batches) if v.max_batches else len(v.loader)
+    entropies, scores = [], []
+    for i, (x, y) in enumerate(v.loader):
+        if i >= local:
+            break
+        x, y = x.to(v.dist.device, non_blocking=True), y.to(v.dist.device, non_blocking=True)
+        with v.precision.autocast():
+            outputs = exit_outputs(model, x)
+        target = y.reshape(-1)
+        rows = [z.reshape(-1, z.size(-1)) for z in outputs]  # (N, classes) each: images or tokens
+        entropies.append(torch.stack([entropy(z) for z in rows[:-1]]).double().cpu())
+        if v.task == "lm":
+            score = [F.cross_entropy(z, target, reduction="none") for z in rows]
+        else:
+            score = [(z.argmax(-1) == target).float() for z in rows]
+        scores.append(torch.stack(score).double().cpu())
+    model.train(was_training)
+    parts = all_gather_objects((entropies, scores), v.dist)  # every rank's shard, in rank order
+    return ExitSamples(
+        torch.cat([e for es, _ in parts for e in es], dim=1), torch.cat([s for _, ss in parts for s in ss], dim=1)
+    )

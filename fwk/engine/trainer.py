@@ -155,11 +155,13 @@ def _evaluate(run: Run) -> bool:
 def finish(run: Run) -> dict[str, Any]:
     """Return the finished run's summary. Rank 0 writes it to ``summary.json``."""
     p, dist, target = run.progress, run.dist, run.target
+    methods = run.finish_methods()  # after the final evaluation: early_exit calibrates on val
     summary = {
         "run_id": run.dir.id,
         "status": "complete",
         "final_step": run.step,
         "eval": p.final_eval,
+        **methods,
         "wall_time_s": time.perf_counter() - run.started,
         "first_step_at": p.first_step_at,
         "startup": startup.phases(p.first_step_at),

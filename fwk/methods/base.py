@@ -5,7 +5,8 @@ wraps it. ``attach`` runs once the optimizer is built. ``batch`` runs on each ba
 on the device. ``loss`` runs once, on the loss the step computes. ``after_step`` runs after
 each optimizer step. ``evaluated`` gives the module that evaluation and best checkpoints use,
 and ``exported`` the weights ``fwk export`` takes from a checkpoint. Those two are the
-evaluation-weights protocol (``fwk/engine/evaluate.py``). A method keeps its state in the
+evaluation-weights protocol (``fwk/engine/evaluate.py``). ``finished`` runs once after the
+final evaluation, on every rank, and what it returns goes into ``summary.json``. A method keeps its state in the
 checkpoint (``state_dict``), and anything it changes is a function of the step or of that
 state, so a resumed run continues exactly.
 
@@ -29,6 +30,8 @@ from fwk.errors import UserError
 if TYPE_CHECKING:  # a method's module imports no torch until it runs (``fwk train --cfg`` reads its settings)
     import torch
     from torch import nn
+
+    from fwk.engine.evaluate import Validation
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,13 @@ class Method(ABC):
     def exported(cls, state: dict[str, Any]) -> dict[str, Any] | None:
         """Return the weights ``fwk export`` takes from a checkpoint's state in place of the model's, or None."""
         return None
+
+    def finished(self, model: nn.Module, validation: Validation) -> dict[str, Any] | None:
+        """Act once training has ended, after the final evaluation, on every rank, with the module
+        evaluation uses and the run's validation (``validation(model)`` evaluates it). Return
+        what ``summary.json`` records under the method's name, or None. A method whose state
+        changes here has the final checkpoint saved again."""
+        return None  # a hook: only a method that calibrates on the trained model (early_exit) uses it
 
     def loss(self, loss: Any) -> Any:
         """Return the loss the step computes. A method that changes the objective returns its own.
@@ -155,6 +165,11 @@ class Methods:
             if weights is not None:
                 return weights
         return None
+
+    def finished(self, model: nn.Module, validation: Validation) -> dict[str, Any]:
+        """Return each active method's record of the finished run, by name (empty when none keeps one)."""
+        records = {m.name: m.finished(model, validation) for m in self.active}
+        return {name: record for name, record in records.items() if record is not None}
 
     def loss(self, loss: Any) -> Any:
         """Return the loss after every active method's ``loss`` hook, in the order listed."""

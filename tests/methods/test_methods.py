@@ -69,8 +69,8 @@ def test_a_bad_method_name_is_one_line_before_any_run_dir(runs: Path) -> None:
     out = run_fwk("train", "methods=[ema,warp_drive]", runs=runs)
     assert out.returncode == 2
     assert out.stderr.strip() == (
-        "fwk: error: methods=['ema', 'warp_drive'] is not allowed: expected a list of ema, label_smoothing, "
-        "progressive_resize, prune_gradually, seq_warmup (fix it with methods=...)"
+        "fwk: error: methods=['ema', 'warp_drive'] is not allowed: expected a list of early_exit, ema, "
+        "label_smoothing, progressive_resize, prune_gradually, seq_warmup (fix it with methods=...)"
     )
     assert not runs.exists()
 

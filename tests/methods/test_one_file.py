@@ -54,7 +54,7 @@ def test_its_own_rule_is_one_line_and_without_its_file_it_is_unknown(plugins: Pa
     )
     absent = _fwk("train", "methods=[input_noise]", "--cfg", plugins=None, runs=runs)
     assert absent.returncode == 2 and "unknown key" not in absent.stderr
-    assert "methods=['input_noise'] is not allowed: expected a list of ema, label_smoothing," in absent.stderr
+    assert "methods=['input_noise'] is not allowed: expected a list of early_exit, ema," in absent.stderr
     assert not runs.exists()
 
 
@@ -66,5 +66,6 @@ def test_cfg_reads_every_methods_settings_without_torch(plugins: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{plugins}{os.pathsep}{ROOT}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == (
-        "['ema', 'input_noise', 'label_smoothing', 'progressive_resize', 'prune_gradually', 'seq_warmup'] False"
+        "['early_exit', 'ema', 'input_noise', 'label_smoothing', 'progressive_resize', 'prune_gradually', "
+        "'seq_warmup'] False"
     ), out.stderr
