@@ -109,6 +109,11 @@ class Validation:
     def __call__(self, model: nn.Module, threshold: float | None = None) -> dict[str, float]:
         return evaluate(model, self.loader, self.precision, self.task, self.dist, self.max_batches, threshold)
 
+    def exit_samples(self, model: nn.Module) -> ExitSamples:
+        """The exits' entropies and scores on the validation set (``exit_samples``): methods,
+        a floor below the engine, reach it through the ``Validation`` they are handed."""
+        return exit_samples(model, self)
+
 
 @dataclass
 class ExitSamples:

@@ -6,9 +6,9 @@ on the device. ``loss`` runs once, on the loss the step computes. ``after_step``
 each optimizer step. ``evaluated`` gives the module that evaluation and best checkpoints use,
 and ``exported`` the weights ``fwk export`` takes from a checkpoint. Those two are the
 evaluation-weights protocol (``fwk/engine/evaluate.py``). ``finished`` runs once after the
-final evaluation, on every rank, and what it returns goes into ``summary.json``. A method keeps its state in the
-checkpoint (``state_dict``), and anything it changes is a function of the step or of that
-state, so a resumed run continues exactly.
+final evaluation, on every rank, and what it returns goes into ``summary.json``. A method
+keeps its state in the checkpoint (``state_dict``), and anything it changes is a function of
+the step or of that state, so a resumed run continues exactly.
 
 A method is one file in ``fwk/methods/``: the dataclass of its settings, which checks its own
 values (``rules``), beside its class, registered by ``@method``. The registry imports every
@@ -30,8 +30,6 @@ from fwk.errors import UserError
 if TYPE_CHECKING:  # a method's module imports no torch until it runs (``fwk train --cfg`` reads its settings)
     import torch
     from torch import nn
-
-    from fwk.engine.evaluate import Validation
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ class Method(ABC):
         """Return the weights ``fwk export`` takes from a checkpoint's state in place of the model's, or None."""
         return None
 
-    def finished(self, model: nn.Module, validation: Validation) -> dict[str, Any] | None:
+    def finished(self, model: nn.Module, validation: Any) -> dict[str, Any] | None:
         """Act once training has ended, after the final evaluation, on every rank, with the module
         evaluation uses and the run's validation (``validation(model)`` evaluates it). Return
         what ``summary.json`` records under the method's name, or None. A method whose state
@@ -166,7 +164,7 @@ class Methods:
                 return weights
         return None
 
-    def finished(self, model: nn.Module, validation: Validation) -> dict[str, Any]:
+    def finished(self, model: nn.Module, validation: Any) -> dict[str, Any]:
         """Return each active method's record of the finished run, by name (empty when none keeps one)."""
         records = {m.name: m.finished(model, validation) for m in self.active}
         return {name: record for name, record in records.items() if record is not None}

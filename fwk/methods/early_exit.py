@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from fwk.engine.evaluate import Validation
-
 logger = logging.getLogger(__name__)
 
 DROP = {"classification": 0.01, "lm": 0.05}  # max_drop's default: accuracy given up, or nats of loss added
@@ -125,13 +123,11 @@ class EarlyExit(Method):
 
         return ExitLoss(label_smoothing=loss.label_smoothing, fused=loss.fused, heads=self.heads, weights=self.weights)
 
-    def finished(self, model: nn.Module, validation: Validation) -> dict[str, Any]:
+    def finished(self, model: nn.Module, validation: Any) -> dict[str, Any]:
         """Calibrate the threshold on the validation split, check it with an evaluation through
         the exits, say the figures in one line and return them for ``summary.json``."""
-        from fwk.engine.evaluate import exit_samples
-
         task = validation.task
-        samples = exit_samples(model, validation)
+        samples = validation.exit_samples(model)  # fwk.engine.evaluate.Validation
         max_drop = DROP[task] if self.cfg.max_drop is None else self.cfg.max_drop
         found = calibrate(samples.entropy, samples.score, max_drop, task == "lm", self.heads.block_share())
         self.threshold = found["threshold"]
