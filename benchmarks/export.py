@@ -312,6 +312,23 @@ def rows(quick: bool) -> list:
     torch_ms = lat["torch eager fp32"]
     out = []
     torch_size = stages["torch fp32"]["size_bytes"]
+
+    def size(name: str, target: str) -> Row:
+        s, r = stages[name], torch_size / stages[name]["size_bytes"]
+        return Row(
+            "export",
+            f"digits_cnn {name} size",
+            "torch fp32/model bytes",
+            r,
+            r,
+            r,
+            Side(name, s["size_bytes"] / 1e6, "MB"),
+            Side("torch fp32", torch_size / 1e6, "MB"),
+            target,
+            check(r, target),
+            f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)",
+        )
+
     for name, target_speed in (("onnx int8", ""), ("pruned onnx int8", ">= 3.8x")):
         s = stages[name]
         for b in (1, args.batch):
@@ -334,23 +351,7 @@ def rows(quick: bool) -> list:
                     f"ratios]; acc drop {s['drop']:+.2f} pts",
                 )
             )
-        r = torch_size / s["size_bytes"]
-        tgt = ">= 8x" if name.startswith("pruned") else ""
-        out.append(
-            Row(
-                "export",
-                f"digits_cnn {name} size",
-                "torch fp32/model bytes",
-                r,
-                r,
-                r,
-                Side(name, s["size_bytes"] / 1e6, "MB"),
-                Side("torch fp32", torch_size / 1e6, "MB"),
-                tgt,
-                check(r, tgt),
-                f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)",
-            )
-        )
+        out.append(size(name, ">= 8x" if name.startswith("pruned") else ""))
 
     def speed(name: str, ref: str, b: int, notes: str) -> Row:
         r = lat[ref][b].p50_ms / lat[name][b].p50_ms
@@ -379,22 +380,7 @@ def rows(quick: bool) -> list:
         for ref in ("torch eager fp32", EDGE_REF[name]):
             for b in (1, args.batch):
                 out.append(speed(name, ref, b, f"ExecuTorch's runtime; {scored}"))
-        r = torch_size / s["size_bytes"]
-        out.append(
-            Row(
-                "export",
-                f"digits_cnn {name} size",
-                "torch fp32/model bytes",
-                r,
-                r,
-                r,
-                Side(name, s["size_bytes"] / 1e6, "MB"),
-                Side("torch fp32", torch_size / 1e6, "MB"),
-                "",
-                None,
-                f"val acc {s['val_acc'] * 100:.1f}% (drop {s['drop']:+.2f} pts)",
-            )
-        )
+        out.append(size(name, ""))
     return out
 
 

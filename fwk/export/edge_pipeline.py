@@ -74,9 +74,9 @@ def _program(job: Job) -> tuple[Any, Any]:
     return program, pruned
 
 
-def _verify(job: Job, path: Path, reference: Any) -> dict[str, Any]:
+def _verify(job: Job, path: Path, reference: Any) -> tuple[str, dict[str, Any]]:
     """Run the ``.pte`` in a fresh process on the validation batches; measure it and the torch
-    model it was exported from on the same batches."""
+    model it was exported from on the same batches. Return the program's name and both measures."""
     import torch
 
     from fwk.export import verify
@@ -90,7 +90,7 @@ def _verify(job: Job, path: Path, reference: Any) -> dict[str, Any]:
     name = f"pte {job.quantize if job.quantize == 'int8' else 'fp32'}"
     runners = {"torch": verify.torch_runner(reference), name: lambda x: next(replayed)}
     measured = verify.quality(runners, "torch", iter(val), job.task)
-    return {
+    return name, {
         key: {
             **({"val_acc": q.metric} if job.task != "lm" else {}),
             "val_loss": q.loss,
@@ -99,7 +99,7 @@ def _verify(job: Job, path: Path, reference: Any) -> dict[str, Any]:
             "samples": q.samples,
         }
         for key, q in measured.items()
-    } | {"name": name}
+    }
 
 
 def failure(task: str, name: str, drop: float, max_drop: float, fp32_diff: float | None) -> str:
@@ -131,8 +131,7 @@ def _build(job: Job) -> dict[str, Any]:
     reference = source.model if pruned is None else pruned.model
     logger.info("verifying the program with ExecuTorch's runtime in a fresh process, on the validation set")
     with job.stage("verify"):
-        quality = _verify(job, job.out / PTE, reference)
-    name = quality.pop("name")
+        name, quality = _verify(job, job.out / PTE, reference)
     ref, got = quality["torch"], quality[name]
     drop, fp32, diff = rep.drop(job.task, ref, got), job.quantize != "int8", got["max_abs_diff"]
     reason = failure(job.task, name, drop, job.max_drop, diff if fp32 else None)
