@@ -5,7 +5,7 @@
 
 Each group (overhead, startup, auto, decode, shards, fingerprint, datawait, tta, ablation,
 precision, precision_whole, channels_last, memory, jit, kernels, parallel, layouts, export,
-resnet50, serve) runs in its own child process with a wall-clock budget, so that one benchmark's
+resnet50, serve, early_exit) runs in its own child process with a wall-clock budget, so that one benchmark's
 failure, hang or leftover state (compiled graphs, threads, page cache) never reaches the next: a
 group that fails or runs out of time becomes one failed row with its one-line reason, and the
 others still run. ``GROUP:CASE+CASE`` runs only those cases of a group that has several (tta,
@@ -182,6 +182,7 @@ GROUPS: dict[str, tuple[str, str, int]] = {
     "export": ("export", "rows", 300),  # AOTInductor compiles the aoti export: ~30 s on 2 cores
     "resnet50": ("resnet50", "rows", 2700),
     "serve": ("serve_overload", "rows", 600),
+    "early_exit": ("early_exit", "rows", 1500),  # four trainings (two resnet_digits: ~80 s each), served
 }
 
 

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import typer
 
-_OPTIONS = "--format, --prune, --ratio, --rounds, --quantize, --qat-steps, --output, --max-accuracy-drop, --overwrite"
+_OPTIONS = (
+    "--format, --prune, --ratio, --rounds, --quantize, --qat-steps, --output, --max-accuracy-drop, --overwrite, "
+    "--exits/--no-exits"
+)
 
 
 def export(
@@ -53,6 +56,13 @@ def export(
         "validation loss). Beyond it: exit 1, naming the stage; the artifacts are kept.",
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file."),
+    exits: bool = typer.Option(
+        True,
+        "--exits/--no-exits",
+        help="A run trained with methods=[early_exit]: --format onnx, pt2 and aoti carry its exit heads and "
+        "calibrated threshold (a batch stops at the first exit where all its rows are confident); --no-exits "
+        "exports the model without them.",
+    ),
     qat_steps: str = typer.Option(
         "0",
         "--qat-steps",
@@ -71,7 +81,9 @@ def export(
     from fwk.export.formats import Request, get
 
     words, ids = _words(args, fmt)
-    request = Request(ids, words, output, overwrite, prune, ratio, rounds, quantize, max_accuracy_drop, qat_steps)
+    request = Request(
+        ids, words, output, overwrite, prune, ratio, rounds, quantize, max_accuracy_drop, qat_steps, exits
+    )
     get(fmt).export(request)
 
 

@@ -182,7 +182,7 @@ def run_pte_export(
     final_dir = run.path / "exports" / eid
     report = made(run, final_dir, REPORT)
     if report is None:
-        source = load(run)
+        source = load(run, without="--format pte")
         build = lambda tmp, log: _build(Job(source, eid, plan, quantize, cfg, max_drop, tmp, log))  # noqa: E731
         report = built_whole(final_dir, REPORT, build)
     name = next(k for k in report["quality"] if k != "torch")

@@ -53,7 +53,25 @@ def fold_conv_bn(model: nn.Module) -> nn.Module:
 
     try:
         return fuse(frozen).eval()
-    except Exception as exc:  # not traceable by torch.fx: fold the pairs that are plainly adjacent
-        folded = _fold_sequentials(frozen)
-        log.info("fold_conv_bn: %s not traceable (%s); folded %d adjacent pairs", type(model).__name__, exc, folded)
+    except Exception as exc:  # not traceable by torch.fx as a whole: fold each part that is
+        folded = _fold_parts(frozen)
+        log.debug("fold_conv_bn: %s not traceable (%s); folded %d of its parts", type(model).__name__, exc, folded)
         return frozen
+
+
+def _fold_parts(module: nn.Module) -> int:
+    """Fold each child of ``module`` that torch.fx traces, the children's children of one that
+    does not, and the pairs that sit next to each other in an ``nn.Sequential`` last. Return how
+    many children were folded whole."""
+    from torch.fx.experimental.optimization import fuse
+
+    folded = 0
+    for name, child in list(module.named_children()):
+        if not any(isinstance(m, _NORMS) for m in child.modules()):
+            continue
+        try:
+            module._modules[name] = fuse(child).eval()
+            folded += 1
+        except Exception:  # a container (ModuleList) or untraceable code: go one level down
+            folded += _fold_parts(child)
+    return folded + _fold_sequentials(module)

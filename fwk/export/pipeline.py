@@ -64,6 +64,7 @@ def export_id(
     max_drop: float,
     qat_steps: int | str = 0,
     fmt: str = "onnx",
+    exits: bool = False,
 ) -> str:
     from fwk.track.run_id import code_version
 
@@ -76,6 +77,7 @@ def export_id(
         "settings": asdict(cfg),
         "max_accuracy_drop": max_drop,
         "qat_steps": qat_steps,
+        "exits": exits,
         "code": code_version(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
@@ -104,8 +106,22 @@ def _build(job: Job) -> dict[str, Any]:
         latencies = verify.latency(timed, inputs, threads, job.cfg.warmup, job.cfg.iterations)
     load = {"before_timing": round(load_before, 2), "after_timing": round(os.getloadavg()[0], 2)}
     report = rep.assemble(job, built, rep.stage_rows(job, built, latencies), threads, load)
+    if job.source.exits:
+        report["exits"] = job.source.exits | {"held_out_alone_leave_at": _leaving_alone(job)}
     (job.out / rep.REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _leaving_alone(job: Job) -> list[int]:
+    """How many validation samples, each sent alone, leave the exported graph at each exit and at the end."""
+    import torch
+
+    from fwk.export import verify
+
+    counts = [0] * (len(job.source.exits["after_blocks"]) + 1)
+    for x, _ in verify.batches(job.source.data.val, job.cfg.batch_size, job.cfg.val_batches):
+        counts = [a + b for a, b in zip(counts, job.source.model.alone(torch.as_tensor(x)), strict=True)]
+    return counts
 
 
 def _convert(job: Job) -> Built:
@@ -295,9 +311,10 @@ def run_export(
     overwrite: bool,
     show: Callable[[Any], None],
     qat_steps: int | str = 0,
+    exits: bool = False,
 ) -> dict[str, Any]:
     """Export ``run``, or show its existing export. Raise VerificationFailed when a stage lost
-    too much."""
+    too much. With ``exits``, a run's exits and threshold go into the ONNX graph (``fwk.export.exits``)."""
     from fwk.components.best import BEST_DIR, read_best
     from fwk.export.source import check_exportable, load
 
@@ -308,11 +325,11 @@ def run_export(
             f"exporting run {run.id}'s best checkpoint: {best.get('metric')} {best.get('value', 0):.4g} "
             f"at {checkpoint.name}"
         )
-    eid = export_id(run, checkpoint, plan, quantize, cfg, max_drop, qat_steps)
+    eid = export_id(run, checkpoint, plan, quantize, cfg, max_drop, qat_steps, exits=exits)
     final_dir = run.path / "exports" / eid
     report = made(run, final_dir, rep.REPORT)
     if report is None:
-        source = load(run)
+        source = load(run, carry_exits=exits, without="--no-exits")
         job = lambda tmp, log: Job(source, eid, plan, quantize, cfg, max_drop, tmp, log, qat_steps)  # noqa: E731
         report = built_whole(final_dir, rep.REPORT, lambda tmp, log: _build(job(tmp, log)))
     show(rep.table(report))

@@ -59,6 +59,7 @@ class Program(Format):
     how: str = "a fresh process, without fwk's model code"
     tolerance: float = TOLERANCE
 
+    carries_exits: bool = True
     file: str = ""  # the file it writes
     runtime: str = ""  # what fwk serve loads the file with: "torch.export", "aoti"
 
@@ -77,6 +78,9 @@ class Program(Format):
 
     def details(self, source: Any) -> dict[str, Any]:
         return details(source, self.runtime, self.file)
+
+    def outputs(self, reloaded: Any, inputs: list[Any]) -> list[Any]:
+        return reloaded(inputs)  # one fresh process for every batch
 
 
 def details(source: Any, runtime: str, file: str, max_batch: int | None = None) -> dict[str, Any]:

@@ -125,6 +125,7 @@ def assemble(
         "cpu": built.cpu,
         "reduce_range": built.reduce if quantize in ("int8", "dynamic_int8") else None,
         "folded_batchnorms": built.folded.folded,
+        "exits": source.exits,  # the exits and threshold the model carries (fwk.export.exits), or None
         "onnx": {
             "exporter": "torch.export (non-strict) + torch.onnx.export(dynamo=True)",
             "opset": exported.opset,
@@ -303,6 +304,21 @@ def table(report: dict[str, Any]):  # -> rich.table.Table
     return t
 
 
+def exits_line(exits: dict[str, Any] | None) -> str | None:
+    """Say which exits an export carries (``fwk.export.exits``), and where held-out rows leave it, or None."""
+    if not exits:
+        return None
+    after = ", ".join(str(b) for b in exits["after_blocks"])
+    line = (
+        f"exits after blocks {after} of {exits['blocks']}, entropy threshold {exits['threshold']:.4g} nats: "
+        f"{exits['rule']}"
+    )
+    alone = exits.get("held_out_alone_leave_at")
+    if alone:
+        line += f"; held-out rows, one at a time, leave at the exits and the end: {', '.join(map(str, alone))}"
+    return line
+
+
 def summary_lines(report: dict[str, Any], where: str) -> list[str]:
     v, r = report["verdict"], report["recommendation"]
     lines = []
@@ -319,7 +335,7 @@ def summary_lines(report: dict[str, Any], where: str) -> list[str]:
         f"{', '.join(report['onnx']['dynamic_axes'])}; graph {report['onnx']['nodes_exported']} -> "
         f"{report['onnx']['nodes_optimized']} nodes (onnxscript optimizer)"
         + (f"; {report['folded_batchnorms']} BatchNorms folded" if report["folded_batchnorms"] else ""),
-        *filter(None, [qat_line(report)]),
+        *filter(None, [qat_line(report), exits_line(report.get("exits"))]),
         f"{'passed' if v['passed'] else 'FAILED'}: {v['reason']}",
         f"recommended here: {r['artifact']} ({r['why']})",
         f"export dir: {where}",

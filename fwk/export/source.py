@@ -39,6 +39,7 @@ class Source:
     model: nn.Module  # eval mode, CPU, fp32, the checkpoint's weights
     data: DataBundle
     history: list = field(default_factory=list)  # removals made while training (methods=[prune_gradually])
+    exits: dict[str, Any] | None = None  # the exits ``model`` carries (fwk.export.exits), None without
 
 
 def train_command(run: RunDir) -> str:
@@ -134,8 +135,40 @@ def _check_checksums(path: Path) -> None:
             )
 
 
-def load(run: RunDir) -> Source:
-    """Rebuild the run's model from its config and load the checkpoint ``check_exportable`` picks."""
+def _with_exits(
+    model: Any, run: RunDir, checkpoint: Path, cfg: Config, data: Any, saved: dict[str, Any], carry: bool, without: str
+) -> tuple[Any, Any]:
+    """Return the model carrying the run's calibrated exits when ``carry``, and what it carries.
+    Otherwise return it as it is and, for a run with exits, say that ``without`` (the format or
+    flag) leaves them out."""
+    if "early_exit" not in cfg.methods:
+        return model, None
+    from fwk.data.build import example_input
+    from fwk.export import capture
+    from fwk.export import exits as ex
+    from fwk.models.exits import find_blocks
+
+    found = ex.trained_exits(saved, list(cfg.method.early_exit.exits) or find_blocks(model).auto)
+    if found is None and carry and ex.recorded(run):
+        raise UserError(
+            f"checkpoint {checkpoint} was saved before the run calibrated its exits (the best checkpoint of an "
+            "earlier step); pass --no-exits to export its model without them"
+        )
+    if found is None or not carry:
+        if found is not None:
+            ex.dropped(without)
+        return model, None
+    ex.attached(model, found, example_input(data)).float().eval()
+    carried = ex.exit_model(model, found.threshold, capture.example_input(data.val))
+    return carried, carried.describe()
+
+
+def load(run: RunDir, carry_exits: bool = False, without: str = "this export") -> Source:
+    """Rebuild the run's model from its config and load the checkpoint ``check_exportable`` picks.
+
+    For a run trained with exits (``methods=[early_exit]``) the model carries them
+    (``fwk.export.exits.ExitModel``) when ``carry_exits``; otherwise one line says that
+    ``without`` (a format, or --no-exits) exports the model without them."""
     import torch
     from omegaconf import OmegaConf
 
@@ -158,8 +191,10 @@ def load(run: RunDir) -> Source:
         first = str(exc).strip().splitlines()[0]
         raise UserError(f"checkpoint {checkpoint} does not fit the model of {run.config}: {first}") from None
     step = int(_STEP.match(checkpoint.name).group(1))  # type: ignore[union-attr]
-    model = model.float().eval()
-    return Source(run=run, config=cfg, checkpoint=checkpoint, step=step, model=model, data=data, history=history)
+    model, exits = _with_exits(model.float().eval(), run, checkpoint, cfg, data, saved, carry_exits, without)
+    return Source(
+        run=run, config=cfg, checkpoint=checkpoint, step=step, model=model, data=data, history=history, exits=exits
+    )
 
 
 def training_sample(source: Source, n: int) -> torch.utils.data.Dataset:

@@ -40,8 +40,8 @@ REPORT = "weights_report.json"  # beside a weights export's files, never copied 
 LOG = "export.log"  # the exporter's own output, for the formats that have one; never copied either
 
 
-def _export_id(run: RunDir, checkpoint: Path, fmt: str) -> str:
-    key = json.dumps({"run": run.id, "checkpoint": checkpoint.name, "format": fmt}, sort_keys=True)
+def _export_id(run: RunDir, checkpoint: Path, fmt: str, exits: bool) -> str:
+    key = json.dumps({"run": run.id, "checkpoint": checkpoint.name, "format": fmt, "exits": exits}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
@@ -55,10 +55,15 @@ def _held_out(source: Any) -> Any:
     return torch.cat([one] + [torch.as_tensor(source.data.val[i][0]).unsqueeze(0).to(one.dtype) for i in range(1, n)])
 
 
-def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: bool) -> dict[str, Any]:
+def run_weights_export(
+    run: RunDir, form: Any, output: Path | None, overwrite: bool, exits: bool = False, without: str = ""
+) -> dict[str, Any]:
     """Write and verify ``form``'s export of ``run``, or show the existing one, and return its report.
 
     ``form`` is a ``fwk.export.formats.Format``: it writes and reloads, this checks and keeps.
+    With ``exits`` a run's exits go in (``fwk.export.exits``); ``without`` names what leaves
+    them out otherwise, for the line that says so. A model with exits is also checked one
+    held-out row at a time, where a row can leave at an exit that a batch runs past.
     """
     import torch
 
@@ -68,18 +73,19 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
     fmt = form.name
     check_output(output, overwrite, folder=form.folder)
     checkpoint = check_exportable(run)
-    eid = _export_id(run, checkpoint, fmt)
+    eid = _export_id(run, checkpoint, fmt, exits)
     final_dir = run.path / "exports" / eid
     report = made(run, final_dir, REPORT)
     if report is None:
-        source = load(run)
+        source = load(run, carry_exits=exits, without=without)
 
         def build(tmp: Path, log: Path) -> dict[str, Any]:
             reloaded, files = form.write(source, tmp, log)
             x = _held_out(source)
+            inputs = [x, *(x.split(1) if source.exits else [])]
             with torch.no_grad():
-                expected, got = source.model(x), reloaded(x)
-            diff = float((expected.float() - got.float()).abs().max())
+                expected, got = [source.model(b) for b in inputs], form.outputs(reloaded, inputs)
+            diff = max(float((e.float() - g.float()).abs().max()) for e, g in zip(expected, got, strict=True))
             report = {
                 "format": fmt,
                 "run_id": run.id,
@@ -91,6 +97,9 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
                 "tolerance": form.tolerance,
                 "passed": diff <= form.tolerance,
                 **form.details(source),
+                **(
+                    {"exits": source.exits | {"held_out_alone_leave_at": source.model.alone(x)}} if source.exits else {}
+                ),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
             (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
@@ -101,6 +110,10 @@ def run_weights_export(run: RunDir, form: Any, output: Path | None, overwrite: b
         f"{fmt}: {', '.join(report['files'])}; reloaded with {form.how}, on {report['held_out']} held-out inputs: "
         f"max abs diff {report['max_abs_diff']:.3g} (tolerance {report['tolerance']:g})"
     )
+    from fwk.export.report import exits_line
+
+    if exits_said := exits_line(report.get("exits")):
+        logger.info(exits_said)
     logger.info(f"export dir: {final_dir}")
     if not report["passed"]:
         raise VerificationFailed(

@@ -144,8 +144,9 @@ class EarlyExit(Method):
 
     @classmethod
     def exported(cls, state: dict[str, Any]) -> dict[str, Any] | None:
-        """Return the model's weights without the exit heads, which ``fwk export`` exports as the
-        plain model (it does not export the exits yet), or None for a run without exits."""
+        """Return the model's weights without the exit heads, or None for a run without exits.
+        ``fwk export`` rebuilds the plain model from them, and the formats that carry the exits
+        hook the heads back in (``fwk.export.exits``)."""
         from fwk.models.exits import NAME
 
         if cls.name not in (state.get("methods") or {}):

@@ -71,6 +71,45 @@ def find_blocks(model: nn.Module) -> Blocks:
     )
 
 
+@dataclass
+class Segments:
+    """A model's forward cut at its blocks: ``tail(blocks[-1](...blocks[0](stem(x))))`` is ``model(x)``.
+    The parts are modules that share the model's own layers, for a forward that can stop at an exit."""
+
+    stem: nn.Module  # the input to the first block's input
+    blocks: list[nn.Module]  # as ``find_blocks`` counts them: an exit after block i reads blocks[i]'s output
+    tail: nn.Module  # the last block's output to the model's output
+
+
+class _TokenStem(nn.Module):
+    """A GPT's input: token and position embeddings, (B, T) ids -> (B, T, C)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)  # (T,)
+        return self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+
+
+def segments(model: nn.Module) -> Segments:
+    """Return the model cut at the blocks ``find_blocks`` finds, as the model's own forward runs them
+    (the GPT's, torchvision's ResNet's, the small CNN's). ``fwk.export.exits`` checks that the cut
+    parts compute what the model does before it exports them."""
+    blocks = find_blocks(model)
+    if blocks.kind == "lm":
+        return Segments(_TokenStem(model), list(model.blocks), nn.Sequential(model.ln_f, model.lm_head))
+    if hasattr(model, "layer1"):  # torchvision's ResNet._forward_impl
+        stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
+        return Segments(stem, blocks.modules, nn.Sequential(model.avgpool, nn.Flatten(1), model.fc))
+    layers = list(model.features)  # the small CNN: a block runs from after the last block's end to its own
+    ends = [next(i for i, m in enumerate(layers) if m is b) for b in blocks.modules]
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    parts = [nn.Sequential(*layers[a : e + 1]) for a, e in zip(starts, ends, strict=True)]
+    return Segments(nn.Sequential(), parts, nn.Sequential(*layers[ends[-1] + 1 :], model.head))
+
+
 class PooledHead(nn.Module):
     """A global average pool and a linear map to the classes: (B, C, H, W) -> (B, classes)."""
 

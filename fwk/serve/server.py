@@ -95,7 +95,9 @@ def describe(p: ServePlan) -> list[str]:
         for v, e in p.exports[model].items():
             role = "stable" if v == router.stable else "by version"
             role = f"canary {router.share:.0%}" if v == router.canary else role
-            parts.append(f"{v} ({role}, {e.report['final']} of run {e.run_id})")
+            exits = e.report.get("exits")
+            carries = f", exits after blocks {exits['after_blocks']}" if exits else ""
+            parts.append(f"{v} ({role}, {e.report['final']} of run {e.run_id}{carries})")
         lines.append(f"model {model}: {'; '.join(parts)}")
     return lines
 

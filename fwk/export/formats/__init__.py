@@ -38,6 +38,7 @@ class Request:
     quantize: str | None = None  # None: the flag was not given
     max_accuracy_drop: float = 1.0
     qat_steps: str = "0"
+    exits: bool = True  # --no-exits: False (a run trained with methods=[early_exit] exports its plain model)
 
     def run(self) -> Any:
         """Find the run to export: the id given under paths.runs, or the newest complete one."""
@@ -57,6 +58,7 @@ class Backend(ABC):
 
     name: str = ""
     folder: bool = False
+    carries_exits: bool = False  # it exports a run's exit heads and threshold (fwk.export.exits)
 
     @abstractmethod
     def export(self, request: Request) -> None:
@@ -84,6 +86,14 @@ class Format(Backend):
         """Return what the report should hold beyond the files and the check: none by default."""
         return {}
 
+    def outputs(self, reloaded: Any, inputs: list[Any]) -> list[Any]:
+        """Return the reloaded model's output for each batch of ``inputs``."""
+        return [reloaded(x) for x in inputs]
+
+    def without(self, request: Request) -> str:
+        """What exports the plain model of a run with exits, for the line that says so."""
+        return "--no-exits" if self.carries_exits and not request.exits else f"--format {self.name}"
+
     def export(self, request: Request) -> None:
         from fwk.errors import UserError
         from fwk.export.pipeline import check_output
@@ -103,7 +113,7 @@ class Format(Backend):
         check_output(r.output, r.overwrite, folder=self.folder)
         run = r.run()
         logging.getLogger("transformers").setLevel(logging.ERROR)
-        run_weights_export(run, self, r.output, r.overwrite)
+        run_weights_export(run, self, r.output, r.overwrite, self.carries_exits and r.exits, self.without(r))
 
     def copy(self, final_dir: Path, output: Path) -> None:
         """Copy the verified export to ``--output``."""

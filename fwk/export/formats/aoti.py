@@ -46,8 +46,14 @@ class Aoti(Program):
 
         from fwk.export.capture import output_to
 
+        # Inductor turns conv inputs channels-last, and a cond branch then reads its operand with the
+        # strides of a contiguous one: wrong outputs (torch 2.14). A program that branches (exits) keeps the layout.
+        branches = any(n.target is torch.ops.higher_order.cond for n in program.graph.nodes)
+        configs = {"layout_optimization": False} if branches else {}
         with output_to(log):  # Inductor's compile chatter
-            torch._inductor.aoti_compile_and_package(program, package_path=str(out / self.file))
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(out / self.file), inductor_configs=configs
+            )
 
 
 FORMATS.register(Aoti, name="aoti")(Aoti)
