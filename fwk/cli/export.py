@@ -9,7 +9,7 @@ import typer
 
 _OPTIONS = (
     "--format, --prune, --ratio, --rounds, --quantize, --qat-steps, --output, --max-accuracy-drop, --overwrite, "
-    "--exits/--no-exits"
+    "--exits/--no-exits, --trust-config"
 )
 
 
@@ -56,6 +56,12 @@ def export(
         "validation loss). Beyond it: exit 1, naming the stage; the artifacts are kept.",
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file."),
+    trust_config: bool = typer.Option(
+        False,
+        "--trust-config",
+        help="Build the run's recorded config's nested _target_ and trust_remote_code as written: only for a "
+        "config you wrote (a run directory from elsewhere could run any code).",
+    ),
     exits: bool = typer.Option(
         True,
         "--exits/--no-exits",
@@ -78,7 +84,10 @@ def export(
     (accuracy, agreement, output difference, size, MACs, latency) and writes
     runs/<id>/exports/<export-id>/ with export_report.json.
     """
+    from fwk.config.trust import trust
     from fwk.export.formats import Request, get
+
+    trust(trust_config)
 
     words, ids = _words(args, fmt)
     request = Request(

@@ -66,13 +66,9 @@ Template = Callable[[bool], dict[str, Any]]  # (optimizer state flat by name?) -
 def model_weights(path: Path) -> dict[str, torch.Tensor]:
     """Load the whole model's weights from a checkpoint dir of either layout, in one process."""
     if (path / _SHARDED).is_dir():
-        import tempfile
+        from fwk.components.dcp_reader import whole
 
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(path / _SHARDED, Path(tmp) / "full.pt")
-            return torch.load(Path(tmp) / "full.pt", weights_only=True)["model"]
+        return whole(path / _SHARDED)["model"]  # data only: DCP's own reader would unpickle anything
     return torch.load(path / "state.pt", map_location="cpu", weights_only=True)["model"]
 
 
@@ -280,12 +276,12 @@ class Checkpointer:
             if key in rng:  # (a checkpoint from before it kept the key per rank has rank 0's only)
                 state[key] = rng.pop(key)
         if manifest.get("sharded", False):
-            import torch.distributed.checkpoint as dcp
+            from fwk.components.dcp_reader import load as load_shards
 
             # this rank's shards, or the whole tensors of a run on one process: resharded as read
             assert template is not None, "a sharded checkpoint loads into the model's own state"
             shards = template(bool(manifest.get("optimizer_flat", False)))
-            dcp.load(shards, checkpoint_id=path / _SHARDED)
+            load_shards(shards, path / _SHARDED)  # data only: DCP's own reader would unpickle anything
             state.update(shards)
         return state, rng
 

@@ -172,12 +172,15 @@ def load(run: RunDir, carry_exits: bool = False, without: str = "this export") -
     import torch
     from omegaconf import OmegaConf
 
+    from fwk.config.trust import check_recorded
     from fwk.config.validate import to_typed
     from fwk.data.build import build_data
     from fwk.models.build import build_model
 
     checkpoint = check_exportable(run)
-    cfg = to_typed(OmegaConf.to_container(OmegaConf.load(run.config), resolve=True))
+    recorded = OmegaConf.to_container(OmegaConf.load(run.config), resolve=True)
+    check_recorded(recorded, str(run.config))  # before anything of it is built
+    cfg = to_typed(recorded)
     torch.manual_seed(cfg.seed)  # the initial weights are replaced by the checkpoint's; the data takes the seed
     data = build_data(cfg.data, seed=cfg.seed)
     model = build_model(cfg.model, data, init=False)
