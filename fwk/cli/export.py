@@ -59,8 +59,7 @@ def export(
     trust_config: bool = typer.Option(
         False,
         "--trust-config",
-        help="Build the run's recorded config's nested _target_ and trust_remote_code as written: only for a "
-        "config you wrote (a run directory from elsewhere could run any code).",
+        help="Build a recorded config's nested _target_ and trust_remote_code: only a config you wrote.",
     ),
     exits: bool = typer.Option(
         True,

@@ -27,12 +27,7 @@ def replay(
         None, "--root", help="The runs root (default: $FWK_RUNS, else ./runs).", show_default=False
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON to stdout."),
-    trust_config: bool = typer.Option(
-        False,
-        "--trust-config",
-        help="Build the recorded config's nested _target_ and trust_remote_code as written: only for a config "
-        "you wrote (a run directory from elsewhere could run any code).",
-    ),
+    trust_config: bool = typer.Option(False, "--trust-config", help="Build its nested _target_ (a config you wrote)."),
     redecide: bool = typer.Option(
         False,
         "--redecide",
@@ -52,7 +47,7 @@ def replay(
     compares the existing replay.
     """
     from fwk.config.resolve import from_dict
-    from fwk.config.trust import check_recorded, trust
+    from fwk.config.trust import check_recorded
     from fwk.launch.run import Job, plan_run, run
     from fwk.track import replay as rp
     from fwk.track.lookup import find_run, runs_root
@@ -68,8 +63,7 @@ def replay(
         raise UserError(f"{original.config} is missing or not valid YAML; run {original.id} cannot be replayed")
     if not original.metrics.is_file():
         raise UserError(f"run {original.id} logged no metrics ({original.metrics} is missing): nothing to compare")
-    trust(trust_config)
-    check_recorded(config_dict, str(original.config))  # before anything of it is built
+    trust_config or check_recorded(config_dict, str(original.config))  # before anything of it is built
     config_dict.setdefault("paths", {})["runs"] = str(original.path.parent)  # the replay lands beside it
     try:
         # the config as `fwk train` writes it: keys added to the schema since the run take their defaults
