@@ -122,7 +122,7 @@ def refused(checkpoint: Path, exc: Exception) -> UserError:
 def _checked(directory: Path) -> None:
     """Read every ``.metadata`` of ``directory`` with ``read_metadata`` first: DCP turns an error in
     its reader into a message of its own, and the one line should name what was refused."""
-    for path in sorted(directory.glob("*.metadata")) + sorted(directory.glob(".metadata")):
+    for path in sorted(directory.glob("*.metadata")):  # pathlib's * matches .metadata too
         try:
             read_metadata(path)
         except Refused as exc:
