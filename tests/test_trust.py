@@ -181,3 +181,100 @@ def test_fwk_export_of_a_crafted_config_runs_nothing(tmp_path: Path) -> None:
         (line,) = out.stderr.strip().splitlines()
         assert "model.x._target_ is a nested _target_ (torch.load)" in line and "--trust-config" in line
         assert not marker.exists()
+
+
+def _home(output: Path) -> None:
+    (output / ".ssh").mkdir(parents=True)
+    (output / ".ssh" / "id_ed25519").write_text("key")
+    (output / "notes.txt").write_text("notes")
+
+
+def _export_and_more(output: Path) -> None:
+    output.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (output / name).write_text(name)
+    (output / "train.py").write_text("my code")
+
+
+def _linked(output: Path) -> None:
+    (output.parent / "elsewhere").mkdir()
+    output.symlink_to(output.parent / "elsewhere")
+
+
+def _a_file(output: Path) -> None:
+    output.write_text("thesis")
+
+
+DELETES: dict[str, tuple[Callable[[Path], None], str, bool, str]] = {
+    # case: (what --output holds, its name, whether the format writes a folder, the end of the one line)
+    "a home directory, --format hf": (_home, "home", True, "holds .ssh and 1 more, which no export"),
+    "an export with the user's own file": (_export_and_more, "model", True, "holds train.py, which no export"),
+    "a link to a folder": (_linked, "model", True, "is a symbolic link"),
+    "a file where hf writes a folder": (_a_file, "thesis", True, "is a file, and this format writes a folder"),
+    "a file not named as an export": (_a_file, "thesis.tex", False, r"is not named as an export .*\(\*\.onnx\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(DELETES))
+def test_overwrite_replaces_only_an_earlier_export(case: str, tmp_path: Path) -> None:
+    from fwk.export.pipeline import check_output
+    from fwk.export.replace import HF_FILES
+
+    make, name, folder, said = DELETES[case]
+    output = tmp_path / name
+    make(output)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(UserError, match=rf"^--output {output} {said}.*left as it is") as err:
+        check_output(output, True, HF_FILES if folder else ("*.onnx",), folder)
+    assert "\n" not in str(err.value)
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_overwrite_of_an_earlier_export_is_whole_or_not_at_all(tmp_path: Path) -> None:
+    from fwk.export.pipeline import check_output
+    from fwk.export.replace import HF_FILES, replace
+
+    output = tmp_path / "model"
+    output.mkdir()
+    for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        (output / name).write_text("old")
+    check_output(output, True, HF_FILES, folder=True)  # an earlier export, sharded: replaceable
+
+    def fails(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / "config.json").write_text("new")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        replace(output, fails)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary left
+    assert (output / "config.json").read_text() == "old" and len(list(output.iterdir())) == 3
+
+    def writes(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / "config.json").write_text("new")
+        (tmp / "model.safetensors").write_text("new")
+
+    replace(output, writes)
+    assert sorted(p.name for p in output.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_fwk_export_overwrite_leaves_what_is_not_an_export(tmp_path: Path) -> None:
+    from tests.conftest import run_fwk
+
+    runs = tmp_path / "runs"
+    out = run_fwk("train", "train.max_steps=5", "train.eval_every=0", "jit=off", runs=runs)
+    assert out.returncode == 0, out.stderr
+    thesis = tmp_path / "thesis.tex"
+    thesis.write_text("thesis")
+    out = run_fwk("export", "--format", "safetensors", "--output", str(thesis), "--overwrite", runs=runs)
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert f"--output {thesis} is not named as an export of this format is (*.safetensors)" in line
+    assert thesis.read_text() == "thesis"
+    weights = tmp_path / "model.safetensors"
+    for _ in range(2):  # written, then replaced by --overwrite
+        out = run_fwk("export", "--format", "safetensors", "--output", str(weights), "--overwrite", runs=runs)
+        assert out.returncode == 0 and weights.stat().st_size > 1000, out.stdout + out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "runs", "thesis.tex"]

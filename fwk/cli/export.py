@@ -55,7 +55,7 @@ def export(
         help="Largest accepted loss against torch fp32: accuracy points (language models: % rise of the "
         "validation loss). Beyond it: exit 1, naming the stage; the artifacts are kept.",
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier export at --output (nothing else)."),
     trust_config: bool = typer.Option(
         False,
         "--trust-config",

@@ -42,15 +42,20 @@ class VerificationFailed(UserError):
     exit_code = 1
 
 
-def check_output(output: Path | None, overwrite: bool, folder: bool = False) -> None:
-    """Refuse an --output that exists, unless --overwrite is given, or that cannot be written,
-    before any work. ``folder`` says the output is a folder (--format hf) and not a file."""
+def check_output(output: Path | None, overwrite: bool, writes: tuple[str, ...], folder: bool = False) -> None:
+    """Refuse an --output that exists, unless --overwrite is given and it is an earlier export
+    (``fwk.export.replace``), or that cannot be written, before any work. ``writes`` holds the
+    name patterns of what the format writes; ``folder`` says the output is a folder (--format hf)."""
+    from fwk.export.replace import check_replaceable
+
     if output is None:
         return
     if output.is_dir() and not folder:
         raise UserError(f"--output {output} is a directory; give a file path, e.g. {output / 'model.onnx'}")
-    if output.exists() and not overwrite:
+    if (output.exists() or output.is_symlink()) and not overwrite:
         raise UserError(f"--output {output} already exists; pass --overwrite to replace it, or choose another path")
+    if output.exists() or output.is_symlink():
+        check_replaceable(output, writes, folder)
     if not output.parent.is_dir():
         raise UserError(f"--output {output}: folder {output.parent} does not exist; create it first")
 
@@ -292,13 +297,10 @@ def built_whole(final_dir: Path, name: str, build: Callable[[Path, Path], dict[s
 
 def write_output(src: Path, output: Path, overwrite: bool) -> None:
     """Copy the final model to --output: a temp file beside it, then one rename."""
-    check_output(output, overwrite)  # again: it may have appeared while the export ran
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from fwk.export.replace import replace
+
+    check_output(output, overwrite, (f"*{src.suffix}",))  # again: it may have appeared while the export ran
+    replace(output, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def run_export(

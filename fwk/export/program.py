@@ -63,6 +63,9 @@ class Program(Format):
     file: str = ""  # the file it writes
     runtime: str = ""  # what fwk serve loads the file with: "torch.export", "aoti"
 
+    def writes(self) -> tuple[str, ...]:
+        return (f"*{Path(self.file).suffix}",)
+
     @abstractmethod
     def save(self, program: Any, out: Path, log: Path) -> None:
         """Write the program into ``out / self.file``, in this format."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,7 @@ def run_weights_export(
     from fwk.export.source import check_exportable, load
 
     fmt = form.name
-    check_output(output, overwrite, folder=form.folder)
+    check_output(output, overwrite, form.writes(), form.folder)
     checkpoint = check_exportable(run)
     eid = _export_id(run, checkpoint, fmt, exits)
     final_dir = run.path / "exports" / eid
@@ -121,8 +120,9 @@ def run_weights_export(
             f"(> {report['tolerance']:g}); files kept in {final_dir}"
         )
     if output is not None:
-        if output.exists():  # check_output allowed it: --overwrite
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
-        form.copy(final_dir, output)
+        from fwk.export.replace import replace
+
+        check_output(output, overwrite, form.writes(), form.folder)  # again: it may have appeared meanwhile
+        replace(output, lambda tmp: form.copy(final_dir, tmp))
         logger.info(f"wrote {output}")
     return report

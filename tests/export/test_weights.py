@@ -50,6 +50,12 @@ def test_hf_export_loads_in_transformers_with_the_same_logits(llama: Path, tmp_p
         torch.testing.assert_close(reloaded(input_ids=ids).logits, source.model(ids), rtol=0, atol=1e-5)
     again = run_fwk("export", "--format", "hf", runs=llama)  # the same export: shown, not written again
     assert again.returncode == 0 and "already exists" in again.stdout, again.stdout + again.stderr
+    again = run_fwk("export", "--format", "hf", "--output", str(tmp_path / "hf"), "--overwrite", runs=llama)
+    assert again.returncode == 0, again.stdout + again.stderr  # an earlier export: replaced
+    (tmp_path / "hf" / "notes.md").write_text("mine")
+    again = run_fwk("export", "--format", "hf", "--output", str(tmp_path / "hf"), "--overwrite", runs=llama)
+    assert again.returncode == 2 and "holds notes.md, which no export of this format writes" in again.stderr
+    assert (tmp_path / "hf" / "notes.md").read_text() == "mine" and (tmp_path / "hf" / "config.json").is_file()
 
 
 @pytest.mark.parametrize("fmt", ["hf", "safetensors"])

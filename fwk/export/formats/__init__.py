@@ -64,6 +64,11 @@ class Backend(ABC):
     def export(self, request: Request) -> None:
         """Export the run ``request`` names, verified, and copy it to ``--output`` when given."""
 
+    def writes(self) -> tuple[str, ...]:
+        """Return the name patterns of what an export of this format is at ``--output``, the only
+        thing ``--overwrite`` replaces there (``fwk.export.replace``); none by default."""
+        return ()
+
 
 @dataclass(frozen=True)
 class Format(Backend):
@@ -110,7 +115,7 @@ class Format(Backend):
             raise UserError(
                 f"{r.overrides()[0]}: export.* settings apply to --format onnx; --format {self.name} takes none"
             )
-        check_output(r.output, r.overwrite, folder=self.folder)
+        check_output(r.output, r.overwrite, self.writes(), self.folder)
         run = r.run()
         logging.getLogger("transformers").setLevel(logging.ERROR)
         run_weights_export(run, self, r.output, r.overwrite, self.carries_exits and r.exits, self.without(r))
@@ -120,6 +125,8 @@ class Format(Backend):
         import shutil
 
         from fwk.export.weights import LOG, REPORT
+
+        # output does not exist: it is fwk.export.replace's temporary sibling
 
         if self.folder:
             shutil.copytree(final_dir, output, ignore=shutil.ignore_patterns(REPORT, LOG))

@@ -41,6 +41,11 @@ class HF(Format):
     folder: bool = True
     how: str = "AutoModel.from_pretrained"
 
+    def writes(self) -> tuple[str, ...]:
+        from fwk.export.replace import HF_FILES
+
+        return HF_FILES
+
     def write(self, source: Any, out: Path, log: Path) -> tuple[Any, list[str]]:
         from fwk.models.hf import AUTO, HFModel, transformers
 

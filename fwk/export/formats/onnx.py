@@ -13,6 +13,9 @@ class Onnx(Backend):
     name: str = "onnx"
     carries_exits: bool = True
 
+    def writes(self) -> tuple[str, ...]:
+        return ("*.onnx",)
+
     def export(self, request: Request) -> None:
         """Check the pruning, quantization and export.* settings, then run the ONNX pipeline."""
         from rich.console import Console
@@ -28,7 +31,7 @@ class Onnx(Backend):
         qat = check_qat_steps(r.qat_steps, r.quantize or "int8")
         if r.max_accuracy_drop < 0:
             raise UserError(f"--max-accuracy-drop={r.max_accuracy_drop:g} is not allowed: expected a number >= 0")
-        check_output(r.output, r.overwrite)
+        check_output(r.output, r.overwrite, self.writes())
         cfg = load_settings(r.overrides())
         run = r.run()
         exits = r.exits and recorded(run)  # its exits go into the graph, which int8's calibration cannot enter

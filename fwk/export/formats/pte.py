@@ -15,6 +15,9 @@ QUANTIZE = ("none", "int8")  # int8: PT2E with the XNNPACK quantizer; fp16 and d
 class Pte(Backend):
     name: str = "pte"
 
+    def writes(self) -> tuple[str, ...]:
+        return ("*.pte",)
+
     def export(self, request: Request) -> None:
         """Check the flags and export.* settings before any work, then run the ExecuTorch pipeline."""
         from fwk.errors import UserError
@@ -31,7 +34,7 @@ class Pte(Backend):
             raise UserError("--qat-steps applies to --format onnx; --format pte quantizes after training (PT2E)")
         if r.max_accuracy_drop < 0:
             raise UserError(f"--max-accuracy-drop={r.max_accuracy_drop:g} is not allowed: expected a number >= 0")
-        check_output(r.output, r.overwrite)
+        check_output(r.output, r.overwrite, self.writes())
         cfg = load_settings(r.overrides())
         edge.check_installed()
         run = r.run()

@@ -17,6 +17,9 @@ from fwk.export.formats import FORMATS, Format
 class Safetensors(Format):
     name: str = "safetensors"
 
+    def writes(self) -> tuple[str, ...]:
+        return ("*.safetensors",)
+
     def write(self, source: Any, out: Path, log: Path) -> tuple[Any, list[str]]:
         from safetensors.torch import load_model, save_model
 
