@@ -157,7 +157,9 @@ def _index(uri: str, endpoint_url: str, split: str) -> dict[str, Any]:
     return index
 
 
-def check_fields(uri: str, split: str, index: dict[str, Any]) -> None:
+def check_fields(
+    uri: str, split: str, index: dict[str, Any], fix: str = "prepare the set again with fwk data prepare"
+) -> None:
     """Refuse a split whose items are read with any serializer that fwk data prepare does not write.
 
     litdata picks the serializer a field names in index.json. "pickle", also inside another's
@@ -171,7 +173,7 @@ def check_fields(uri: str, split: str, index: dict[str, Any]) -> None:
             raise UserError(
                 f"data.uri={uri}: {split}/index.json reads field {name!r} with litdata's {fmt!r} serializer, which "
                 f"fwk does not read (it could run code: only {', '.join(SERIALIZERS)}, as fwk data prepare writes); "
-                "prepare the set again with fwk data prepare"
+                f"{fix}"
             )
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import textwrap
@@ -46,7 +47,7 @@ from fwk.data.configs import ImageFolderConfig, StreamingConfig
 from fwk.data.images import decode_bytes, seeded_cpu_rng
 from fwk.data.loader import LoadError
 from fwk.data.registry import register_data
-from fwk.data.shards import is_remote, read_manifest, storage_options
+from fwk.data.shards import check_fields, is_remote, read_manifest, storage_options
 from fwk.errors import UserError
 from fwk.track.store import cache_root
 
@@ -75,10 +76,33 @@ class StreamingImages(StreamingDataset):
         endpoint: str,
         **kwargs: Any,
     ) -> None:
-        super().__init__(uri, shuffle=random, seed=seed, drop_last=random, **kwargs)
+        try:
+            super().__init__(uri, shuffle=random, seed=seed, drop_last=random, **kwargs)
+        except json.JSONDecodeError:  # litdata read a damaged index.json: the set's is checked, so its cache's
+            where = kwargs.get("cache_dir", uri)
+            raise UserError(f"{source}: an index.json cached in {where} is not a litdata index; delete it") from None
+        if self.input_dir.url:  # litdata reads a remote split's index.json from its cache, once it is there
+            self.check_cached_index(source)
         self.image_transform, self.random, self.run_seed = transform, random, seed
         self.source, self.endpoint, self.reader_pid = source, endpoint, os.getpid()
         self._on_demand_bytes = False  # read by index (validation): whole chunks into the cache, not byte ranges
+
+    def check_cached_index(self, source: str) -> None:
+        """Refuse a cached index.json that declares a serializer fwk does not read, as the server's
+        own is refused (``fwk.data.shards.check_fields``): whoever can write the cache folder
+        (``data.cache_dir``, perhaps shared) could otherwise name "pickle" there."""
+        path = os.path.join(self.input_dir.path, "index.json")
+        split = self.input_dir.url.rstrip("/").rsplit("/", 1)[-1]
+        try:
+            with open(path) as f:
+                index = json.load(f)
+            index["config"]["data_format"]  # noqa: B018  (a KeyError or TypeError: not litdata's index)
+        except FileNotFoundError:
+            return
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"{source}: the cached {path} is not a litdata index; delete it to fetch it again") from None
+        uri = f"{source.removeprefix('data.uri=')} (cached in {self.input_dir.path})"
+        check_fields(uri, split, index, f"delete {self.input_dir.path} to fetch the set's own index again")
 
     def __iter__(self) -> StreamingImages:
         super().__iter__()  # a reader of this process (a loader worker's own)

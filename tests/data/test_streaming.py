@@ -174,6 +174,34 @@ def test_a_set_whose_index_declares_a_pickled_field_is_refused_before_any_run_di
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_cached_index_that_declares_a_pickled_field_is_refused(
+    prepared: tuple[Path, Path], moto: str, s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """litdata reads a remote split's index.json from its cache once it is there, not from the
+    server: whoever can write data.cache_dir could name "pickle" where the server's index is clean."""
+    from fwk.data.streaming import streaming
+
+    _, shards = prepared
+    use_s3(s3, monkeypatch, tmp_path)
+    uri = upload(moto, shards, "data", "sets/cached")
+    cfg = StreamingConfig(uri=uri, cache_dir=str(tmp_path / "cache"), image_size=16, val_resize=18)
+    assert streaming(cfg, seed=0).num_classes == 3  # fetches both splits' index.json into the cache
+    cached = sorted((tmp_path / "cache").rglob("index.json"))
+    assert len(cached) == 2  # train's and val's, each under a hash of its URL
+    for path in cached:
+        index = json.loads(path.read_text())
+        config = index["config"]
+        config["types"]["label"] = "pickle"
+        config["data_format"][json.loads(json.loads(config["data_spec"])[1]["context"]).index("label")] = "pickle"
+        path.write_text(json.dumps(index))
+    with pytest.raises(UserError, match=rf"^data.uri={uri} \(cached in .*\): train/index.json reads field 'label' .* delete "):
+        streaming(cfg, seed=0)
+    for path in cached:
+        path.write_text("not json")
+    with pytest.raises(UserError, match=r"is not a litdata index; delete it"):
+        streaming(cfg, seed=0)
+
+
 def test_prepare_leaves_the_processs_start_method_as_it_was(prepared: tuple[Path, Path], tmp_path: Path) -> None:
     import multiprocessing
 
