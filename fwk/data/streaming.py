@@ -100,7 +100,9 @@ class StreamingImages(StreamingDataset):
         except FileNotFoundError:
             return
         except (ValueError, KeyError, TypeError):
-            raise UserError(f"{source}: the cached {path} is not a litdata index; delete it to fetch it again") from None
+            raise UserError(
+                f"{source}: the cached {path} is not a litdata index; delete it to fetch it again"
+            ) from None  # noqa: E501
         uri = f"{source.removeprefix('data.uri=')} (cached in {self.input_dir.path})"
         check_fields(uri, split, index, f"delete {self.input_dir.path} to fetch the set's own index again")
 

@@ -194,7 +194,8 @@ def test_a_cached_index_that_declares_a_pickled_field_is_refused(
         config["types"]["label"] = "pickle"
         config["data_format"][json.loads(json.loads(config["data_spec"])[1]["context"]).index("label")] = "pickle"
         path.write_text(json.dumps(index))
-    with pytest.raises(UserError, match=rf"^data.uri={uri} \(cached in .*\): train/index.json reads field 'label' .* delete "):
+    said = rf"^data.uri={uri} \(cached in .*\): train/index.json reads field 'label' .* delete "
+    with pytest.raises(UserError, match=said):
         streaming(cfg, seed=0)
     for path in cached:
         path.write_text("not json")
