@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
+from fwk.components import refused_write
 from fwk.components.train_state import rng_state
 from fwk.distributed.group import Dist
 from fwk.errors import UserError
@@ -125,18 +127,29 @@ class Checkpointer:
         tmp = self.root / f"{_TMP}{final.name}"
         try:
             return self._save(step, state, final, tmp)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        except (Exception, CheckpointException) as exc:  # DCP's own is a BaseException
+            code = refused_write.cause(exc, tmp if tmp.is_dir() else self.root)  # asked beside the partial files
+            if code is None:
                 raise
-            shutil.rmtree(tmp, ignore_errors=True)
-            free = shutil.disk_usage(self.root).free if self.root.exists() else 0
-            last = self.latest()
-            kept = f"{last.name} is intact" if last is not None else "there is no earlier checkpoint"
-            raise UserError(
-                f"no space left on the device of {self.root} while saving {final.name} "
-                f"({os.strerror(exc.errno)}; {free / 2**20:.0f} MiB free now): the unfinished copy is removed and "
-                f"{kept}; free some space, then run the same command to resume"
-            ) from None
+            raise self._refused(final, tmp, code) from None
+
+    def _refused(self, final: Path, tmp: Path, code: int) -> UserError:
+        """The one line for a save the file system refused, once the unfinished copy is removed."""
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(self.root).free if self.root.exists() else 0
+        last = self.latest()
+        kept = f"{last.name} is intact" if last is not None else "there is no earlier checkpoint"
+        head = (
+            f"no space left on the device of {self.root}"
+            if code in (errno.ENOSPC, errno.EDQUOT)
+            else f"the file system of {self.root} refused a write"
+        )
+        why = os.strerror(code) if code else "it accepts writes again now"
+        fix = "raise the file-size limit (ulimit -f)" if code == errno.EFBIG else "free some space"
+        return UserError(
+            f"{head} while saving {final.name} ({why}; {free / 2**20:.0f} MiB free now): the unfinished copy is "
+            f"removed and {kept}; {fix}, then run the same command to resume"
+        )
 
     def _save(self, step: int, state: dict[str, Any], final: Path, tmp: Path) -> Path:
         if self.dist.is_main:

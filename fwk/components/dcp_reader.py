@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,14 @@ def whole(directory: Path) -> dict[str, Any]:
 
 
 def _refusal(exc: BaseException) -> Exception | None:
-    """The Refused error inside ``exc`` (DCP wraps each rank's error with its traceback), or None."""
+    """The Refused error inside ``exc``, or None."""
+    found = within(exc, lambda e: isinstance(e, Refused))
+    return found if isinstance(found, Exception) else None
+
+
+def within(exc: BaseException, match: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first error inside ``exc`` that ``match`` accepts, or None: DCP wraps each rank's
+    error with its traceback, and its own errors chain others."""
     seen: list[Any] = [exc]
     while seen:
         e = seen.pop()
@@ -168,7 +176,7 @@ def _refusal(exc: BaseException) -> Exception | None:
             e = e[0]
         if not isinstance(e, BaseException):
             continue
-        if isinstance(e, Refused):
+        if match(e):
             return e
         seen += [c for c in (e.__cause__, e.__context__) if c is not None]
         failures = getattr(e, "failures", None)  # CheckpointException: rank -> (exception, traceback)

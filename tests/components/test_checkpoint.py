@@ -175,6 +175,56 @@ def test_a_resave_cut_between_its_renames_loses_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000007"]
 
 
+def _wide(step: int) -> dict:
+    """A state whose files are larger than the file-size limit below: 256 KiB of weights."""
+    torch.manual_seed(step)
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 256)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+
+
+_SAVE_LIMITED = """
+import resource, sys, torch
+from pathlib import Path
+from fwk.components.checkpoint import Checkpointer
+from fwk.errors import UserError
+from tests.components.test_checkpoint import SOLO, _wide
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # a real limit: the kernel refuses the write (EFBIG)
+try:
+    Checkpointer(Path(sys.argv[1]), SOLO, keep=2, sharded=sys.argv[2] == "sharded").save(8, _wide(8))
+except UserError as exc:
+    print(exc)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("layout", ["plain", "sharded"])
+def test_a_save_the_file_system_refuses_is_one_line_and_resumes_from_the_last_checkpoint(
+    tmp_path: Path, layout: str
+) -> None:
+    """torch.save raises a RuntimeError and dcp.save a CheckpointException, neither an OSError."""
+    import subprocess
+    import sys
+
+    ckpt = Checkpointer(tmp_path, SOLO, keep=2, sharded=layout == "sharded")
+    ckpt.save(4, _wide(4))
+    out = subprocess.run([sys.executable, "-c", _SAVE_LIMITED, str(tmp_path), layout], capture_output=True, text=True)
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stdout.strip().splitlines()
+    assert line.startswith(f"the file system of {tmp_path} refused a write while saving step-00000008 (File too large;")
+    assert line.endswith(
+        "the unfinished copy is removed and step-00000004 is intact; raise the file-size limit (ulimit -f), then run "
+        "the same command to resume"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004"]
+    path, state, _ = Checkpointer(tmp_path, SOLO, keep=2, sharded=layout == "sharded").load_latest(
+        lambda flat: {k: v for k, v in _wide(0).items() if k != "step"}  # what a resumed run loads shards into
+    )
+    assert path.name == "step-00000004" and torch.equal(state["model"]["weight"], _wide(4)["model"]["weight"]) and state["step"] == 4
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_a_disk_that_fills_during_a_save_is_one_line_and_keeps_the_last_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
