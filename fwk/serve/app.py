@@ -261,9 +261,9 @@ class _Routes:
             await self.repo.stop()
 
 
-def build(repo: Repository, admin_token: str = "") -> Front:
+def build(repo: Repository, admin_token: str = "", hosts: frozenset[str] | None = None) -> Front:
     """Build the routed app behind its Front, which answers health checks and refuses requests
-    past serve.max_inflight.
+    past serve.max_inflight, and those for a Host not in ``hosts`` (None: any).
 
     ``admin_token`` is what promote and rollback require. When it is empty, they are off."""
     r = _Routes(repo, admin_token)
@@ -283,4 +283,4 @@ def build(repo: Repository, admin_token: str = "") -> Front:
     ]
     handlers = {BadRequest: r.bad_request, HTTPException: r.http_error, Exception: r.crash}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=r.lifespan)
-    return Front(app, lambda: repo.ready, repo.metrics, repo.cfg.max_inflight, repo.cfg.body_timeout_s)
+    return Front(app, lambda: repo.ready, repo.metrics, repo.cfg.max_inflight, repo.cfg.body_timeout_s, hosts)

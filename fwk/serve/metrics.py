@@ -42,7 +42,8 @@ class Metrics:
         )
         self.refused = Counter(
             "fwk_serve_refused",
-            "requests turned away by a bound (inflight, queue, deadline, body_timeout, warming)",
+            "requests turned away by a bound (inflight, queue, deadline, body_timeout, warming) or their Host (host); "
+            "connections closed before their headers were in (header_timeout, connections)",
             ("reason",),
             registry=r,
         )

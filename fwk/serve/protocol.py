@@ -128,15 +128,7 @@ def parse(
             )
         x = np.frombuffer(rest, dtype=want.dtype).reshape(shape)
     else:
-        if "data" not in inp:
-            raise BadRequest(f"input '{want.name}' has no 'data' (nor parameters.binary_data_size)")
-        try:
-            x = np.asarray(inp["data"], dtype=want.dtype)
-        except (TypeError, ValueError) as exc:
-            raise BadRequest(f"input '{want.name}': data is not {want.datatype} numbers ({exc})") from None
-        if x.size != count:
-            raise BadRequest(f"input '{want.name}' has {x.size} values; shape {shape} needs {count}")
-        x = x.reshape(shape)
+        x = _array(inp, want, shape, count)
     _check_values(x, want)
     top = _params(req, "")
     names = {o.name for o in outputs}
@@ -152,6 +144,54 @@ def parse(
         asked = [(o.name, True) for o in outputs]
     priority = top.get("priority")
     return InferRequest(req.get("id"), x, priority == "high" or priority == 1, client_id(req), asked)
+
+
+def _array(inp: dict[str, Any], want: Tensor, shape: list[int], count: int) -> np.ndarray:
+    """The JSON ``data`` as an array of ``shape``, flat (row-major) or nested in lists. Its
+    values are counted against the shape's size first: numpy would copy every value of a
+    huge list before its size could be compared, and the shape's size is what the row and
+    position limits bound."""
+    if "data" not in inp:
+        raise BadRequest(f"input '{want.name}' has no 'data' (nor parameters.binary_data_size)")
+    data = inp["data"]
+    if not isinstance(data, list):
+        raise BadRequest(
+            f"input '{want.name}': data must be a list of {want.datatype} numbers, not {type(data).__name__}"
+        )
+    flat = not data or not isinstance(data[0], list)
+    n = len(data) if flat else _count_values(data, count)
+    if n != count:
+        got = f"more than {count}" if n > count and not flat else n  # a nested count stops past the shape's
+        raise BadRequest(f"input '{want.name}' has {got} values; shape {shape} needs {count}")
+    try:
+        x = np.asarray(data, dtype=want.dtype)
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"input '{want.name}': data is not {want.datatype} numbers ({exc})") from None
+    if x.size != count:  # kept: the count read the length of a row of values, not its items
+        raise BadRequest(f"input '{want.name}' has {x.size} values; shape {shape} needs {count}")
+    return x.reshape(shape)
+
+
+_END = object()
+
+
+def _count_values(data: list, most: int) -> int:
+    """How many values nested ``data`` holds, its lists flattened (as Triton reads them); the
+    count stops once past ``most``, so that a huge list costs no more than the size it is
+    refused at. A list whose first item is not a list counts as a row of values, its length
+    read without walking it: numpy refuses it later if it holds anything but numbers."""
+    n, stack = 0, [iter(data)]
+    while stack and n <= most:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif not isinstance(item, list):
+            n += 1
+        elif item and isinstance(item[0], list):
+            stack.append(iter(item))
+        else:
+            n += len(item)
+    return n
 
 
 def _check_values(x: np.ndarray, want: Tensor) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from fwk.errors import UserError
 from fwk.serve.models import Export, find_export
 from fwk.serve.routing import AutoPromote, Router
-from fwk.serve.settings import ServeConfig
+from fwk.serve.settings import ServeConfig, allowed_hosts
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +113,10 @@ def run(
     import uvicorn
 
     from fwk.serve.app import build
+    from fwk.serve.connections import check_open_files, protocol
     from fwk.serve.repository import Repository
 
+    check_open_files(cfg.max_connections)
     repo = Repository(p.routers, p.exports, cfg, threads, preload)
     for line in describe(p):
         logger.info(line)
@@ -128,15 +130,23 @@ def run(
         f"serving on http://{host}:{port} (KServe v2; {batching}; {threads} inference threads x "
         f"{cfg.intra_op_threads or 'auto'} onnxruntime threads); SIGTERM or Ctrl-C drains and stops"
     )
+    hosts = allowed_hosts(cfg, host)
+    if hosts is not None:
+        logger.info(f"answering requests for Host {', '.join(sorted(hosts))} (serve.allowed_hosts)")
     config = uvicorn.Config(
-        build(repo, token),
+        build(repo, token, hosts),
         host=host,
         port=port,
         log_level="warning",
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=cfg.drain_s,
-        limit_concurrency=None,
+        # past max_connections open, uvicorn answers 503 to a request whose headers are in; the
+        # protocol lets health checks through and closes slow connections (fwk/serve/connections.py)
+        limit_concurrency=cfg.max_connections,
+        http=protocol(
+            cfg.header_timeout_s, cfg.max_connections, count=lambda why: repo.metrics.refused.labels(why).inc()
+        ),
         backlog=2048,
     )
     # uvicorn catches SIGTERM/SIGINT, drains, then re-raises the signal to the handler it found:

@@ -55,6 +55,21 @@ class ServeConfig:
         30.0, "a request not answered within this (queue and run) gets 504; its batch is dropped if nobody waits"
     )
     body_timeout_s: float = doc(10.0, "a request body not fully received within this gets 408")
+    header_timeout_s: float = doc(
+        10.0,
+        "a connection whose request headers are not complete within this, from its opening or from the first byte "
+        "after its last response, gets 408 and is closed",
+    )
+    max_connections: int = doc(
+        1024,
+        "open connections at most; a request arriving past it gets 503 (health checks excepted); past it plus an "
+        "eighth, a new connection closes the one waiting longest for its headers",
+    )
+    allowed_hosts: list[str] = doc(
+        [],
+        "Host header names answered (no port; .example.com: it and its subdomains; *: any); empty: localhost, "
+        "127.0.0.1 and ::1 when --host is a loopback address, else any; others get 421 (health checks excepted)",
+    )
     admin_token: str = doc(
         "auto",
         "bearer token that promote and rollback require (Authorization: Bearer TOKEN); auto: made at start and "
@@ -86,8 +101,41 @@ def _rules(c: ServeConfig) -> Iterator[tuple[bool, str, Any, str]]:
     yield c.max_inflight >= 1, "serve.max_inflight", c.max_inflight, "an integer >= 1"
     yield c.request_timeout_s > 0, "serve.request_timeout_s", c.request_timeout_s, "a number of seconds > 0"
     yield c.body_timeout_s > 0, "serve.body_timeout_s", c.body_timeout_s, "a number of seconds > 0"
+    yield c.header_timeout_s > 0, "serve.header_timeout_s", c.header_timeout_s, "a number of seconds > 0"
+    conns = f"an integer >= serve.max_inflight={c.max_inflight} (each request in flight holds a connection)"
+    yield c.max_connections >= c.max_inflight, "serve.max_connections", c.max_connections, conns
+    hosts = "a list of host names without scheme or port, like [localhost,api.example.com]; [*] for any"
+    yield all(_host_entry(h) for h in c.allowed_hosts), "serve.allowed_hosts", c.allowed_hosts, hosts
     yield c.drain_s >= 0, "serve.drain_s", c.drain_s, "a number of seconds >= 0"
     yield c.latency_window >= 10, "serve.latency_window", c.latency_window, "an integer >= 10"
+
+
+def _host_entry(name: Any) -> bool:
+    """A host name or address as the Host header carries it, less the port: no scheme, path,
+    user or space, and an IPv6 address without brackets."""
+    if not isinstance(name, str) or not name or name.startswith("[") or any(c in name for c in "/@ \t"):
+        return False
+    return name.count(":") != 1  # one colon is a port; IPv6 addresses have two or more
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(cfg: ServeConfig, bound: str) -> frozenset[str] | None:
+    """The Host names the server answers to; None: any. Unset, a server bound to a loopback
+    address answers only to the loopback names: a web page of another site can resolve its own
+    name to 127.0.0.1 (DNS rebinding), and its requests then carry that name. A server bound
+    to every interface is reached under names fwk cannot know, so it answers any unless told."""
+    import ipaddress
+
+    if cfg.allowed_hosts:
+        names = {h.lower().rstrip(".") for h in cfg.allowed_hosts}
+        return None if "*" in names else frozenset(names)
+    try:
+        loopback = bound == "localhost" or ipaddress.ip_address(bound).is_loopback
+    except ValueError:  # a host name: the names it is reached by are the user's to list
+        loopback = False
+    return frozenset(LOOPBACK_HOSTS) if loopback else None
 
 
 def load_settings(overrides: list[str]) -> ServeConfig:

@@ -152,6 +152,12 @@ def _params(shape, params):
     return req
 
 
+def _rows(shape, rows: int):
+    req = _tensor(shape)
+    req["inputs"][0]["data"] = [[0] * 64] * rows
+    return req
+
+
 def _nan(shape):
     req = _tensor(shape)
     req["inputs"][0]["data"][3] = float("nan")
@@ -185,6 +191,9 @@ BAD = [
     ),
     ("/v2/models/digits_cnn/infer", _nan([1, 1, 8, 8]), 400, "input 'input' holds NaN or Inf values"),
     ("/v2/models/digits_cnn/infer", _tensor([33, 1, 8, 8], n=1), 413, "has 33 rows; a request carries at most serve."),
+    # more data than the shape says, flat or in rows: refused from the list's lengths, before numpy copies it
+    ("/v2/models/digits_cnn/infer", _tensor([1, 1, 8, 8], n=9000), 400, "has 9000 values; shape [1, 1, 8, 8]"),
+    ("/v2/models/digits_cnn/infer", _rows([1, 1, 8, 8], 200), 400, "has more than 64 values; shape [1, 1, 8, 8]"),
 ]
 
 
@@ -195,6 +204,24 @@ def test_bad_requests_are_json_4xx_naming_what_was_expected(server, path, body, 
     assert got == status, reply
     assert message in json.loads(reply)["error"]
     assert get(server, "/v2/health/ready")[0] == 200  # still serving
+
+
+def test_a_request_for_a_host_not_allowed_is_421_and_the_loopback_names_are_served(server: Server) -> None:
+    # bound to 127.0.0.1 with serve.allowed_hosts unset: a page of another site whose name resolves
+    # to 127.0.0.1 (DNS rebinding) sends its own name as Host
+    data = json.dumps(_tensor([1, 1, 8, 8]) | {"parameters": {"priority": "high"}}).encode()  # no batch wait
+    for path, body in (("/v2/models/digits_cnn", None), ("/v2/models/digits_cnn/infer", data)):
+        status, reply = get(server, path, body, headers={"Host": "evil.example"})
+        assert status == 421, reply
+        assert json.loads(reply)["error"] == (
+            "Host 'evil.example' is not one this server answers to (127.0.0.1, ::1, localhost); add 'evil.example' "
+            "to serve.allowed_hosts, e.g. serve.allowed_hosts=[127.0.0.1,::1,localhost,evil.example] ([*]: any)"
+        )
+    for host in (f"localhost:{server.port}", f"127.0.0.1:{server.port}", f"[::1]:{server.port}", "localhost"):
+        assert get(server, "/v2/models/digits_cnn", headers={"Host": host})[0] == 200, host
+        assert get(server, "/v2/models/digits_cnn/infer", data, headers={"Host": host})[0] == 200, host
+    assert get(server, "/v2/health/ready", headers={"Host": "evil.example"})[0] == 200  # probes: any Host
+    assert _metric(server, "fwk_serve_refused_total", reason="host") == 2
 
 
 def test_bad_binary_input_and_tritonclient_errors(server: Server) -> None:

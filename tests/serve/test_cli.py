@@ -53,6 +53,7 @@ def test_run_id_prefix_serves_its_newest_export(exports: Exports, serving) -> No
     [
         (["0000000"], "no export or run '0000000' under {runs}; closest ids: "),
         (["serve.max_batch_size=0"], "serve.max_batch_size=0 is not allowed: expected an integer >= 1"),
+        (["serve.max_connections=8"], "serve.max_connections=8 is not allowed: expected an integer >= serve.max_inf"),
         (["serve.nope=1"], "unknown key 'serve.nope'; valid keys here: name, max_batch_size"),
         (["--canary-share", "0.1"], "--canary-share needs --canary EXPORT_ID"),
         (["--auto-promote"], "--auto-promote needs --canary EXPORT_ID"),

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from fwk.serve.front import Front
+from fwk.serve.front import Front, host_name
 from fwk.serve.metrics import Metrics
 
 
@@ -135,3 +135,54 @@ def test_a_body_that_never_ends_is_refused_after_body_timeout() -> None:
         await held
 
     asyncio.run(main())
+
+
+def test_a_host_not_allowed_is_421_naming_the_setting_and_health_checks_are_answered_whatever_the_host() -> None:
+    async def main() -> None:
+        app = App()
+        app.go.set()
+        metrics = Metrics()
+        f = Front(app, lambda: True, metrics, 2, 5.0, frozenset({"api.example", ".corp.example"}))
+
+        async def ask(host: bytes | None, path: str = "/v2/models/m", method: str = "GET", receive=None):
+            sent: list[dict] = []
+
+            async def send(message) -> None:
+                sent.append(message)
+
+            headers = [(b"host", host)] if host is not None else []
+            scope = {"type": "http", "path": path, "method": method, "headers": headers}
+            await f(scope, receive or body(b"")[0], send)
+            return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+        for host in (b"api.example:8000", b"API.example.", b"corp.example", b"a.b.corp.example:1"):
+            assert await ask(host) == (200, b"app"), host
+        receive, read = body(b'{"inputs"', b": []}")
+        status, data = await ask(b"evil.example:8000", "/v2/models/m/infer", "POST", receive)
+        assert status == 421 and read == [b'{"inputs"', b": []}"]  # drained: the connection stays usable
+        assert json.loads(data)["error"] == (
+            "Host 'evil.example:8000' is not one this server answers to (.corp.example, api.example); add "
+            "'evil.example' to serve.allowed_hosts, e.g. serve.allowed_hosts=[.corp.example,api.example,evil.example] "
+            "([*]: any)"
+        )
+        for host in (b"evilcorp.example", b"api.example.evil", b"[::1]:8000", None):
+            assert (await ask(host))[0] == 421, host
+        assert (await ask(b"evil.example", "/v2/health/ready"))[0] == 200  # a probe by IP or any name
+        assert app.calls == ["/v2/models/m"] * 4
+        assert metrics.refused.labels("host")._value.get() == 5
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "value,name",
+    [
+        ("localhost:8000", "localhost"),
+        ("[::1]:8000", "::1"),
+        ("[::1]", "::1"),
+        ("::1", "::1"),
+        ("Api.Example.", "api.example"),
+    ],
+)
+def test_host_name_drops_the_port_brackets_case_and_final_dot(value: str, name: str) -> None:
+    assert host_name(value) == name
