@@ -11,6 +11,7 @@ propagate, so a library user's own logging config, or pytest's ``caplog``, gets 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +39,9 @@ class Lines(logging.Handler):
         try:
             text = self.format(record)
             stream: IO[str] = sys.stderr if self.stream == "stderr" else sys.stdout
+            # under a live progress bar, rich wraps the streams in a proxy; the console is keyed
+            # by the stream beneath, the bar's own (``terminal``), which prints each line above it
+            stream = getattr(stream, "rich_proxied_file", stream)
             if stream.isatty():
                 self._console(stream).print(text, markup=False)
             else:
@@ -51,12 +55,28 @@ class Lines(logging.Handler):
         from rich import get_console
         from rich.console import Console
 
-        if stream is sys.stdout:
+        if stream is getattr(sys.stdout, "rich_proxied_file", sys.stdout):
             return get_console()
         key = id(stream)
         if key not in self._consoles:
             self._consoles[key] = Console(file=stream)
         return self._consoles[key]
+
+
+def terminal() -> Any | None:
+    """Return rich's console that fwk's report lines print through, where they go to a terminal,
+    else None. A live progress bar draws there (fwk/components/metrics.py), so each line prints
+    above it, and a command whose lines go to stderr keeps the bar off its stdout."""
+    handler = next((h for h in logging.getLogger(ROOT).handlers if isinstance(h, Lines)), None)
+    stream = sys.stderr if handler is not None and handler.stream == "stderr" else sys.stdout
+    stream = getattr(stream, "rich_proxied_file", stream)
+    if not stream.isatty():
+        return None
+    if handler is None:
+        from rich import get_console
+
+        return get_console()
+    return handler._console(stream)
 
 
 def show(stream: str = "stdout", rank: int = 0) -> Lines:
@@ -92,3 +112,26 @@ def collected() -> Iterator[list[str]]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+@contextmanager
+def stdout_on_stderr() -> Iterator[None]:
+    """Send everything written to stdout inside the block to stderr, for a command whose stdout
+    holds its result alone (``fwk replay --json``).
+
+    It is done on the file descriptor, so that it also holds for what the run inside prints
+    through C or rich, its progress bar (drawn where stdout is a terminal), and torchrun's
+    workers, whose rank 0 inherits the descriptor and shows its report lines there."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all: nothing to keep clean
+        yield
+        return
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from fwk.errors import UserError
-from fwk.log import show
+from fwk.log import show, stdout_on_stderr
 
 
 def replay(
@@ -84,11 +84,12 @@ def replay(
     line, orders = _reapply(original, redecide)
     print(line, file=sys.stderr)
     job = Job(resolved, p, lineage={"parent": original.id, "kind": "replay"}, orders=orders)
-    result = run(
-        job,
-        starting=f"replaying run {original.id} as run {p.run_id} ({p.run_dir})",
-        done=lambda summary, replay: f"replay {replay.id} of run {original.id} is already complete; comparing it",
-    )
+    with stdout_on_stderr():  # the run's progress bar and its workers' lines: stdout is the verdict's
+        result = run(
+            job,
+            starting=f"replaying run {original.id} as run {p.run_id} ({p.run_dir})",
+            done=lambda summary, replay: f"replay {replay.id} of run {original.id} is already complete; comparing it",
+        )
     _verdict(original, result.run, tolerance, result.status, as_json)
 
 

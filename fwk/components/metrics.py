@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 from fwk.components.sinks import Tracking
 from fwk.distributed.collectives import all_reduce_sum
 from fwk.distributed.group import Dist
+from fwk.log import terminal
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ class Reporter:
     def __init__(self, path: Path, dist: Dist, max_steps: int, tracking: Tracking | None = None) -> None:
         self.enabled = dist.is_main
         self.path, self.max_steps, self.tracking = path, max_steps, tracking
-        self.tty = self.enabled and sys.stdout.isatty()
+        self.console = terminal() if self.enabled else None  # the report lines' terminal, if theirs is one
+        self.tty = self.console is not None
         self._bar = None
 
     def start(self, step: int) -> None:
@@ -104,6 +105,7 @@ class Reporter:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(),
+                console=self.console,
                 transient=False,
             )
             self._task = self._bar.add_task("train", total=self.max_steps, completed=step, info="")

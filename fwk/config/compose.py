@@ -114,9 +114,16 @@ def _elastic_range(override: str) -> list[str]:
 
     Other overrides stay as they are."""
     head, sep, value = override.partition("=")
+    if not (sep and head.lstrip("+") == "parallel.nnodes" and ":" in value) or "${" in value:
+        return [override]  # a count, or an interpolation (${oc.env:NNODES}) that Hydra resolves
     found = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value)
-    if not (sep and head.lstrip("+") == "parallel.nnodes" and found):
-        return [override]
+    # a MIN of 0 would land on min_nnodes=0, which means no range: the run would wait for all MAX
+    # machines, where the user asked it to start with fewer
+    if not found or not 1 <= int(found[1]) <= int(found[2]):
+        raise UserError(
+            f"parallel.nnodes={value} is not an elastic range: expected MIN:MAX with 1 <= MIN <= MAX machines "
+            "(fix it with parallel.nnodes=1:2, or parallel.nnodes=N for a fixed count)"
+        )
     return [f"{head}={found[2]}", f"{head.replace('nnodes', 'min_nnodes')}={found[1]}"]
 
 

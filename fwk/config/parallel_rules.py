@@ -17,11 +17,17 @@ from fwk.errors import UserError
 Rule = tuple[bool, str, Any, str]
 
 
+def world_rules(c: Config) -> Iterator[Rule]:
+    """Yield the rows of the process count, which validate.py checks before any other: the
+    others divide by the world size (a batch per rank, a layout's degrees)."""
+    p = c.parallel
+    yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
+    yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
+
+
 def rules(c: Config) -> Iterator[Rule]:
     world, p = c.world_size, c.parallel
     yield p.name in PRESETS, "parallel.name", p.name, f"one of {', '.join(PRESETS)}"
-    yield p.nproc_per_node >= 1, "parallel.nproc_per_node", p.nproc_per_node, "an integer >= 1"
-    yield p.nnodes >= 1, "parallel.nnodes", p.nnodes, "an integer >= 1"
     yield 0 <= p.node_rank < p.nnodes, "parallel.node_rank", p.node_rank, f"an integer in [0, {p.nnodes - 1}]"
     yield p.shard_size >= 0, "parallel.shard_size", p.shard_size, "an integer >= 0 (0 = nproc_per_node)"
     yield (

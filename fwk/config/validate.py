@@ -17,6 +17,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from fwk.config.elastic import elastic_rules
 from fwk.config.methods import rules as method_rules
 from fwk.config.parallel_rules import rules as parallel_rules
+from fwk.config.parallel_rules import world_rules
 from fwk.config.schema import (
     AMP_DTYPES,
     COMPILE_MODES,
@@ -134,8 +135,10 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
 
     The checks run in this order, and the first that fails is the error the user sees.
     """
+    yield from world_rules(c)
     yield from _train_rules(c)
     yield from _optim_rules(c)
+    yield from _data_rules(c)
     yield from _best_and_schedule_rules(c)
     yield from _loader_rules(c)
     yield from _checkpoint_rules(c)
@@ -148,8 +151,16 @@ def _rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     yield from _adapt_rules(c)
 
 
+# numpy's legacy seeding (np.random.seed, fwk/engine/state.py) takes 0 <= seed < 2**32, and rank
+# r of a run seeds its streams with seed + r: the largest seed leaves room for every rank
+SEEDS = 2**32
+
+
 def _train_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
     t = c.train
+    most = SEEDS - c.world_size
+    ranks = ", and rank r seeds with seed + r" if c.world_size > 1 else ""
+    yield 0 <= c.seed <= most, "seed", c.seed, f"an integer in [0, {most}] (numpy seeds take 0 to 2**32 - 1{ranks})"
     yield t.max_steps > 0, "train.max_steps", t.max_steps, "an integer > 0"
     yield t.batch_size > 0, "train.batch_size", t.batch_size, "an integer > 0"
     yield t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0"
@@ -189,6 +200,12 @@ def _optim_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
         yield name in METHODS, "methods", list(c.methods), f"a list of {', '.join(METHODS.names())}"
     yield len(set(c.methods)) == len(c.methods), "methods", list(c.methods), "each method once"
     yield from method_rules(c)
+
+
+def _data_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:
+    rules = getattr(c.data, "rules", None)  # a data set's settings check themselves (not a _target_ dict)
+    if rules is not None:
+        yield from rules(c)
 
 
 def _best_and_schedule_rules(c: Config) -> Iterator[tuple[bool, str, Any, str]]:

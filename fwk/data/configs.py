@@ -7,14 +7,23 @@ They are torch-free, so composing and validating a config never imports torch. E
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fwk.config.methods import Rule
 from fwk.data import sources
 from fwk.data.registry import DATA
 from fwk.data.sources import Fingerprint
 from fwk.errors import UserError
 from fwk.registry import doc
+
+
+def side_rule(size: int, least: int = 1, why: str = "the side of a square image, in pixels") -> Rule:
+    """The row of config/validate.py's checks for ``data.image_size``: a zero or negative side
+    would fail deep in the first batch's resize or in the model's first layer."""
+    return size >= least, "data.image_size", size, f"an integer >= {least} ({why})"
 
 
 @DATA.register_config
@@ -25,6 +34,9 @@ class DigitsConfig:
     split_seed: int = doc(0, "seed of the train/val split; independent of the run's seed so the val set is fixed")
     normalize: bool = doc(True, "subtract the train pixels' mean and divide by their std (one scalar each)")
     image_size: int = doc(8, "side of the images in px: 8 (the originals) or larger, upscaled bilinearly (e.g. 32)")
+
+    def rules(self, c: Any) -> Iterator[Rule]:
+        yield side_rule(self.image_size, 8, "the digits are 8x8 px; larger sizes upscale them")
 
     def fingerprint(self) -> Fingerprint:
         return sources.of_content(sources.digits_file())
@@ -46,6 +58,9 @@ class ImageFolderConfig:
         "cpu: loader workers decode and augment; gpu: workers read the files, the training process decodes "
         "each batch's JPEGs at once with nvJPEG and augments on the GPU (CUDA only; same crops as cpu)",
     )
+
+    def rules(self, c: Any) -> Iterator[Rule]:
+        yield side_rule(self.image_size)
 
     def check(self) -> None:
         """Run the cheap checks the launcher runs before starting workers, without a scan of the files."""
@@ -69,6 +84,16 @@ class SyntheticConfig:
     num_val: int = doc(256, "number of validation items")
     image_size: int = doc(224, "side of the square (3, S, S) images, in pixels")
     num_classes: int = doc(1000, "labels are drawn uniformly from [0, num_classes)")
+
+    def rules(self, c: Any) -> Iterator[Rule]:
+        yield side_rule(self.image_size)
+        # 0 classes leaves no label to draw, and the model's num_classes would be asked to match it
+        yield (
+            self.num_classes >= 1,
+            "data.num_classes",
+            self.num_classes,
+            "an integer >= 1 (labels are 0..num_classes-1)",
+        )
 
 
 @DATA.register_config
@@ -97,6 +122,9 @@ class StreamingConfig:
     endpoint_url: str = doc("", "S3-compatible endpoint (MinIO, a local server); empty: AWS_ENDPOINT_URL, else AWS")
     cache_dir: str = doc("", "local cache of remote chunks; empty: $XDG_CACHE_HOME/fwk/streaming/<set>")
     max_cache_gb: float = doc(50.0, "size limit of that cache, in GB (older chunks are evicted)")
+
+    def rules(self, c: Any) -> Iterator[Rule]:
+        yield side_rule(self.image_size)
 
     def check(self) -> None:
         from fwk.data.shards import read_manifest

@@ -69,7 +69,9 @@ class Tokenizer:
             return
         from fwk.models.hf import folder, transformers
 
-        where = folder(self.name, "tokenizer_config.json", "data.tokenizer")
+        # under model=hf, data.tokenizer defaults to model.path, whose folder may hold no tokenizer
+        bytes_instead = "set data.tokenizer=bytes (UTF-8 bytes, vocabulary 256: no tokenizer files)"
+        where = folder(self.name, "tokenizer_config.json", "data.tokenizer", bytes_instead)
         self.fingerprint = _files_hash(Path(where))
         try:
             self.hf = transformers().AutoTokenizer.from_pretrained(where, local_files_only=True)

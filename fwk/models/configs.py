@@ -37,10 +37,52 @@ class StartsFrom:
 
 
 def check_init_from(where: str | None) -> None:
-    if where and not Path(where).expanduser().exists():
+    """Refuse a ``model.init_from`` that is not there, or whose safetensors cannot be parsed, before
+    any run dir exists. Only their headers are read: the launcher never loads the tensors."""
+    if not where:
+        return
+    path = Path(where).expanduser()
+    if not path.exists():
         raise UserError(
             f"model.init_from={where} does not exist: give a .safetensors file or a folder save_pretrained wrote"
         )
+    from safetensors import SafetensorError, safe_open
+
+    for file in weight_files(path):
+        try:
+            with safe_open(str(file), framework="numpy"):  # numpy: the launcher imports no torch
+                pass
+        except SafetensorError as exc:
+            raise unreadable(where, file, exc) from None
+
+
+def weight_files(where: Path) -> list[Path]:
+    """Return the safetensors files of ``model.init_from``: the file itself, a folder's
+    model.safetensors, or the shards its index lists (fwk/models/weights.py loads them)."""
+    if where.is_file():
+        return [where]
+    if (where / "model.safetensors").is_file():
+        return [where / "model.safetensors"]
+    index = where / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        return [where / shard for shard in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    raise UserError(f"model.init_from={where} holds no model.safetensors (nor a sharded index of them)")
+
+
+def unreadable(given: str, file: Path, exc: Exception) -> UserError:
+    """Return the error for a weights file safetensors cannot parse: its header is damaged, the file
+    was cut short (a copy or a download that stopped), or it is no safetensors file at all."""
+    with open(file, "rb") as f:
+        archive = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+    what = "it is a torch.save archive; fwk loads only safetensors" if archive else "damaged or truncated"
+    where = f"{given}: {file}" if Path(given).expanduser() != file else given
+    return UserError(
+        f"model.init_from={where} is not a readable safetensors file ({what}: {str(exc).splitlines()[0]}); "
+        "point model.init_from at a valid .safetensors file or a folder save_pretrained wrote, "
+        "or remove model.init_from"
+    )
 
 
 @MODELS.register_config

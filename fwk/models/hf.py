@@ -49,11 +49,11 @@ def transformers() -> Any:
     return tf
 
 
-def folder(path: str, marker: str = "config.json", key: str = "model.path") -> Path:
+def folder(path: str, marker: str = "config.json", key: str = "model.path", instead: str = "") -> Path:
     """Return the local folder of ``path`` that holds ``marker``.
 
     That is ``path`` itself, or its snapshot in the Hugging Face cache. ``key`` is the setting
-    that named it, for the error."""
+    that named it, and ``instead`` a fix that needs no folder at all, for the error."""
     local = Path(path).expanduser()
     if (local / marker).is_file():
         return local
@@ -62,9 +62,10 @@ def folder(path: str, marker: str = "config.json", key: str = "model.path") -> P
     cached = try_to_load_from_cache(path, marker) if not local.is_absolute() and path.count("/") <= 1 else None
     if isinstance(cached, str):
         return Path(cached).parent
+    fixes = ["fetch it first (hf download NAME)", "give the folder save_pretrained wrote", *filter(None, [instead])]
     raise UserError(
         f"{key}={path}: no folder with a {marker} there, and no model of that name in the local Hugging "
-        "Face cache; fwk never downloads: fetch it first (hf download NAME) or give the folder save_pretrained wrote"
+        f"Face cache; fwk never downloads: {', '.join(fixes[:-1])} or {fixes[-1]}"
     )
 
 

@@ -9,7 +9,6 @@ checked against the model's before anything is loaded, and a mismatch is one lin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -18,19 +17,22 @@ from torch import nn
 from fwk.errors import UserError
 
 
-def tensors_of(where: Path) -> dict[str, torch.Tensor]:
-    """Return every tensor of a .safetensors file, or of the safetensors of a folder, sharded or not."""
+def tensors_of(where: Path, given: str | None = None) -> dict[str, torch.Tensor]:
+    """Return every tensor of a .safetensors file, or of the safetensors of a folder, sharded or not.
+
+    ``given`` is ``model.init_from`` as the user wrote it, for the error."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if where.is_file():
-        return load_file(where)
-    if (where / "model.safetensors").is_file():
-        return load_file(where / "model.safetensors")
-    index = where / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(where / shard).items()}
-    raise UserError(f"model.init_from={where} holds no model.safetensors (nor a sharded index of them)")
+    from fwk.models.configs import unreadable, weight_files
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in weight_files(where):
+        try:  # the launcher read the headers; a worker's copy can still be another (replaced since, or cut short)
+            tensors.update(load_file(file))
+        except SafetensorError as exc:
+            raise unreadable(given or str(where), file, exc) from None
+    return tensors
 
 
 def named_as(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -50,7 +52,7 @@ def load_weights(model: nn.Module, where: Path, given: str) -> None:
     Their names and shapes are first checked to be the model's. A tied weight stored once
     (save_pretrained, safetensors' ``save_model``) is found through the tensor it shares."""
     own = model.state_dict()
-    tensors = named_as(tensors_of(where), own)
+    tensors = named_as(tensors_of(where, given), own)
     same: dict[int, list[str]] = {}  # a tied parameter's names (the input embedding and the LM head)
     for name, param in model.named_parameters(remove_duplicate=False):
         same.setdefault(id(param), []).append(name)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -108,3 +113,51 @@ def test_a_replay_re_applies_the_measured_decisions(tmp_path: Path, monkeypatch:
     out = run_fwk("replay", orig, "--redecide", runs=runs)
     assert f"deciding afresh (--redecide), not re-applying run {orig}'s decisions" in out.stderr
     assert "precision=auto chose fp32: CPU" in out.stderr and f"replay {replay} of run {orig}:" in out.stdout
+
+
+def _on_terminals(args: list[str], runs: Path) -> tuple[int, str, str]:
+    """``fwk ARGS`` with stdout and stderr each on a terminal of its own, as a user at one sees
+    it: where a progress bar draws. Its exit status and what each terminal got."""
+    root = str(Path(__file__).parents[2])
+    env = {**os.environ, "FWK_RUNS": str(runs), "COLUMNS": "120", "TERM": "xterm"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    (out_master, out_slave), (err_master, err_slave) = pty.openpty(), pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "fwk", *args], stdout=out_slave, stderr=err_slave, env=env)
+    os.close(out_slave), os.close(err_slave)
+    got: dict[int, list[bytes]] = {out_master: [], err_master: []}
+
+    def drain(fd: int) -> None:  # until every process holding the terminal has closed it
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the other side is closed
+                return
+            if not chunk:
+                return
+            got[fd].append(chunk)
+
+    readers = [threading.Thread(target=drain, args=(fd,), daemon=True) for fd in got]
+    for reader in readers:
+        reader.start()
+    code = proc.wait(timeout=300)
+    for reader in readers:
+        reader.join(timeout=30)
+    os.close(out_master), os.close(err_master)
+    out, err = (b"".join(got[fd]).decode(errors="replace") for fd in (out_master, err_master))
+    return code, out, err
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["in-process", "torchrun"])
+def test_replay_json_on_a_terminal_is_the_verdict_alone(runs: Path, processes: int) -> None:
+    """`fwk replay --json` prints JSON on stdout and nothing else: the progress bar (on a terminal)
+    and the replayed run's lines, also those torchrun's rank 0 prints, are on stderr."""
+    out = run_fwk("train", *TINY, f"parallel.nproc_per_node={processes}", runs=runs)
+    assert out.returncode == 0, out.stderr
+    [orig] = _dirs(runs)
+    code, stdout, stderr = _on_terminals(["replay", orig, "--json"], runs)
+    assert code == 0, stdout + stderr
+    verdict = json.loads(stdout)  # a terminal ends lines with \r\n: whitespace to JSON
+    assert (verdict["original"], verdict["verdict"]) == (orig, "identical")
+    assert "\u2501" in stderr and "6/6" in stderr  # the bar, drawn on stderr's terminal
+    # each line printed above the bar, through its console: the bar's row is cleared first
+    assert "\r\x1b[2Kstep" in stderr.replace("\x1b[1;36m", "").replace("\x1b[0m", ""), repr(stderr)

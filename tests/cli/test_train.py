@@ -63,7 +63,7 @@ def test_recipe_nope_lists_recipes_and_exits_2(runs: Path) -> None:
     assert not runs.exists()  # nothing written for a bad command
 
 
-@pytest.mark.parametrize("override", ["optim.lr=0", "train.nope=3", "seed=[1"])
+@pytest.mark.parametrize("override", ["optim.lr=0", "train.nope=3", "seed=[1", "seed=-1", "seed=4294967296"])
 def test_bad_override_exits_2_without_traceback(runs: Path, override: str) -> None:
     out = run_fwk("train", override, runs=runs)
     assert out.returncode == 2
@@ -288,6 +288,56 @@ def test_a_dry_run_refuses_them_without_torch(runs: Path) -> None:
     assert loaded == []
     for (overrides, line), (code, err) in zip(EFFECTLESS, said, strict=True):
         assert (code, err.splitlines()[0]) == (2, f"fwk: error: {line}"), overrides
+    assert not runs.exists()
+
+
+# settings that failed only once the run started (a traceback from numpy's seeding or the first
+# batch), or never (a run waiting for machines): each one line from the config check, --dry-run too
+OUT_OF_RANGE = [
+    (
+        ["seed=-1"],
+        "seed=-1 is not allowed: expected an integer in [0, 4294967295] (numpy seeds take 0 to 2**32 - 1) "
+        "(fix it with seed=...)",
+    ),
+    (
+        ["seed=4294967296"],
+        "seed=4294967296 is not allowed: expected an integer in [0, 4294967295] (numpy seeds take 0 to 2**32 - 1) "
+        "(fix it with seed=...)",
+    ),
+    (
+        ["data=synthetic", "data.num_classes=0"],
+        "data.num_classes=0 is not allowed: expected an integer >= 1 (labels are 0..num_classes-1) "
+        "(fix it with data.num_classes=...)",
+    ),
+    (
+        ["data=synthetic", "data.image_size=0"],
+        "data.image_size=0 is not allowed: expected an integer >= 1 (the side of a square image, in pixels) "
+        "(fix it with data.image_size=...)",
+    ),
+    (
+        ["data.image_size=0"],
+        "data.image_size=0 is not allowed: expected an integer >= 8 (the digits are 8x8 px; larger sizes upscale "
+        "them) (fix it with data.image_size=...)",
+    ),
+    (
+        ["parallel.nnodes=0:2"],
+        "parallel.nnodes=0:2 is not an elastic range: expected MIN:MAX with 1 <= MIN <= MAX machines "
+        "(fix it with parallel.nnodes=1:2, or parallel.nnodes=N for a fixed count)",
+    ),
+    (
+        ["parallel.nnodes=0"],
+        "parallel.nnodes=0 is not allowed: expected an integer >= 1 (fix it with parallel.nnodes=...)",
+    ),
+]
+
+
+def test_a_dry_run_refuses_out_of_range_settings_in_one_line_without_torch(runs: Path) -> None:
+    from tests.cli.test_fast_paths import probe_each
+
+    said, loaded = probe_each([["train", "--dry-run", *overrides] for overrides, _ in OUT_OF_RANGE], runs=runs)
+    assert loaded == []
+    for (overrides, line), (code, err) in zip(OUT_OF_RANGE, said, strict=True):
+        assert (code, err) == (2, f"fwk: error: {line}\n"), overrides
     assert not runs.exists()
 
 

@@ -84,10 +84,12 @@ def test_plus_on_an_existing_key_sets_it() -> None:
     assert (cfg.train.max_steps, cfg.model.channels1) == (7, 8)
 
 
-def test_an_elastic_node_range_sets_the_fewest_and_the_most() -> None:
+def test_an_elastic_node_range_sets_the_fewest_and_the_most(monkeypatch: pytest.MonkeyPatch) -> None:
     parallel = to_typed(compose(["parallel.nnodes=1:2"])).parallel
     assert (parallel.min_nnodes, parallel.nnodes) == (1, 2)
     assert to_typed(compose(["parallel.nnodes=2"])).parallel.min_nnodes == 0  # no range
+    monkeypatch.setenv("NNODES", "2")  # an interpolation's colon is no range
+    assert to_typed(compose(["parallel.nnodes=${oc.env:NNODES}"])).parallel.nnodes == 2
 
 
 def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -165,7 +167,31 @@ def test_runs_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
             "train.batch_size=64 is not allowed: expected a global batch that 1 x 3 processes share evenly, each with "
             "at most 16 samples (after losing machines, parallel.nnodes=2:4)",
         ),
-        (["parallel.nnodes=3:2"], "parallel.min_nnodes=3 is not allowed: expected an integer in [0, 2]"),
+        (
+            ["parallel.min_nnodes=3", "parallel.nnodes=2"],
+            "parallel.min_nnodes=3 is not allowed: expected an integer in",
+        ),
+        (["parallel.nnodes=3:2"], "parallel.nnodes=3:2 is not an elastic range: expected MIN:MAX with 1 <= MIN <= MAX"),
+        (["parallel.nnodes=0:2"], "parallel.nnodes=0:2 is not an elastic range: expected MIN:MAX with 1 <= MIN <= MAX"),
+        (["parallel.nnodes=a:b"], "parallel.nnodes=a:b is not an elastic range: expected MIN:MAX with 1 <= MIN <= MAX"),
+        (["parallel.nnodes=0"], "parallel.nnodes=0 is not allowed: expected an integer >= 1"),
+        (["parallel.nproc_per_node=0"], "parallel.nproc_per_node=0 is not allowed: expected an integer >= 1"),
+        (
+            ["seed=-1"],
+            "seed=-1 is not allowed: expected an integer in [0, 4294967295] (numpy seeds take 0 to 2**32 - 1)",
+        ),
+        (["seed=4294967296"], "seed=4294967296 is not allowed: expected an integer in [0, 4294967295]"),
+        (
+            ["seed=4294967295", "parallel.nproc_per_node=2"],
+            "seed=4294967295 is not allowed: expected an integer in [0, 4294967294] (numpy seeds take 0 to 2**32 - 1, "
+            "and rank r seeds with seed + r)",
+        ),
+        (["data=synthetic", "data.num_classes=0"], "data.num_classes=0 is not allowed: expected an integer >= 1"),
+        (["data=synthetic", "data.num_classes=-3"], "data.num_classes=-3 is not allowed: expected an integer >= 1"),
+        (["data=synthetic", "data.image_size=0"], "data.image_size=0 is not allowed: expected an integer >= 1 (the"),
+        (["data=imagefolder", "data.image_size=-1"], "data.image_size=-1 is not allowed: expected an integer >= 1"),
+        (["data=streaming", "data.image_size=0"], "data.image_size=0 is not allowed: expected an integer >= 1"),
+        (["data.image_size=4"], "data.image_size=4 is not allowed: expected an integer >= 8 (the digits are 8x8 px"),
         (
             ["train.deterministic=true", "parallel.adapt.enabled=true"],
             "parallel.adapt.enabled=True is not allowed: expected false with train.deterministic=true",

@@ -179,6 +179,27 @@ def test_a_local_model_folder_with_its_tokenizer_trains_exports_and_reloads(tmp_
     assert reloaded.config.vocab_size == 300
 
 
+def test_a_model_folder_without_a_tokenizer_names_data_tokenizer_bytes(tmp_path: Path) -> None:
+    """model=hf data=hf takes model.path's tokenizer; a folder with none is one line that says
+    the fix needing no files too."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_dir = tmp_path / "no-tokenizer"
+    config = {k: v for k, v in LLAMA.items() if k != "model_type"} | {"vocab_size": 300}
+    AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **config)).save_pretrained(model_dir)
+    args = ["model=hf", f"model.path={model_dir}", "data=hf", f"data.path={_jsonl(tmp_path / 't.jsonl')}"]
+    args += ["data.seq_len=16", "data.val_every=3", "train.max_steps=1", "train.batch_size=4", "jit=off"]
+    out = run_fwk("train", *args, runs=tmp_path)
+    assert (out.returncode, out.stderr.count("\n")) == (2, 1), out.stdout + out.stderr
+    assert out.stderr == (
+        f"fwk: error: data.tokenizer={model_dir}: no folder with a tokenizer_config.json there, and no model of that "
+        "name in the local Hugging Face cache; fwk never downloads: fetch it first (hf download NAME), give the "
+        "folder save_pretrained wrote or set data.tokenizer=bytes (UTF-8 bytes, vocabulary 256: no tokenizer files)\n"
+    )
+    out = run_fwk("train", *args, "data.tokenizer=bytes", runs=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr  # the fix it names works
+
+
 def test_the_hf_export_carries_the_tokenizer_the_run_trained_with(tmp_path: Path) -> None:
     tok = tokenizer_folder(tmp_path / "tok", TEXTS)
     args = ["recipe=hf_llama_stdlib", "model.config.vocab_size=300", "model.config.hidden_size=32", "data=hf"]

@@ -134,6 +134,61 @@ def test_an_fwk_model_starts_from_its_safetensors_and_needs_them_no_more_once_tr
     )
 
 
+def _damaged(tmp_path: Path, kind: str) -> tuple[Path, Path]:
+    """A real safetensors file made unreadable as ``kind`` says: model.init_from, and the file that is damaged."""
+    from safetensors.torch import save_file
+
+    good = tmp_path / "good.safetensors"
+    save_file({"w": torch.zeros(64)}, good)
+    data = good.read_bytes()
+    if kind == "truncated":  # a copy that stopped early
+        (bad := tmp_path / "w.safetensors").write_bytes(data[:-40])
+    elif kind == "header":  # a header's length, then no JSON
+        (bad := tmp_path / "w.safetensors").write_bytes(len(b"{not json}").to_bytes(8, "little") + b"{not json}")
+    elif kind == "torch.save":
+        torch.save({"w": torch.zeros(64)}, bad := tmp_path / "w.pt")
+    else:  # a folder save_pretrained wrote, its model.safetensors cut short
+        (tmp_path / "hf").mkdir()
+        (bad := tmp_path / "hf" / "model.safetensors").write_bytes(data[:-40])
+        return tmp_path / "hf", bad
+    return bad, bad
+
+
+DAMAGED = {
+    "truncated": "damaged or truncated: Error while deserializing header: incomplete metadata, file not fully covered",
+    "header": "damaged or truncated: Error while deserializing header: invalid JSON in header: key must be a string",
+    "torch.save": "it is a torch.save archive; fwk loads only safetensors: Error while deserializing header: header",
+    "folder": "damaged or truncated: Error while deserializing header: incomplete metadata, file not fully covered",
+}
+
+
+@pytest.mark.parametrize("kind", DAMAGED)
+def test_init_from_a_damaged_safetensors_is_one_line_before_any_run_dir(tmp_path: Path, kind: str) -> None:
+    given, bad = _damaged(tmp_path, kind)
+    runs = tmp_path / "runs"
+    out = run_fwk("train", "train.max_steps=1", "jit=off", f"model.init_from={given}", runs=runs)  # digits_cnn
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    [line] = out.stderr.splitlines()
+    named = f"{given}: {bad}" if kind == "folder" else str(given)
+    assert line.startswith(f"fwk: error: model.init_from={named} is not a readable safetensors file ({DAMAGED[kind]}")
+    assert line.endswith(
+        "); point model.init_from at a valid .safetensors file or a folder save_pretrained wrote, "
+        "or remove model.init_from"
+    )
+    assert not runs.exists()  # refused from the headers alone, before anything is written
+
+
+def test_a_worker_that_loads_a_damaged_safetensors_says_it_in_one_line(tmp_path: Path) -> None:
+    """The weights are loaded where the model is built: a file damaged after the launcher read its
+    header is the same line there."""
+    from fwk.errors import UserError
+    from fwk.models.weights import tensors_of
+
+    given, _ = _damaged(tmp_path, "truncated")
+    with pytest.raises(UserError, match=r"^model\.init_from=.*w\.safetensors is not a readable safetensors file \(dam"):
+        tensors_of(given, str(given))
+
+
 def test_a_reload_that_differs_fails_the_export_and_keeps_its_files(
     llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
