@@ -41,7 +41,9 @@ class BestKeeper:
         self.cfg, self.metric = cfg, cfg.best
         self.maximize = EVAL_METRICS.get(cfg.best) == "max"
         self.root = run_path / BEST_DIR
-        self.checkpointer = Checkpointer(self.root, dist, keep=1, on_corrupt="error", sharded=sharded)
+        # keep=2: the best that best.json names stays until best.json names the new one; then
+        # keep_only removes it. A run killed in between keeps a best.json that names a checkpoint.
+        self.checkpointer = Checkpointer(self.root, dist, keep=2, on_corrupt="error", sharded=sharded)
         self.dist = dist
         self.saved: float | None = None  # the metric of the saved best checkpoint
         self.best: float | None = None  # the best value seen
@@ -74,6 +76,7 @@ class BestKeeper:
             if self.dist.is_main:
                 best = {"metric": self.metric, "value": value, "step": step, "checkpoint": path.name}
                 write_atomic(self.root / BEST_FILE, json.dumps(best, indent=2) + "\n")
+                self.checkpointer.keep_only(path)
             before = "" if self.saved is None else f", was {self.saved:.4g}"
             self.saved, self.since_saved = value, 0
             return f"step {step}: best {self.metric} {value:.4g}{before}; saved in {self.root.name}/"

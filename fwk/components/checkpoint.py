@@ -229,6 +229,12 @@ class Checkpointer:
         for old in self.all()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def keep_only(self, path: Path) -> None:
+        """Remove every complete checkpoint but ``path`` (the caller's rank 0 only)."""
+        for old in self.all():
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+
     def all(self) -> list[Path]:
         """List the complete checkpoints, those with a manifest, oldest first."""
         if not self.root.exists():

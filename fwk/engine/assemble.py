@@ -327,6 +327,8 @@ def _restore(run: Run) -> None:
     found = run.checkpoints.load_latest(template=run.resumable.template)
     if found is None:
         seed_everything(run.cfg.seed + dist.rank)  # per-rank streams for dropout and the like
+        if dist.is_main and (aside := run.dir.set_metrics_aside()):
+            logger.info(aside)
         run.averaged.start()
         return
     latest, state, rng = found

@@ -139,6 +139,23 @@ class RunDir:
             )
         return None
 
+    def set_metrics_aside(self) -> str | None:
+        """Move the rows of an earlier attempt aside when the run starts again from step 0 (its
+        checkpoints moved away or never written): its new rows would otherwise follow rows of
+        the same steps. Return one line saying where they went, when there were any."""
+        rows, _ = self._metrics() if self.metrics.exists() else ([], "")
+        if not rows:
+            self.metrics.unlink(missing_ok=True)
+            return None
+        k = 1
+        while (aside := self.metrics.with_name(f"metrics.jsonl.restart-{k}")).exists():
+            k += 1
+        os.replace(self.metrics, aside)
+        return (
+            f"metrics.jsonl: no checkpoint to resume from, so the run starts at step 0; the {len(rows)} rows of its "
+            f"earlier attempt (to step {max(r.get('step', 0) for r in rows)}) are kept in {aside.name}"
+        )
+
 
 # The packages whose version can change what a run computes or how it is launched.
 PACKAGES = ("fwk", "torch", "torchvision", "triton", "numpy", "scikit-learn", "hydra-core", "omegaconf")

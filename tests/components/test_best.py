@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from fwk.components.best import BEST_DIR, BestKeeper, read_best
@@ -31,6 +32,28 @@ def test_a_better_value_is_saved_and_named_in_best_json(tmp_path: Path) -> None:
     assert best is not None and (best["metric"], best["value"], best["step"]) == ("val_acc", 0.97, 40)
     assert [p.name for p in (tmp_path / BEST_DIR).glob("step-*")] == ["step-00000040"]  # only the best is kept
     assert torch.load(best["path"] / "state.pt", weights_only=True)["step"] == 40
+
+
+def test_a_run_killed_between_the_save_and_best_json_keeps_the_best_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fwk.components import best as module
+
+    keeper = BestKeeper(CheckpointConfig(best="val_acc"), tmp_path, SOLO, sharded=False)
+    assert _rank(keeper, [0.90], "val_acc") == [10]
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt  # the process ends here: the new checkpoint is in, best.json not yet
+
+    monkeypatch.setattr(module, "write_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        keeper.after_eval(20, {"val_acc": 0.95}, lambda: {"step": 20})
+    best = read_best(tmp_path)
+    assert best is not None and best["step"] == 10 and (best["path"] / "state.pt").is_file()
+    monkeypatch.undo()
+    assert keeper.after_eval(30, {"val_acc": 0.96}, lambda: {"step": 30})  # the next best: named, the rest removed
+    assert [p.name for p in (tmp_path / BEST_DIR).glob("step-*")] == ["step-00000030"]
+    assert read_best(tmp_path)["step"] == 30
 
 
 def test_loss_is_ranked_downwards_with_a_minimum_gain_and_patience(tmp_path: Path) -> None:

@@ -98,6 +98,26 @@ def test_resume_is_bit_identical(straight: Path, tmp_path: Path, sig: signal.Sig
     assert len(steps) == 120 // 5
 
 
+def test_a_run_started_again_from_step_0_keeps_its_earlier_rows_aside(tmp_path: Path) -> None:
+    """Its checkpoints moved away, the run starts over: its metrics.jsonl must not hold two
+    rows of each step it logged before."""
+    runs = tmp_path / "runs"
+    proc = _start(runs)
+    _wait_for_checkpoint(runs, proc)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    (run,) = runs.glob("*/")
+    before = (run / "metrics.jsonl").read_text()
+    shutil.move(run / "checkpoints", tmp_path / "elsewhere")
+    again = run_fwk(*ARGS, runs=runs)
+    assert again.returncode == 0, again.stderr
+    assert "metrics.jsonl: no checkpoint to resume from, so the run starts at step 0; the " in again.stdout
+    assert (run / "metrics.jsonl.restart-1").read_text() == before
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r["step"] for r in rows if r["kind"] == "train"]
+    assert train == list(range(5, 121, 5))
+
+
 STAGED = [
     "train",
     *TINY,
