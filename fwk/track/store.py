@@ -187,8 +187,10 @@ def _same_run(stored_yaml: str, config_yaml: str) -> bool:
     return isinstance(stored, dict) and identity(stored) == identity(yaml.safe_load(config_yaml))
 
 
-# What the workers read from config.yaml that the run id leaves out and a relaunch may change
-_AS_LAUNCHED_PARALLEL = ("nproc_per_node", "nnodes", *LAYOUT)
+# What the workers read from config.yaml that the run id leaves out and a relaunch may change:
+# the process counts and layout, and how long a collective or a rendezvous waits, and for how
+# few machines (a job resubmitted with a longer timeout must get it)
+_AS_LAUNCHED_PARALLEL = ("nproc_per_node", "nnodes", "min_nnodes", "rdzv_last_call_s", "collective_timeout_s", *LAYOUT)
 
 
 def _tracked_as_launched(stored_yaml: str, config_yaml: str) -> str | None:

@@ -70,6 +70,17 @@ def test_reopened_on_another_rendezvous_host(tmp_path: Path) -> None:
         open_run(tmp_path, "abc123", first.replace("seed: 0", "seed: 1"), "git:x", 4)
 
 
+def test_reopened_with_other_relaunch_settings_takes_this_launchs(tmp_path: Path) -> None:
+    # a job resubmitted with a longer collective timeout or another elastic range resumes the
+    # same run, and its workers must wait as this launch says
+    first = "parallel:\n  collective_timeout_s: 600\n  min_nnodes: 0\n  nnodes: 2\n  rdzv_last_call_s: 30\nseed: 0\n"
+    run = open_run(tmp_path, "abc123", first, "git:x", 4)
+    again = first.replace("600", "1800").replace("min_nnodes: 0", "min_nnodes: 1").replace("30\n", "5\n")
+    open_run(tmp_path, "abc123", again, "git:x", 4)
+    parallel = yaml.safe_load(run.config.read_text())["parallel"]
+    assert parallel == {"collective_timeout_s": 1800, "min_nnodes": 1, "nnodes": 2, "rdzv_last_call_s": 5}
+
+
 def test_reopened_with_another_tracking_tracks_as_launched(tmp_path: Path) -> None:
     # tracking says where results go, not what a run computes: the same run, resumed under
     # this launch's tracking (the workers read config.yaml); the rest stays as first launched
