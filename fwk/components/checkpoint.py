@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
 from fwk.components import refused_write
 from fwk.components.train_state import rng_state
@@ -127,7 +126,9 @@ class Checkpointer:
         tmp = self.root / f"{_TMP}{final.name}"
         try:
             return self._save(step, state, final, tmp)
-        except (Exception, CheckpointException) as exc:  # DCP's own is a BaseException
+        except BaseException as exc:  # DCP's CheckpointException is one; imported, it costs the engine's start-up
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
             code = refused_write.cause(exc, tmp if tmp.is_dir() else self.root)  # asked beside the partial files
             if code is None:
                 raise

@@ -12,8 +12,6 @@ import errno
 import os
 from pathlib import Path
 
-from fwk.components.dcp_reader import within
-
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 PROBE = 1 << 20  # bytes: more than is left of a file-size limit or a disk that refused a write just now
 _TORCH_WRITER = ("inline_container", "PytorchStreamWriter", "file write failed")  # torch.save's own errors
@@ -47,6 +45,8 @@ def _probe(folder: Path) -> int | None:
 def cause(exc: BaseException, folder: Path) -> int | None:
     """Return the errno of what refused the save that raised ``exc`` in ``folder``: 0 when the
     file system refused a write but accepts one now; None when ``exc`` is not a refused write."""
+    from fwk.components.dcp_reader import within  # torch.distributed.checkpoint: only once a save failed
+
     found = within(exc, _is_write_failure)
     if found is None:
         return None
