@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -107,12 +108,24 @@ class Lease:
         return self
 
     def _renew(self) -> None:
+        failed_since: float | None = None
         while not self._stop.wait(INTERVAL):
             held = read(self.path)
             if held is not None and held.get("key") != self.key:
-                logger.warning(f"warning: run {self.run_id}'s lease was taken over by {describe(held)}")
-                return
-            self._write()
+                return self._give_up(f"its lease was taken over by {describe(held)}")
+            try:
+                self._write()
+                failed_since = None
+            except OSError as exc:
+                failed_since = failed_since if failed_since is not None else time.monotonic() - INTERVAL
+                if time.monotonic() - failed_since >= STALE_AFTER - INTERVAL:  # before another may take it over
+                    return self._give_up(f"its lease could not be renewed for {STALE_AFTER - INTERVAL:.0f} s ({exc})")
+
+    def _give_up(self, why: str) -> None:
+        """Stop this launch as Ctrl-C does (its workers save and stop), since another launch
+        may train the run now: two launches of one run would interleave their checkpoints."""
+        logger.error(f"run {self.run_id}: {why}; stopping this launch")
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

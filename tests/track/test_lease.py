@@ -72,6 +72,28 @@ def test_it_is_renewed_while_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert json.loads((tmp_path / lease.LEASE).read_text())["renewed"] > first
 
 
+@pytest.mark.parametrize("fault", ["taken over", "renewal fails"])
+def test_a_launch_that_loses_its_lease_stops_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, said: pytest.LogCaptureFixture
+) -> None:
+    import os
+    import signal
+
+    monkeypatch.setattr(lease, "INTERVAL", 0.05)
+    monkeypatch.setattr(lease, "STALE_AFTER", 0.15)
+    stopped: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: stopped.append((pid, sig)))
+    with Lease(tmp_path, "abc", "rendezvous n1:29500") as held:
+        if fault == "taken over":
+            _held(tmp_path, "rendezvous n2:29501", age=0)
+        else:
+            monkeypatch.setattr(held, "_write", lambda: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+        time.sleep(0.5)
+        assert stopped == [(os.getpid(), signal.SIGTERM)]
+    why = "taken over by rendezvous n2:29501" if fault == "taken over" else "could not be renewed for 0 s"
+    assert why in said.messages[-1] and said.messages[-1].endswith("; stopping this launch")
+
+
 def test_of_two_launches_that_take_it_at_once_the_later_writer_wins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
