@@ -16,10 +16,11 @@ from typing import Any
 from fwk.config.layouts import describe as describe_layout
 from fwk.config.resolve import Resolved
 from fwk.config.schema import Config
+from fwk.launch.guard import guarded
 from fwk.launch.supervise import run_torchrun
 from fwk.launch.torchrun import torchrun_argv
 from fwk.track import index, startup
-from fwk.track.lease import Lease, launch_key
+from fwk.track.lease import launch_key
 from fwk.track.run_id import code_version, run_id
 from fwk.track.status import record_outcome
 from fwk.track.store import RunDir, RunLock, make_run_dir, open_run, write_atomic
@@ -97,8 +98,7 @@ def launch(
     # Each machine's launcher opens the same shared run dir in a multi-node run, and their
     # guard is a lease in that dir. A run on one machine is locked there. A launch that is
     # refused writes nothing.
-    guard = RunLock(run) if nnodes == 1 else Lease(run.path, run.id, p.lease_key or "")
-    with guard as held:
+    with guarded(run, nnodes, p.lease_key or "") as held:
         run = open_run(p.run_dir.parent, p.run_id, config_yaml, p.code, p.world_size, first, overrides)
         if orders:
             write_atomic(run.orders, json.dumps(orders, indent=2) + "\n")

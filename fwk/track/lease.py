@@ -84,14 +84,6 @@ class Lease:
         )
 
     def __enter__(self) -> Lease:
-        from fwk.track.status import lock_holder
-        from fwk.track.store import RunDir
-
-        if lock_holder(RunDir(self.path)):  # a launch on one machine, this one, holds the run's flock
-            raise UserError(
-                f"run {self.run_id} is already running on this machine, launched for one machine "
-                f"({self.path / '.lock'} is held); wait for it to finish, or stop it"
-            )
         now = time.time()
         held = read(self.path)
         if held is not None and held.get("key") != self.key:

@@ -348,15 +348,6 @@ class RunLock:
                 f"run {self.run.id} is already running in {who} ({self.run.path}); "
                 "wait for it to finish, or change a setting to start a different run"
             ) from None
-        from fwk.track import lease
-
-        held = lease.fresh(self.run.path)  # a launch on several machines holds a lease, not this lock
-        if held is not None:
-            self._file.close()
-            raise UserError(
-                f"run {self.run.id} is already running on several machines as {lease.describe(held)}; wait for it "
-                f"to finish, or stop it; its lease is taken over once not renewed for {lease.STALE_AFTER:.0f} s"
-            )
         return self
 
     def fileno(self) -> int:

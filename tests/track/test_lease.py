@@ -114,25 +114,3 @@ def test_a_fresh_lease_reads_as_running_from_any_machine(tmp_path: Path) -> None
     assert derive_status(run, {}) == "running"
     _held(run.path, "SLURM job 7, rendezvous n1:15007", age=60)  # its launchers died without removing it
     assert running(run) is None and derive_status(run, {}) == "interrupted"
-
-
-def test_a_one_machine_launch_and_a_several_machine_launch_refuse_each_other(tmp_path: Path) -> None:
-    """The run's flock (one machine) and its lease (several) are both consulted by each launch:
-    the same run cannot be launched once as one node and once as two into one directory."""
-    from fwk.track.store import RunLock
-
-    run = RunDir(tmp_path)
-    with RunLock(run):
-        with pytest.raises(UserError, match=r"^run abc is already running on this machine, launched for one machine"):
-            with Lease(tmp_path, "abc", "rendezvous n1:15007"):
-                pass
-    assert not (tmp_path / lease.LEASE).exists()
-    _held(tmp_path, "rendezvous n1:15007", age=2)
-    with pytest.raises(UserError) as err, RunLock(run):
-        pass
-    assert str(err.value).startswith(
-        f"run {run.id} is already running on several machines as rendezvous n1:15007 (host node7, pid 4242; "
-    )
-    _held(tmp_path, "rendezvous n1:15007", age=lease.STALE_AFTER + 1)  # its launchers are gone
-    with RunLock(run):
-        pass
