@@ -4,7 +4,6 @@ cannot be launched once as one node and once as two into one directory."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,7 @@ from fwk.errors import UserError
 from fwk.launch.guard import guarded
 from fwk.track import lease
 from fwk.track.store import RunDir
-
-
-@pytest.fixture(autouse=True)
-def _quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lease, "SETTLE", 0.01)
-
-
-def _held(path: Path, key: str, age: float) -> None:
-    (path / lease.LEASE).write_text(
-        json.dumps({"key": key, "host": "node7", "pid": 4242, "renewed": time.time() - age})
-    )
+from tests.track.test_lease import _held, _quick  # noqa: F401  (_quick: the autouse fixture, a short SETTLE)
 
 
 def test_a_one_machine_launch_and_a_several_machine_launch_refuse_each_other(tmp_path: Path) -> None:
